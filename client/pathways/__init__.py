@@ -1,0 +1,50 @@
+"""Kube-Pathways: a single-controller dataflow runtime for JAX.
+
+    import pathways as pw
+
+    devices = pw.make_virtual_device_set().add_slice(devices=2).devices
+    double = pw.pmap(lambda x: x * 2.0, devices=devices)
+
+    @pw.program
+    def f(v):
+        return double(v)
+
+`@pw.program` traces a function over virtual slices into a dataflow graph of
+compiled computations; calling it runs the graph on the hosts those slices are
+mapped to — the embedded local cluster by default, or the controller that
+`pw.connect(address)` names.
+"""
+
+from pathways.devices import VirtualDevice, VirtualDeviceSet, VirtualSlice, make_virtual_device_set
+from pathways.errors import (
+    ExecutionError,
+    InvalidProgramError,
+    PathwaysError,
+    PlacementError,
+    RuntimeUnavailableError,
+)
+from pathways.functions import SliceFunction, jit, pmap
+from pathways.program import ProgramFunction, TracedProgram, program
+from pathways.runtime import Runtime, connect, default_runtime, shutdown
+
+__all__ = [
+    "ExecutionError",
+    "InvalidProgramError",
+    "PathwaysError",
+    "PlacementError",
+    "ProgramFunction",
+    "Runtime",
+    "RuntimeUnavailableError",
+    "SliceFunction",
+    "TracedProgram",
+    "VirtualDevice",
+    "VirtualDeviceSet",
+    "VirtualSlice",
+    "connect",
+    "default_runtime",
+    "jit",
+    "make_virtual_device_set",
+    "pmap",
+    "program",
+    "shutdown",
+]
