@@ -1,0 +1,305 @@
+"""The client side of a running Pathways system.
+
+A `Runtime` holds one gRPC channel to the controller (the resource manager and
+island scheduler) and channels to the hosts' dataflow sidecars. One program
+call is:
+
+1. bind the program's virtual slices to physical ones (`CreateSlice`, once);
+2. load the program (`LoadProgram`, once per program and binding);
+3. `Run`: the controller numbers the computations and streams each host its
+   plan and grants, in parallel — from here on hosts run without waiting for
+   the controller or the client;
+4. put the inputs straight into the sidecars that consume them, wait for the
+   call to end, fetch the outputs straight from the hosts holding them, and
+   tell the controller to free the call's buffers.
+
+`connect()` with no address starts the embedded local cluster: the controller
+as a separate process (`python -m pathways_operator.local`), which starts
+hosts as processes when slices are placed — the same processes that run in
+the pods of a Kubernetes cluster.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+import grpc
+import numpy as np
+
+from pathways import ir, transfer
+from pathways.embedded import LocalCluster, start_local_cluster
+from pathways.errors import (
+    ExecutionError,
+    PlacementError,
+    RuntimeUnavailableError,
+)
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+
+CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
+SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
+_GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+
+
+class Runtime:
+    """A connection to one controller and the hosts it places slices on."""
+
+    def __init__(self, address: str, cluster: LocalCluster | None = None) -> None:
+        self.address = address
+        self.cluster = cluster
+        self.client_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+        self.controller = pb_grpc.ControllerStub(self._channel)
+        self._hosts: dict[str, pb_grpc.DataflowStub] = {}
+        self._host_channels: list[grpc.Channel] = []
+        self._slices: dict[str, pb.SliceInfo] = {}
+        self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pw-io")
+        self.calls = 0
+
+    # ------------------------------------------------------------ slices
+
+    def bind(self, decl: ir.SliceDecl) -> pb.SliceInfo:
+        """The physical slice for a virtual one (placed on first use)."""
+        with self._lock:
+            info = self._slices.get(decl.id)
+        if info is not None:
+            return info
+        try:
+            info = self.controller.CreateSlice(
+                pb.CreateSliceRequest(
+                    spec=decl.to_proto(), client=self.client_id, timeout_s=SLICE_TIMEOUT_S
+                ),
+                timeout=SLICE_TIMEOUT_S + 10,
+            )
+        except grpc.RpcError as err:
+            raise _translate(err, f"placing slice '{decl.name}' ({decl.devices} devices)") from None
+        with self._lock:
+            self._slices[decl.id] = info
+        return info
+
+    def describe(self) -> pb.ClusterInfo:
+        try:
+            return self.controller.Describe(pb.ClusterInfoRequest(), timeout=30)
+        except grpc.RpcError as err:
+            raise _translate(err, "describing the cluster") from None
+
+    # ------------------------------------------------------------ programs
+
+    def load(self, program: ir.Program) -> str:
+        bindings = {d.id: self.bind(d).slice_id for d in program.slices}
+        key = (program.fingerprint, tuple(sorted(bindings.items())))
+        with self._lock:
+            hit = self._programs.get(key)
+        if hit is not None:
+            return hit
+        try:
+            reply = self.controller.LoadProgram(
+                pb.LoadProgramRequest(program=program.to_proto(), bindings=bindings), timeout=120
+            )
+        except grpc.RpcError as err:
+            raise _translate(err, f"loading program '{program.name}'") from None
+        with self._lock:
+            self._programs[key] = reply.program_id
+        return reply.program_id
+
+    def run(
+        self, program: ir.Program, inputs: Sequence[np.ndarray], weight: float = 1.0
+    ) -> list[np.ndarray]:
+        """Run one call of `program`; returns its flat outputs as numpy arrays."""
+        program_id = self.load(program)
+        call_id = f"{program.name}-{uuid.uuid4().hex[:12]}"
+        try:
+            reply = self.controller.Run(
+                pb.RunRequest(program_id=program_id, call_id=call_id, weight=weight), timeout=60
+            )
+        except grpc.RpcError as err:
+            raise _translate(err, f"starting program '{program.name}'") from None
+        self.calls += 1
+        try:
+            puts = [
+                self._pool.submit(self._put, host, call_id, ir.ValueRef(ir.PROGRAM_INPUT, i), array)
+                for i, array in enumerate(inputs)
+                for host in reply.inputs[i].hosts
+            ]
+            for fut in puts:
+                fut.result()
+            status = self._wait(call_id, program.name)
+            if status.state != pb.CallStatus.SUCCEEDED:
+                raise ExecutionError(status.message or f"program '{program.name}' failed")
+            fetches = []
+            for j, ref in enumerate(program.outputs):
+                if ref.is_program_input:
+                    fetches.append(None)
+                    continue
+                fetches.append(
+                    self._pool.submit(
+                        self._fetch, list(reply.outputs[j].hosts), call_id, ref, program.spec_of(ref)
+                    )
+                )
+            results: list[np.ndarray] = []
+            for j, ref in enumerate(program.outputs):
+                fut = fetches[j]
+                results.append(np.asarray(inputs[ref.index]) if fut is None else fut.result())
+            return results
+        finally:
+            try:
+                self.controller.FinishCall(pb.ReleaseCall(call_id=call_id), timeout=30)
+            except grpc.RpcError:
+                pass
+
+    def _wait(self, call_id: str, name: str) -> pb.CallStatus:
+        try:
+            status: pb.CallStatus = self.controller.WaitCall(
+                pb.CallStatusRequest(call_id=call_id, timeout_s=CALL_TIMEOUT_S),
+                timeout=CALL_TIMEOUT_S + 30,
+            )
+        except grpc.RpcError as err:
+            raise _translate(err, f"waiting for program '{name}'") from None
+        if status.state == pb.CallStatus.RUNNING:
+            raise ExecutionError(
+                f"program '{name}' call {call_id} did not finish within {CALL_TIMEOUT_S:.0f} s "
+                f"({status.completed}/{status.total} computations done); "
+                "raise PATHWAYS_CALL_TIMEOUT_S if it needs longer"
+            )
+        return status
+
+    # ------------------------------------------------------------ hosts
+
+    def host(self, address: str) -> pb_grpc.DataflowStub:
+        with self._lock:
+            stub = self._hosts.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+                self._host_channels.append(channel)
+                stub = pb_grpc.DataflowStub(channel)
+                self._hosts[address] = stub
+            return stub
+
+    def _put(self, address: str, call_id: str, ref: ir.ValueRef, array: np.ndarray) -> None:
+        try:
+            self.host(address).Put(
+                transfer.whole_value_chunks(call_id, ref.to_proto(), np.ascontiguousarray(array)),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.RpcError as err:
+            raise _translate(err, f"sending {ref} to host {address}") from None
+
+    def _fetch(
+        self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec
+    ) -> np.ndarray:
+        try:
+            return transfer.fetch_value(
+                [self.host(h) for h in hosts], call_id, ref.to_proto(), CALL_TIMEOUT_S
+            )
+        except grpc.RpcError as err:
+            raise _translate(err, f"fetching {ref} {spec} from hosts {hosts}") from None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def release_slices(self) -> None:
+        with self._lock:
+            infos = list(self._slices.values())
+            self._slices.clear()
+            self._programs.clear()
+        for info in infos:
+            try:
+                self.controller.ReleaseSlice(
+                    pb.ReleaseSliceRequest(slice_id=info.slice_id, client=self.client_id),
+                    timeout=30,
+                )
+            except grpc.RpcError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.release_slices()
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for ch in self._host_channels:
+                ch.close()
+            self._channel.close()
+            if self.cluster is not None:
+                self.cluster.stop()
+
+
+def _translate(err: grpc.RpcError, doing: str) -> Exception:
+    code = err.code() if hasattr(err, "code") else None
+    details = err.details() if hasattr(err, "details") else str(err)
+    if code == grpc.StatusCode.FAILED_PRECONDITION or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return PlacementError(f"{doing}: {details}")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return RuntimeUnavailableError(f"{doing}: {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        from pathways.errors import InvalidProgramError
+
+        return InvalidProgramError(f"{doing}: {details}")
+    return ExecutionError(f"{doing}: {details}")
+
+
+_default: Runtime | None = None
+_default_lock = threading.Lock()
+
+
+def connect(
+    address: str | None = None,
+    *,
+    islands: dict[str, int] | None = None,
+    devices_per_host: int | None = None,
+) -> Runtime:
+    """Connect to a controller, or start the embedded local cluster.
+
+    `address` is `HOST:PORT` of a running controller; without it the
+    `PATHWAYS_CONTROLLER` environment variable is used, and without that a
+    local cluster starts (islands and devices per host from the arguments, or
+    `PATHWAYS_LOCAL_ISLANDS="island-a:16,island-b:16"` and
+    `PATHWAYS_DEVICES_PER_HOST=4`).
+    """
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+            _default = None
+        address = address or os.environ.get("PATHWAYS_CONTROLLER") or None
+        if address is None:
+            cluster = start_local_cluster(islands=islands, devices_per_host=devices_per_host)
+            runtime = Runtime(cluster.address, cluster)
+        else:
+            if address.startswith("k8s://"):
+                raise RuntimeUnavailableError(
+                    f"connect({address!r}): reach a Kubernetes operator through its "
+                    "controller address (HOST:PORT of the operator's gRPC service)"
+                )
+            runtime = Runtime(address)
+        _default = runtime
+        return runtime
+
+
+def default_runtime() -> Runtime:
+    """The runtime programs run on: the last `connect()`, or a new local cluster."""
+    global _default
+    with _default_lock:
+        runtime = _default
+    if runtime is None:
+        return connect()
+    return runtime
+
+
+def shutdown() -> None:
+    """Release slices and stop the embedded cluster, if this process started one."""
+    global _default
+    with _default_lock:
+        runtime, _default = _default, None
+    if runtime is not None:
+        runtime.close()
+
+
+atexit.register(shutdown)

@@ -1,0 +1,630 @@
+"""The controller: resource manager and island scheduler behind one lock.
+
+It owns three tables — slices (gangs of hosts), programs (loaded IR bound to
+slices) and calls (running program calls) — and turns client requests into
+host commands:
+
+* `create_slice` places a whole gang on one island (`core.placement`) before
+  any host exists, then starts all of its hosts; a slice that does not fit
+  waits, holding nothing, until room appears or its timeout passes.
+* `run` computes, once per call, each host's launch (which values it sends
+  where, which it expects and from how many hosts), submits the call's
+  computations to the island scheduler and streams every host its grants.
+  From then on hosts run on their own; the controller only counts the
+  batched completions that come back and hands out more grants.
+* A host that dies fails the calls on its slice at once (every other host of
+  those calls is told, so nothing waits forever) and the whole gang is
+  relaunched, as JobSet recreates a job's pods.
+
+The host launcher is pluggable: local processes for the embedded runtime,
+pods on Kubernetes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pathways import ir
+from pathways.wire import pathways_pb2 as pb
+from pathways_operator.core.island_scheduler import Grant, IslandScheduler, ScheduledComputation
+from pathways_operator.core.placement import GangRequest, Machine, Placement, Unplaceable, place_gang
+from pathways_operator.host_link import HostLink
+
+log = logging.getLogger(__name__)
+
+
+class ControllerError(Exception):
+    """A request the controller refuses; `code` maps onto a gRPC status."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Host(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sidecar_address(self) -> str: ...
+
+
+class HostLauncher(Protocol):
+    def launch(self, requests: Sequence[HostRequestLike]) -> Sequence[Host]: ...
+
+    def stop(self, hosts: Sequence[Host]) -> None: ...
+
+
+class HostRequestLike(Protocol):
+    slice_name: str
+    slice_id: str
+    index: int
+    num_hosts: int
+    devices: int
+    machine: str
+
+
+@dataclass
+class SliceRecord:
+    key: str
+    slice_id: str
+    decl: ir.SliceDecl
+    placement: Placement
+    hosts: list[Host] = field(default_factory=list)
+    links: list[HostLink] = field(default_factory=list)
+    generation: int = 0
+    clients: set[str] = field(default_factory=set)
+    loaded: set[str] = field(default_factory=set)
+    ready: bool = False
+    failed: str = ""
+
+    def info(self) -> pb.SliceInfo:
+        return pb.SliceInfo(
+            slice_id=self.slice_id,
+            name=self.decl.name,
+            island=self.placement.island,
+            devices=self.decl.devices,
+            generation=self.generation,
+            hosts=[
+                pb.HostInfo(
+                    index=i,
+                    address=h.sidecar_address,
+                    node=self.placement.hosts[i].machine,
+                    devices=self.placement.hosts[i].devices,
+                )
+                for i, h in enumerate(self.hosts)
+            ],
+        )
+
+
+@dataclass
+class ProgramRecord:
+    program_id: str
+    program: ir.Program
+    bindings: dict[str, str]
+
+
+@dataclass
+class CallRecord:
+    call_id: str
+    program: ProgramRecord
+    slices: set[str]
+    total: int
+    completed: int = 0
+    state: int = pb.CallStatus.RUNNING
+    message: str = ""
+    waiting: dict[tuple[str, int], int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+
+def _gang_requests(record: SliceRecord, request_type: Callable[..., HostRequestLike]) -> list[HostRequestLike]:
+    return [
+        request_type(
+            slice_name=record.decl.name,
+            slice_id=record.slice_id,
+            index=a.index,
+            num_hosts=len(record.placement.hosts),
+            devices=a.devices,
+            machine=a.machine,
+        )
+        for a in record.placement.hosts
+    ]
+
+
+class Controller:
+    def __init__(
+        self,
+        machines: Callable[[], list[Machine]],
+        launcher: HostLauncher,
+        request_type: Callable[..., HostRequestLike],
+        window: int = 256,
+    ) -> None:
+        self._machines = machines
+        self._launcher = launcher
+        self._request_type = request_type
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._slices: dict[str, SliceRecord] = {}
+        self._programs: dict[str, ProgramRecord] = {}
+        self._calls: dict[str, CallRecord] = {}
+        self._scheduler = IslandScheduler(window=window)
+        self._next_slice = 0
+        self.computations_dispatched = 0
+
+    # ------------------------------------------------------------ slices
+
+    def _free_machines(self, exclude: str = "") -> list[Machine]:
+        used: dict[str, int] = defaultdict(int)
+        for rec in self._slices.values():
+            if rec.key == exclude:
+                continue
+            for a in rec.placement.hosts:
+                used[a.machine] += a.devices
+        return [
+            Machine(m.name, m.island, m.allocatable_devices, m.used_devices + used[m.name], m.schedulable)
+            for m in self._machines()
+        ]
+
+    def create_slice(self, decl: ir.SliceDecl, client: str, timeout_s: float) -> pb.SliceInfo:
+        shared = decl.id == decl.name
+        key = decl.name if shared else f"{client}/{decl.id}"
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self._changed:
+            while True:
+                rec = self._slices.get(key)
+                if rec is not None:
+                    if rec.decl.devices != decl.devices:
+                        raise ControllerError(
+                            "INVALID_ARGUMENT",
+                            f"slice '{decl.name}' exists with {rec.decl.devices} devices; "
+                            f"a program asked for {decl.devices}. Use another name or the same size",
+                        )
+                    rec.clients.add(client)
+                    self._wait_ready(rec, deadline)
+                    return rec.info()
+                request = GangRequest(
+                    slice=decl.name,
+                    devices=decl.devices,
+                    devices_per_host=decl.devices_per_host or None,
+                    island=decl.island or None,
+                )
+                outcome = place_gang(request, self._free_machines())
+                if isinstance(outcome, Placement):
+                    break
+                never = place_gang(request, [
+                    Machine(m.name, m.island, m.allocatable_devices, 0, m.schedulable)
+                    for m in self._machines()
+                ])
+                if isinstance(never, Unplaceable):
+                    raise ControllerError("FAILED_PRECONDITION", never.message)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ControllerError(
+                        "RESOURCE_EXHAUSTED",
+                        f"{outcome.message} (waited {timeout_s:.0f} s for room)",
+                    )
+                self._changed.wait(min(remaining, 1.0))
+            self._next_slice += 1
+            rec = SliceRecord(
+                key=key,
+                slice_id=f"{decl.name}-{self._next_slice}",
+                decl=decl,
+                placement=outcome,
+                clients={client},
+            )
+            self._slices[key] = rec
+        try:
+            self._launch(rec)
+        except Exception as err:
+            with self._changed:
+                self._slices.pop(key, None)
+                self._changed.notify_all()
+            raise ControllerError(
+                "UNAVAILABLE", f"slice '{decl.name}' could not start its hosts: {err}"
+            ) from err
+        return rec.info()
+
+    def _wait_ready(self, rec: SliceRecord, deadline: float) -> None:
+        while not rec.ready:
+            if rec.failed:
+                raise ControllerError("UNAVAILABLE", rec.failed)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ControllerError(
+                    "UNAVAILABLE", f"slice '{rec.decl.name}' is not ready (hosts starting)"
+                )
+            self._changed.wait(min(remaining, 1.0))
+
+    def _launch(self, rec: SliceRecord) -> None:
+        """Start every host of the gang (outside the lock), then open links."""
+        hosts = list(self._launcher.launch(_gang_requests(rec, self._request_type)))
+        links = [
+            HostLink(h.sidecar_address, h.name, self._on_host_event, self._on_link_broken)
+            for h in hosts
+        ]
+        with self._changed:
+            rec.hosts = hosts
+            rec.links = links
+            rec.generation += 1
+            rec.loaded = set()
+            rec.ready = True
+            rec.failed = ""
+            for link in links:
+                link.start()
+            self._changed.notify_all()
+        log.info(
+            "slice %s ready on %s: %s", rec.decl.name, rec.placement.island,
+            ", ".join(h.sidecar_address for h in hosts),
+        )
+
+    def release_slice(self, slice_id: str, client: str) -> None:
+        with self._changed:
+            rec = self._by_id(slice_id)
+            if rec is None:
+                return
+            rec.clients.discard(client)
+            if rec.clients:
+                return
+            del self._slices[rec.key]
+            hosts, links = rec.hosts, rec.links
+            rec.ready = False
+            self._changed.notify_all()
+        for link in links:
+            link.close()
+        self._launcher.stop(hosts)
+
+    def _by_id(self, slice_id: str) -> SliceRecord | None:
+        for rec in self._slices.values():
+            if rec.slice_id == slice_id:
+                return rec
+        return None
+
+    # ------------------------------------------------------------ programs
+
+    def load_program(self, program: ir.Program, bindings: dict[str, str]) -> str:
+        with self._lock:
+            for decl in program.slices:
+                physical = bindings.get(decl.id)
+                rec = self._by_id(physical) if physical else None
+                if rec is None:
+                    raise ControllerError(
+                        "INVALID_ARGUMENT",
+                        f"program '{program.name}': virtual slice '{decl.name}' is bound to "
+                        f"{physical!r}, which is not a live slice; create it first",
+                    )
+                if rec.decl.devices != decl.devices:
+                    raise ControllerError(
+                        "INVALID_ARGUMENT",
+                        f"program '{program.name}': slice '{decl.name}' needs {decl.devices} "
+                        f"devices but is bound to '{rec.decl.name}' with {rec.decl.devices}",
+                    )
+            for comp in program.computations:
+                if comp.slice not in bindings:
+                    raise ControllerError(
+                        "INVALID_ARGUMENT",
+                        f"program '{program.name}': {comp.describe()} names an undeclared slice",
+                    )
+            digest = hashlib.sha256(program.fingerprint.encode())
+            for k in sorted(bindings):
+                digest.update(f"{k}={bindings[k]};".encode())
+            program_id = f"{program.name}-{digest.hexdigest()[:16]}"
+            self._programs[program_id] = ProgramRecord(program_id, program, dict(bindings))
+            return program_id
+
+    def run(self, program_id: str, call_id: str, weight: float) -> pb.RunReply:
+        with self._changed:
+            prec = self._programs.get(program_id)
+            if prec is None:
+                raise ControllerError("NOT_FOUND", f"program {program_id} is not loaded")
+            if call_id in self._calls:
+                raise ControllerError("ALREADY_EXISTS", f"call {call_id} is already running")
+            program = prec.program
+            slices: dict[str, SliceRecord] = {}
+            for vid, physical in prec.bindings.items():
+                rec = self._by_id(physical)
+                if rec is None:
+                    raise ControllerError(
+                        "FAILED_PRECONDITION",
+                        f"program '{program.name}': slice {physical} was released",
+                    )
+                self._wait_ready(rec, time.monotonic() + 120)
+                slices[vid] = rec
+            reply, launches = _plan_call(program, call_id, program_id, slices)
+            record = CallRecord(
+                call_id=call_id,
+                program=prec,
+                slices={rec.slice_id for rec in slices.values()},
+                total=len(program.computations),
+            )
+            self._calls[call_id] = record
+            for vid, rec in slices.items():
+                if program_id not in rec.loaded:
+                    host_program = _host_program(program, program_id, vid)
+                    for link in rec.links:
+                        link.send(pb.HostCommand(load=host_program))
+                    rec.loaded.add(program_id)
+                for link, launch in zip(rec.links, launches[vid]):
+                    link.send(pb.HostCommand(launch=launch))
+            self._scheduler.submit(
+                call_id,
+                weight if weight > 0 else 1.0,
+                [
+                    ScheduledComputation(
+                        node=c.index,
+                        slice_id=prec.bindings[c.slice],
+                        deps=tuple(sorted({v.node for v in c.inputs if not v.is_program_input})),
+                    )
+                    for c in program.computations
+                ],
+            )
+            self._dispatch_grants()
+            return reply
+
+    def _dispatch_grants(self) -> None:
+        grants = self._scheduler.grants()
+        if not grants:
+            return
+        per_slice: dict[str, list[Grant]] = defaultdict(list)
+        for g in grants:
+            per_slice[g.slice_id].append(g)
+        for slice_id, items in per_slice.items():
+            rec = self._by_id(slice_id)
+            if rec is None:
+                continue
+            batch = pb.GrantBatch(
+                grants=[pb.Grant(seq=g.seq, call_id=g.call_id, node=g.node) for g in items]
+            )
+            for g in items:
+                call = self._calls.get(g.call_id)
+                if call is not None:
+                    call.waiting[(slice_id, g.seq)] = len(rec.links)
+            for link in rec.links:
+                link.send(pb.HostCommand(grants=batch))
+            self.computations_dispatched += len(items)
+
+    # ------------------------------------------------------------ host events
+
+    def _slice_of_link(self, link: HostLink) -> SliceRecord | None:
+        for rec in self._slices.values():
+            if link in rec.links:
+                return rec
+        return None
+
+    def _on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
+        if not event.completions:
+            return
+        with self._changed:
+            rec = self._slice_of_link(link)
+            if rec is None:
+                return
+            for done in event.completions:
+                call = self._calls.get(done.call_id)
+                key = (rec.slice_id, done.seq)
+                if call is None:
+                    self._scheduler_complete(rec.slice_id, done.seq)
+                    continue
+                left = call.waiting.get(key)
+                if left is None:
+                    continue
+                if not done.ok and call.state == pb.CallStatus.RUNNING:
+                    self._fail_call(call, done.error or f"computation {done.node} failed on {link.name}")
+                if left > 1:
+                    call.waiting[key] = left - 1
+                    continue
+                del call.waiting[key]
+                self._scheduler_complete(rec.slice_id, done.seq)
+                if done.ok:
+                    call.completed += 1
+                if call.state == pb.CallStatus.RUNNING and call.completed == call.total:
+                    call.state = pb.CallStatus.SUCCEEDED
+            self._dispatch_grants()
+            self._changed.notify_all()
+
+    def _scheduler_complete(self, slice_id: str, seq: int) -> None:
+        try:
+            self._scheduler.complete(slice_id, seq)
+        except (KeyError, ValueError):
+            pass  # the slice was reset since this grant; nothing is outstanding
+
+    def _fail_call(self, call: CallRecord, message: str) -> None:
+        call.state = pb.CallStatus.FAILED
+        call.message = message
+        self._scheduler.cancel(call.call_id)
+        fail = pb.HostCommand(fail=pb.FailCall(call_id=call.call_id, message=message))
+        for slice_id in call.slices:
+            rec = self._by_id(slice_id)
+            if rec is not None:
+                for link in rec.links:
+                    link.send(fail)
+        self._changed.notify_all()
+
+    def _on_link_broken(self, link: HostLink, reason: str) -> None:
+        with self._lock:
+            rec = self._slice_of_link(link)
+        if rec is not None:
+            self.host_failed(rec.slice_id, link.name, reason)
+
+    def host_failed(self, slice_id: str, host_name: str, reason: str) -> None:
+        """A host of `slice_id` is gone: fail its calls, relaunch the gang."""
+        with self._changed:
+            rec = self._by_id(slice_id)
+            if rec is None or not rec.ready:
+                return
+            rec.ready = False
+            affected = self._scheduler.reset_slice(slice_id)
+            for call in self._calls.values():
+                if call.state == pb.CallStatus.RUNNING and (
+                    slice_id in call.slices or call.call_id in affected
+                ):
+                    self._fail_call(
+                        call,
+                        f"program '{call.program.program.name}' call {call.call_id}: host "
+                        f"{host_name} of slice '{rec.decl.name}' failed ({reason}); "
+                        "the slice is being relaunched",
+                    )
+                call.waiting = {k: v for k, v in call.waiting.items() if k[0] != slice_id}
+            hosts, links = rec.hosts, rec.links
+            rec.hosts, rec.links = [], []
+            self._changed.notify_all()
+        log.warning("slice %s: %s failed (%s); relaunching the gang", rec.decl.name, host_name, reason)
+        for link in links:
+            link.close()
+        self._launcher.stop(hosts)
+        threading.Thread(target=self._relaunch, args=(rec,), daemon=True).start()
+
+    def _relaunch(self, rec: SliceRecord) -> None:
+        try:
+            self._launch(rec)
+        except Exception as err:
+            with self._changed:
+                rec.failed = f"slice '{rec.decl.name}' could not be relaunched: {err}"
+                self._changed.notify_all()
+            log.error("%s", rec.failed)
+
+    # ------------------------------------------------------------ calls
+
+    def wait_call(self, call_id: str, timeout_s: float) -> pb.CallStatus:
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self._changed:
+            while True:
+                call = self._calls.get(call_id)
+                if call is None:
+                    return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN,
+                                         message=f"call {call_id} is not known")
+                if call.state != pb.CallStatus.RUNNING:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(min(remaining, 1.0))
+            return pb.CallStatus(
+                call_id=call_id,
+                state=call.state,
+                message=call.message,
+                completed=call.completed,
+                total=call.total,
+            )
+
+    def finish_call(self, call_id: str) -> pb.CallStatus:
+        with self._changed:
+            call = self._calls.pop(call_id, None)
+            if call is None:
+                return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN)
+            if call.state == pb.CallStatus.RUNNING:
+                self._fail_call(call, f"call {call_id} was abandoned by its client")
+            release = pb.HostCommand(release=pb.ReleaseCall(call_id=call_id))
+            for slice_id in call.slices:
+                rec = self._by_id(slice_id)
+                if rec is not None:
+                    for link in rec.links:
+                        link.send(release)
+            return pb.CallStatus(call_id=call_id, state=call.state, message=call.message,
+                                 completed=call.completed, total=call.total)
+
+    def describe(self) -> pb.ClusterInfo:
+        with self._lock:
+            machines = self._free_machines()
+            islands: dict[str, list[Machine]] = defaultdict(list)
+            for m in machines:
+                islands[m.island].append(m)
+            return pb.ClusterInfo(
+                islands=[
+                    pb.IslandInfo(
+                        name=name,
+                        devices=sum(m.allocatable_devices for m in ms),
+                        free_devices=sum(m.allocatable_devices - m.used_devices for m in ms),
+                        devices_per_host=max(m.allocatable_devices for m in ms),
+                    )
+                    for name, ms in sorted(islands.items())
+                ],
+                slices=[rec.info() for rec in self._slices.values()],
+            )
+
+    def close(self) -> None:
+        with self._changed:
+            records = list(self._slices.values())
+            self._slices.clear()
+            self._changed.notify_all()
+        for rec in records:
+            for link in rec.links:
+                link.close()
+            self._launcher.stop(rec.hosts)
+
+
+def _host_program(program: ir.Program, program_id: str, vslice: str) -> pb.HostProgram:
+    """The program as one host of `vslice` sees it: only its own artifacts."""
+    msg = program.to_proto()
+    for comp in msg.computations:
+        if comp.slice != vslice:
+            comp.artifact = b""
+    return pb.HostProgram(program_id=program_id, program=msg, slice=vslice)
+
+
+def _plan_call(
+    program: ir.Program,
+    call_id: str,
+    program_id: str,
+    slices: dict[str, SliceRecord],
+) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
+    """Per-host launches for one call: routes, expected senders and outputs."""
+    addresses = {vid: [h.sidecar_address for h in rec.hosts] for vid, rec in slices.items()}
+    consumers = program.consumers()
+    producer_slice = {
+        ir.ValueRef(c.index, i): c.slice
+        for c in program.computations
+        for i in range(len(c.outputs))
+    }
+    routes: dict[str, dict[ir.ValueRef, list[str]]] = defaultdict(dict)
+    expects: dict[str, dict[ir.ValueRef, int]] = defaultdict(dict)
+    input_hosts: dict[int, list[str]] = defaultdict(list)
+    for ref, nodes in consumers.items():
+        for node in nodes:
+            target = program.computations[node].slice
+            if ref.is_program_input:
+                for a in addresses[target]:
+                    if a not in input_hosts[ref.index]:
+                        input_hosts[ref.index].append(a)
+                continue
+            source = producer_slice[ref]
+            if source == target:
+                continue
+            dests = routes[source].setdefault(ref, [])
+            for a in addresses[target]:
+                if a not in dests:
+                    dests.append(a)
+            expects[target][ref] = len(addresses[source])
+    outputs_by_slice: dict[str, list[ir.ValueRef]] = defaultdict(list)
+    reply = pb.RunReply()
+    for ref in program.outputs:
+        if ref.is_program_input:
+            reply.outputs.add()
+            continue
+        source = producer_slice[ref]
+        if ref not in outputs_by_slice[source]:
+            outputs_by_slice[source].append(ref)
+        reply.outputs.add(hosts=addresses[source])
+    for i in range(len(program.inputs)):
+        reply.inputs.add(hosts=input_hosts.get(i, []))
+    launches: dict[str, list[pb.Launch]] = {}
+    for vid in slices:
+        launch = pb.Launch(
+            call_id=call_id,
+            program_id=program_id,
+            routes=[
+                pb.Route(value=ref.to_proto(), destinations=dests)
+                for ref, dests in sorted(routes[vid].items())
+            ],
+            expects=[
+                pb.Expect(value=ref.to_proto(), senders=n) for ref, n in sorted(expects[vid].items())
+            ],
+            outputs=[ref.to_proto() for ref in outputs_by_slice[vid]],
+        )
+        launches[vid] = [launch] * len(addresses[vid])
+    return reply, launches

@@ -1,0 +1,81 @@
+"""One long-lived control stream from the controller to one host's sidecar.
+
+Programs, launches and grants go down it in order; completions come back up,
+batched by the host. Nothing here waits for an answer: `send` only queues, so
+dispatching a program call to many hosts is parallel and never blocks on any
+one of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+
+
+class HostLink:
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        on_event: Callable[[HostLink, pb.HostEvent], None],
+        on_broken: Callable[[HostLink, str], None],
+    ) -> None:
+        self.address = address
+        self.name = name
+        self._on_event = on_event
+        self._on_broken = on_broken
+        self._queue: queue.SimpleQueue[pb.HostCommand | None] = queue.SimpleQueue()
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"link-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, command: pb.HostCommand) -> None:
+        self._queue.put(command)
+
+    def close(self) -> None:
+        if not self._closed.is_set():
+            self._closed.set()
+            self._queue.put(None)
+            self._channel.close()
+
+    def _commands(self) -> Iterator[pb.HostCommand]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def _run(self) -> None:
+        stub = pb_grpc.DataflowStub(self._channel)
+        try:
+            for event in stub.Control(self._commands()):
+                self._on_event(self, event)
+        except grpc.RpcError as err:
+            if not self._closed.is_set():
+                detail = f"{err.code().name}: {err.details()}" if hasattr(err, "code") else str(err)
+                self._on_broken(self, f"control stream to {self.name} ({self.address}) broke: {detail}")
+            return
+        except Exception as err:  # a bug in an event handler must not go silent
+            log.exception("control stream handler for %s failed", self.name)
+            if not self._closed.is_set():
+                self._on_broken(self, f"control stream handler for {self.name} failed: {err}")
+            return
+        if not self._closed.is_set():
+            self._on_broken(self, f"host {self.name} ({self.address}) closed its control stream")

@@ -1,0 +1,100 @@
+"""`python -m pathways_operator.local`: the embedded cluster's controller.
+
+Islands are sets of local "machines" of `--devices-per-host` devices each;
+placed slices become host processes on loopback addresses. The process exits
+when its parent (the client that started it) exits, taking its hosts along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_operator.controller import Controller
+from pathways_operator.controller_service import ControllerService
+from pathways_operator.core.placement import Machine
+from pathways_operator.host_link import GRPC_OPTIONS
+from pathways_operator.local_hosts import HostRequest, LocalHost, LocalHostLauncher
+
+log = logging.getLogger("pathways_operator.local")
+
+
+def parse_islands(text: str, per_host: int) -> list[Machine]:
+    machines: list[Machine] = []
+    for item in text.split(","):
+        name, _, count = item.partition(":")
+        total = int(count)
+        if total % per_host:
+            raise SystemExit(f"--islands: {name} has {total} devices, not a multiple of {per_host}")
+        for m in range(total // per_host):
+            machines.append(Machine(f"{name}-m{m}", name, per_host, 0))
+    return machines
+
+
+def _parent_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pathways_operator.local")
+    parser.add_argument("--listen", default="127.0.0.1:0")
+    parser.add_argument("--islands", default="island-a:16,island-b:16")
+    parser.add_argument("--devices-per-host", type=int, default=4)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--ready-file", type=Path)
+    parser.add_argument("--parent-pid", type=int, default=0)
+    parser.add_argument("--window", type=int, default=256)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    machines = parse_islands(args.islands, args.devices_per_host)
+    controller: Controller | None = None
+
+    def host_died(host: LocalHost, reason: str) -> None:
+        if controller is not None:
+            controller.host_failed(host.request.slice_id, host.name, reason)
+
+    launcher = LocalHostLauncher(args.state_dir, host_died)
+    controller = Controller(lambda: list(machines), launcher, HostRequest, window=args.window)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+    pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
+    port = server.add_insecure_port(args.listen)
+    server.start()
+    host = args.listen.rsplit(":", 1)[0]
+    address = f"{host}:{port}"
+    if args.ready_file:
+        tmp = args.ready_file.with_suffix(".tmp")
+        tmp.write_text(address)
+        tmp.rename(args.ready_file)
+    log.info("controller listening on %s with islands %s", address, args.islands)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if args.parent_pid and not _parent_alive(args.parent_pid):
+            log.info("parent %d exited; shutting down", args.parent_pid)
+            break
+    server.stop(grace=1)
+    controller.close()
+    launcher.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Hosts of the embedded cluster: a worker and a sidecar process per host.
+
+Each host gets its own loopback address (127.0.0.N), as each pod gets its own
+IP on Kubernetes, and runs exactly the processes a pod's `worker` and
+`dataflow` containers run. A monitor thread notices a host process that dies
+and reports it, so the controller can fail the calls on its slice and relaunch
+the whole gang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "120"))
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    """One host of a gang to start."""
+
+    slice_name: str
+    slice_id: str
+    index: int
+    num_hosts: int
+    devices: int
+    machine: str
+
+
+@dataclass
+class LocalHost:
+    request: HostRequest
+    ip: str
+    sidecar_address: str
+    worker_address: str
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    stopping: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.request.slice_name}/host-{self.request.index}"
+
+
+def _free_port(ip: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalHostLauncher:
+    """Starts, watches and stops host processes on loopback addresses."""
+
+    def __init__(
+        self, state_dir: Path, on_host_died: Callable[[LocalHost, str], None]
+    ) -> None:
+        self.state_dir = state_dir
+        self._on_host_died = on_host_died
+        self._lock = threading.Lock()
+        self._ips_in_use: set[int] = set()
+        self._hosts: list[LocalHost] = []
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="host-monitor", daemon=True)
+        self._monitor.start()
+
+    def _allocate_ip(self) -> str:
+        with self._lock:
+            for n in range(10, 250):
+                if n not in self._ips_in_use:
+                    self._ips_in_use.add(n)
+                    return f"127.0.0.{n}"
+        raise RuntimeError("no free loopback address left in 127.0.0.10-249")
+
+    def launch(self, requests: Sequence[HostRequest]) -> list[LocalHost]:
+        """Start every host of one gang and wait until all are ready (or fail all)."""
+        hosts: list[LocalHost] = []
+        coordinator = ""
+        for req in requests:
+            ip = self._allocate_ip()
+            host = LocalHost(
+                request=req,
+                ip=ip,
+                sidecar_address=f"{ip}:{_free_port(ip)}",
+                worker_address=f"{ip}:{_free_port(ip)}",
+            )
+            if req.index == 0:
+                coordinator = f"{ip}:{_free_port(ip)}"
+            hosts.append(host)
+        try:
+            for host in hosts:
+                self._start(host, coordinator)
+            with self._lock:
+                self._hosts.extend(hosts)
+            self._wait_ready(hosts)
+        except Exception:
+            self.stop(hosts)
+            raise
+        return hosts
+
+    def _start(self, host: LocalHost, coordinator: str) -> None:
+        req = host.request
+        run_dir = self.state_dir / "hosts" / f"{req.slice_id}-h{req.index}-{host.ip}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else run_dir
+        shm_dir = shm / f"pathways-{os.getpid()}-{host.ip}"
+        shm_dir.mkdir(parents=True, exist_ok=True)
+        label = f"{host.name} ({host.ip})"
+        common = ["--shm-dir", str(shm_dir), "--host-name", label]
+        env = dict(os.environ)
+        env.pop("XLA_FLAGS", None)
+        worker = [
+            sys.executable, "-m", "pathways_worker.worker",
+            "--listen", host.worker_address,
+            "--host-index", str(req.index),
+            "--num-hosts", str(req.num_hosts),
+            "--coordinator", coordinator,
+            "--devices", str(req.devices),
+            *common,
+        ]
+        sidecar = [
+            sys.executable, "-m", "pathways_worker.sidecar",
+            "--listen", host.sidecar_address,
+            "--worker", host.worker_address,
+            *common,
+        ]
+        for name, cmd in (("worker", worker), ("dataflow", sidecar)):
+            with open(run_dir / f"{name}.log", "ab") as out:
+                host.processes.append(
+                    subprocess.Popen(
+                        cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                    )
+                )
+
+    def _wait_ready(self, hosts: list[LocalHost]) -> None:
+        deadline = time.monotonic() + HOST_START_TIMEOUT_S
+        pending = list(hosts)
+        while pending:
+            for host in list(pending):
+                dead = [p for p in host.processes if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(
+                        f"host {host.name} ({host.ip}) exited during start-up with code "
+                        f"{dead[0].returncode}; see {self.state_dir / 'hosts'}"
+                    )
+                with grpc.insecure_channel(host.sidecar_address) as channel:
+                    try:
+                        reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=1)
+                        if reply.worker_ready:
+                            pending.remove(host)
+                    except grpc.RpcError:
+                        pass
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(h.name for h in pending)
+                raise RuntimeError(
+                    f"hosts {names} not ready within {HOST_START_TIMEOUT_S:.0f} s; "
+                    f"see logs in {self.state_dir / 'hosts'}"
+                )
+            if pending:
+                time.sleep(0.1)
+
+    def stop(self, hosts: Sequence[LocalHost]) -> None:
+        for host in hosts:
+            host.stopping = True
+            for proc in host.processes:
+                if proc.poll() is None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + 5
+        for host in hosts:
+            for proc in host.processes:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait(5)
+        with self._lock:
+            for host in hosts:
+                if host in self._hosts:
+                    self._hosts.remove(host)
+                self._ips_in_use.discard(int(host.ip.rsplit(".", 1)[1]))
+        for host in hosts:
+            shutil.rmtree(
+                Path("/dev/shm") / f"pathways-{os.getpid()}-{host.ip}", ignore_errors=True
+            )
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            with self._lock:
+                hosts = list(self._hosts)
+            for host in hosts:
+                if host.stopping:
+                    continue
+                for proc, role in zip(host.processes, ("worker", "dataflow")):
+                    code = proc.poll()
+                    if code is not None:
+                        host.stopping = True
+                        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                        self._on_host_died(host, f"{role} process {how}")
+                        break
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            hosts = list(self._hosts)
+        self.stop(hosts)
