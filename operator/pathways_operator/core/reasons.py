@@ -1,0 +1,183 @@
+"""Condition types, reasons, and the one way conditions are updated.
+
+Status conditions follow ``metav1.Condition`` as JobSet and Kueue use them: a
+condition ``type`` names a question ("is the slice Admitted?"), ``status``
+answers it, ``reason`` is a CamelCase constant a program can switch on, and
+``message`` is the sentence for a human, naming the object, the numbers and
+the fix. Every type and reason the operator writes is declared here so that
+``kubectl wait --for=condition=Ready`` and alerting rules have a closed set to
+match against.
+
+:func:`set_condition` implements the metav1 rule that ``lastTransitionTime``
+moves only when ``status`` changes, so a reconcile that re-asserts the same
+answer with a fresher message does not look like a flap. The time is passed in;
+nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+
+class SliceConditionType(enum.StrEnum):
+    """Condition types of a VirtualSlice."""
+
+    ADMITTED = "Admitted"
+    """True once the gang has a placement on one island (devices reserved)."""
+    READY = "Ready"
+    """True while every host of the gang is running and the JAX job is formed."""
+    DEGRADED = "Degraded"
+    """True while the gang is being recreated after losing a host."""
+    SUSPENDED = "Suspended"
+    """True while ``spec.suspend`` holds the slice without pods."""
+
+
+class ProgramConditionType(enum.StrEnum):
+    """Condition types of a PathwaysProgram (as JobSet's Completed/Failed/Suspended)."""
+
+    RUNNING = "Running"
+    """True while steps are being dispatched."""
+    SUCCEEDED = "Succeeded"
+    """True once every step completed; terminal."""
+    FAILED = "Failed"
+    """True once the program can no longer succeed; terminal."""
+    SUSPENDED = "Suspended"
+    """True while ``spec.suspend`` holds the program."""
+
+
+class Reason(enum.StrEnum):
+    """``reason`` values of conditions and of placement/admission outcomes."""
+
+    # Admission and placement (VirtualSlice Admitted).
+    ADMITTED = "Admitted"
+    """The whole gang was placed on one island."""
+    INSUFFICIENT_DEVICES = "InsufficientDevices"
+    """Not enough free devices on any one island now; retried as devices free up."""
+    ISLAND_RESERVED = "IslandReserved"
+    """It would fit, but the island is held for an older waiting gang (anti-starvation)."""
+    EXCEEDS_ISLAND = "ExceedsIsland"
+    """More devices, or bigger hosts, than any island has even when empty."""
+    INDIVISIBLE_DEVICES = "IndivisibleDevices"
+    """``devices`` is not a multiple of the host size on any island that is big enough."""
+    NO_ISLAND = "NoIsland"
+    """No machine is labelled with the requested island (or with any island)."""
+    INVALID_SPEC = "InvalidSpec"
+    """The spec contradicts itself in a way the CRD schema cannot express."""
+    # Gang life cycle (VirtualSlice Ready / Degraded).
+    GANG_LAUNCHING = "GangLaunching"
+    """Pods are created and bound; waiting for every host to start."""
+    GANG_READY = "GangReady"
+    """Every host is up."""
+    GANG_RECREATED = "GangRecreated"
+    """A host was lost and the whole gang was recreated (counts against maxRestarts)."""
+    RESTARTS_EXHAUSTED = "RestartsExhausted"
+    """A host was lost after ``failurePolicy.maxRestarts`` recreations."""
+    SUSPENDED = "Suspended"
+    """``spec.suspend`` is true."""
+    # Programs.
+    WAITING_FOR_SLICES = "WaitingForSlices"
+    """A slice the program uses is not Ready yet."""
+    UNKNOWN_SLICE = "UnknownSlice"
+    """``spec.slices[].ref`` names a VirtualSlice that does not exist."""
+    SLICE_FAILED = "SliceFailed"
+    """A slice the program uses reached phase Failed."""
+    INVALID_PROGRAM = "InvalidProgram"
+    """The program's dataflow graph is invalid (cycle, unknown node or slice)."""
+    STEPS_RUNNING = "StepsRunning"
+    """Steps are being dispatched."""
+    STEPS_COMPLETED = "StepsCompleted"
+    """Every step completed."""
+    COMPUTATION_FAILED = "ComputationFailed"
+    """A computation raised on a host; the message carries the host's error."""
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+_STATUSES: Mapping[str, ConditionStatus] = {"True": "True", "False": "False", "Unknown": "Unknown"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One entry of ``status.conditions``, metav1.Condition in Python.
+
+    ``last_transition_time`` is an RFC 3339 string as the API server stores it;
+    leave it empty when building a new condition and let :func:`set_condition`
+    decide whether it takes ``now`` or keeps the previous one.
+    """
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+    observed_generation: int = 0
+    last_transition_time: str = ""
+
+    def to_manifest(self) -> dict[str, object]:
+        """The camelCase form written into ``status.conditions``."""
+        return {
+            "type": self.type,
+            "status": self.status,
+            "reason": self.reason,
+            "message": self.message,
+            "observedGeneration": self.observed_generation,
+            "lastTransitionTime": self.last_transition_time,
+        }
+
+    @classmethod
+    def from_manifest(cls, raw: Mapping[str, object]) -> Condition:
+        """Read one entry of ``status.conditions`` back; missing fields take defaults."""
+        raw_status = str(raw.get("status", "Unknown"))
+        status = _STATUSES.get(raw_status)
+        if status is None:
+            raise ValueError(
+                f"condition {raw.get('type')!r} has status {raw_status!r}; "
+                "expected True, False or Unknown"
+            )
+        generation = raw.get("observedGeneration", 0)
+        return cls(
+            type=str(raw["type"]),
+            status=status,
+            reason=str(raw.get("reason", "")),
+            message=str(raw.get("message", "")),
+            observed_generation=generation if isinstance(generation, int) else 0,
+            last_transition_time=str(raw.get("lastTransitionTime", "")),
+        )
+
+
+def set_condition(conditions: Iterable[Condition], new: Condition, now: str) -> list[Condition]:
+    """Return ``conditions`` with ``new`` in place of the entry of the same type.
+
+    ``lastTransitionTime`` becomes ``now`` when the condition is new or its
+    status changed, and is kept otherwise (metav1 semantics); reason, message
+    and observedGeneration always take the new values. Order is kept and a new
+    type is appended, so the written list is stable between reconciles.
+    """
+    result: list[Condition] = []
+    replaced = False
+    for existing in conditions:
+        if existing.type != new.type:
+            result.append(existing)
+            continue
+        if replaced:
+            continue  # a duplicate type in stored status: keep only the first
+        replaced = True
+        keep = existing.status == new.status and existing.last_transition_time
+        when = existing.last_transition_time if keep else now
+        result.append(dataclasses.replace(new, last_transition_time=when))
+    if not replaced:
+        result.append(dataclasses.replace(new, last_transition_time=now))
+    return result
+
+
+def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    """The condition of ``type_``, or None when it was never set."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def is_condition_true(conditions: Iterable[Condition], type_: str) -> bool:
+    """True only when the condition exists with status "True"."""
+    found = find_condition(conditions, type_)
+    return found is not None and found.status == "True"
