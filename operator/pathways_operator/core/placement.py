@@ -1,0 +1,366 @@
+"""Gang placement: where a VirtualSlice's hosts go, all on one island or not at all.
+
+This is the resource manager of the Pathways paper reduced to its decision. A
+slice of ``devices`` virtual devices becomes ``devices / devicesPerHost`` hosts
+(worker pods); each host needs one machine (Node) with that many free devices,
+and every host must be on the same island, because the hosts of a slice run one
+JAX multi-process job whose collectives stand in for ICI. Several hosts may
+share a machine when it has room: a machine of 8 devices holds two hosts of 4.
+
+The answer is all-or-nothing. :func:`place_gang` returns a :class:`Placement`
+only when the whole gang fits; otherwise an :class:`Unplaceable` says why, with
+the numbers, and whether waiting can help: ``InsufficientDevices`` (the gang
+fits on some island when it drains) is retried, while ``ExceedsIsland``,
+``IndivisibleDevices``, ``NoIsland`` and ``InvalidSpec`` will not fit until the
+cluster or the spec changes. Because no partial gang ever holds devices, two
+gangs can never each hold half of what the other needs.
+
+Choices are deterministic so that every reconcile of the same inputs gives the
+same answer: among islands that fit, the best fit (fewest free devices left
+afterwards, then island name) wins, which keeps large empty islands for large
+gangs; inside the island, hosts go to the fullest machines that still have room
+(least free, then name), which keeps whole machines free.
+
+Free devices are ``allocatable - used`` of schedulable machines; the caller
+computes ``used`` from live pods and earlier placements. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from pathways_operator.core.reasons import Reason
+
+RETRYABLE_REASONS = frozenset({Reason.INSUFFICIENT_DEVICES, Reason.ISLAND_RESERVED})
+"""Reasons for which waiting (devices freeing up) can lead to a placement."""
+
+_LISTED_ISLANDS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """A Node that offers devices: ``pathways.dev/device`` allocatable, and its island label."""
+
+    name: str
+    island: str
+    allocatable_devices: int
+    used_devices: int = 0
+    schedulable: bool = True
+    """False for cordoned or not-ready Nodes: they count for "could ever fit" but take no hosts."""
+
+    @property
+    def free_devices(self) -> int:
+        """Devices a new host may take now (never negative, even if over-committed)."""
+        if not self.schedulable:
+            return 0
+        return max(0, self.allocatable_devices - self.used_devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class GangRequest:
+    """What a VirtualSlice asks of the resource manager."""
+
+    slice: str
+    devices: int
+    devices_per_host: int | None = None
+    """None: the island's machine size (the largest allocatable there), or ``devices`` if smaller."""
+    island: str | None = None
+    """None: any island; otherwise the only island considered."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostAssignment:
+    """Host ``index`` of the gang runs on ``machine`` with ``devices`` devices."""
+
+    index: int
+    machine: str
+    devices: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A whole gang placed on one island; host indices are 0..n-1 (host 0 coordinates)."""
+
+    slice: str
+    island: str
+    hosts: tuple[HostAssignment, ...]
+
+    @property
+    def devices(self) -> int:
+        return sum(h.devices for h in self.hosts)
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.hosts[0].devices if self.hosts else 0
+
+    def devices_by_machine(self) -> dict[str, int]:
+        """Devices this placement takes on each machine, to reserve them."""
+        taken: dict[str, int] = {}
+        for host in self.hosts:
+            taken[host.machine] = taken.get(host.machine, 0) + host.devices
+        return taken
+
+
+@dataclasses.dataclass(frozen=True)
+class Unplaceable:
+    """Why a gang has no placement; ``message`` is written to the Admitted condition as is."""
+
+    slice: str
+    reason: Reason
+    message: str
+    closest_island: str | None = None
+    """The island that came nearest to fitting, if any could ever fit (used to reserve it)."""
+
+    @property
+    def retryable(self) -> bool:
+        """True when freed devices can make the gang fit; False when the cluster or spec must change."""
+        return self.reason in RETRYABLE_REASONS
+
+
+@dataclasses.dataclass(frozen=True)
+class _IslandFit:
+    """How one gang relates to one island: fits now, fits when drained, or never."""
+
+    island: str
+    host_size: int
+    hosts_needed: int
+    total_devices: int
+    free_devices: int
+    free_slots: int
+    never: Reason | None = None
+    why_never: str = ""
+
+    @property
+    def fits_now(self) -> bool:
+        return self.never is None and self.free_slots >= self.hosts_needed
+
+
+def check_machines(machines: Iterable[Machine]) -> None:
+    """Raise ValueError for inventories no Node list can produce (an adapter bug, not a user error)."""
+    seen: set[str] = set()
+    for m in machines:
+        if m.name in seen:
+            raise ValueError(f"machine {m.name!r} is listed twice")
+        seen.add(m.name)
+        if m.allocatable_devices < 0 or m.used_devices < 0:
+            raise ValueError(
+                f"machine {m.name!r} on island {m.island!r} has allocatable "
+                f"{m.allocatable_devices} and used {m.used_devices} devices; neither may be negative"
+            )
+
+
+def place_gang(request: GangRequest, machines: Sequence[Machine]) -> Placement | Unplaceable:
+    """Place every host of ``request`` on one island, or say why not.
+
+    Raises ValueError only for an impossible machine inventory; anything wrong
+    with the request itself comes back as an :class:`Unplaceable`.
+    """
+    check_machines(machines)
+    invalid = _check_request(request)
+    if invalid is not None:
+        return invalid
+
+    by_island: dict[str, list[Machine]] = {}
+    for m in machines:
+        by_island.setdefault(m.island, []).append(m)
+    if request.island is not None:
+        if request.island not in by_island:
+            known = ", ".join(sorted(by_island)) or "none"
+            return Unplaceable(
+                request.slice,
+                Reason.NO_ISLAND,
+                f"slice {request.slice!r} is pinned to island {request.island!r} but no machine "
+                f"is labelled pathways.dev/island={request.island}; islands: {known}",
+            )
+        by_island = {request.island: by_island[request.island]}
+    if not by_island:
+        return Unplaceable(
+            request.slice,
+            Reason.NO_ISLAND,
+            f"slice {request.slice!r} needs {request.devices} devices but no machine offers "
+            "devices on any island (label Nodes pathways.dev/island and give them "
+            "pathways.dev/device capacity)",
+        )
+
+    fits = [_fit_island(request, island, ms) for island, ms in sorted(by_island.items())]
+    fitting = [f for f in fits if f.fits_now]
+    if fitting:
+        best = min(fitting, key=lambda f: (f.free_devices - request.devices, f.island))
+        return Placement(request.slice, best.island, _assign_hosts(best, by_island[best.island]))
+    return _explain(request, fits)
+
+
+def reserve(machines: Sequence[Machine], placement: Placement) -> list[Machine]:
+    """``machines`` with the placement's devices counted as used: the next decision's inventory."""
+    taken = placement.devices_by_machine()
+    return [
+        dataclasses.replace(m, used_devices=m.used_devices + taken[m.name]) if m.name in taken else m
+        for m in machines
+    ]
+
+
+def _check_request(request: GangRequest) -> Unplaceable | None:
+    if request.devices < 1:
+        return Unplaceable(
+            request.slice,
+            Reason.INVALID_SPEC,
+            f"slice {request.slice!r} asks for {request.devices} devices; devices must be at least 1",
+        )
+    dph = request.devices_per_host
+    if dph is None:
+        return None
+    if dph < 1:
+        return Unplaceable(
+            request.slice,
+            Reason.INVALID_SPEC,
+            f"slice {request.slice!r} asks for hosts of {dph} devices; devicesPerHost must be at least 1",
+        )
+    if request.devices % dph:
+        return Unplaceable(
+            request.slice,
+            Reason.INVALID_SPEC,
+            f"slice {request.slice!r} asks for {request.devices} devices in hosts of {dph}; "
+            f"devices must be a multiple of devicesPerHost (divisors of {request.devices}: "
+            f"{_divisors_text(request.devices)})",
+        )
+    return None
+
+
+def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) -> _IslandFit:
+    largest = max(m.allocatable_devices for m in machines)
+    total = sum(m.allocatable_devices for m in machines)
+    free = sum(m.free_devices for m in machines)
+    if request.devices_per_host is not None:
+        host_size = request.devices_per_host
+    else:
+        host_size = min(request.devices, largest) if largest > 0 else request.devices
+    hosts_needed = request.devices // host_size
+    fit = _IslandFit(
+        island=island,
+        host_size=host_size,
+        hosts_needed=hosts_needed,
+        total_devices=total,
+        free_devices=free,
+        free_slots=sum(m.free_devices // host_size for m in machines),
+    )
+
+    if total < request.devices:
+        return dataclasses.replace(
+            fit,
+            never=Reason.EXCEEDS_ISLAND,
+            why_never=f"{island} has {total} devices in all",
+        )
+    if host_size > largest:
+        biggest = min((m for m in machines if m.allocatable_devices == largest), key=lambda m: m.name)
+        return dataclasses.replace(
+            fit,
+            never=Reason.EXCEEDS_ISLAND,
+            why_never=f"the largest machine on {island} ({biggest.name}) has {largest} devices, "
+            f"less than a host of {host_size}",
+        )
+    if request.devices % host_size:
+        return dataclasses.replace(
+            fit,
+            never=Reason.INDIVISIBLE_DEVICES,
+            why_never=f"{island} has {host_size} devices per machine and {request.devices} "
+            f"is not a multiple of {host_size}",
+        )
+    slots_when_empty = sum(m.allocatable_devices // host_size for m in machines)
+    if slots_when_empty < hosts_needed:
+        return dataclasses.replace(
+            fit,
+            never=Reason.EXCEEDS_ISLAND,
+            why_never=f"{island} holds at most {slots_when_empty} hosts of {host_size} "
+            f"even when empty, and the slice needs {hosts_needed}",
+        )
+    return fit
+
+
+def _assign_hosts(fit: _IslandFit, machines: Sequence[Machine]) -> tuple[HostAssignment, ...]:
+    hosts: list[HostAssignment] = []
+    for m in sorted(machines, key=lambda m: (m.free_devices, m.name)):
+        room = m.free_devices // fit.host_size
+        while room and len(hosts) < fit.hosts_needed:
+            hosts.append(HostAssignment(len(hosts), m.name, fit.host_size))
+            room -= 1
+        if len(hosts) == fit.hosts_needed:
+            break
+    return tuple(hosts)
+
+
+def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
+    """Turn per-island failures into one Unplaceable whose message carries the numbers."""
+    name = request.slice
+    waiting = [f for f in fits if f.never is None]
+    if waiting:
+        ranked = sorted(waiting, key=lambda f: (-f.free_slots, -f.free_devices, f.island))
+        best = ranked[0]
+        if request.island is not None:
+            message = (
+                f"slice {name!r} needs {request.devices} devices on island {best.island} "
+                f"(pinned){_shape(waiting)}; it has {_free_text(best)}"
+            )
+        else:
+            others = ", ".join(f"{f.island} has {_free_text(f)}" for f in ranked[1:_LISTED_ISLANDS])
+            more = len(ranked) - _LISTED_ISLANDS
+            message = (
+                f"slice {name!r} needs {request.devices} devices on one island{_shape(waiting)}; "
+                f"best is {best.island} with {_free_text(best)}"
+                + (f", {others}" if others else "")
+                + (f" (and {more} more islands)" if more > 0 else "")
+            )
+        return Unplaceable(name, Reason.INSUFFICIENT_DEVICES, message, closest_island=best.island)
+
+    if all(f.never is Reason.INDIVISIBLE_DEVICES for f in fits):
+        reason = Reason.INDIVISIBLE_DEVICES
+        fix = (
+            f"; set devicesPerHost to a divisor of {request.devices} "
+            f"({_divisors_text(request.devices)}) that fits a machine"
+        )
+    else:
+        reason = Reason.EXCEEDS_ISLAND
+        fix = ""
+    size_only = all(f.total_devices < request.devices for f in fits)
+    if size_only and request.island is None:
+        largest = max(fits, key=lambda f: (f.total_devices, f.island))
+        message = (
+            f"slice {name!r} asks for {request.devices} devices but the largest island "
+            f"({largest.island}) has {largest.total_devices}"
+        )
+    elif size_only:
+        message = (
+            f"slice {name!r} asks for {request.devices} devices but its pinned island "
+            f"{fits[0].island} has {fits[0].total_devices}"
+        )
+    else:
+        message = (
+            f"slice {name!r} ({request.devices} devices) cannot fit on any island even when "
+            "it is empty: " + "; ".join(f.why_never for f in fits) + fix
+        )
+    return Unplaceable(name, reason, message)
+
+
+def _shape(fits: Sequence[_IslandFit]) -> str:
+    sizes = {f.host_size for f in fits}
+    if len(sizes) != 1:
+        return ""
+    size = sizes.pop()
+    hosts = fits[0].hosts_needed
+    return f" ({hosts} host{'s' if hosts != 1 else ''} of {size})"
+
+
+def _free_text(fit: _IslandFit) -> str:
+    text = f"{fit.free_devices} free"
+    if fit.free_devices >= fit.hosts_needed * fit.host_size:
+        # Enough devices in total, but spread so that not enough whole hosts fit.
+        text += f" but room for only {fit.free_slots} of {fit.hosts_needed} hosts of {fit.host_size}"
+    return text
+
+
+def _divisors_text(n: int) -> str:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    if len(divisors) > 8:
+        divisors = divisors[:7] + [n]
+        return ", ".join(str(d) for d in divisors[:-1]) + f", ..., {n}"
+    return ", ".join(str(d) for d in divisors)
