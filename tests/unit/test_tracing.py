@@ -1,0 +1,136 @@
+"""Tracing `@pw.program` into the IR: no processes, no runtime."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways as pw
+from pathways import ir
+
+
+def devices(n: int) -> list[pw.VirtualDevice]:
+    return pw.make_virtual_device_set().add_slice(devices=n).devices
+
+
+def test_paper_program_traces_into_four_computations_over_three_slices() -> None:
+    a = pw.pmap(lambda x: x * 2.0, devices=devices(2))
+    b = pw.pmap(lambda x: x + 1.0, devices=devices(2))
+    c = pw.pmap(lambda x: x / 2.0, devices=devices(2))
+
+    @pw.program
+    def f(v):  # type: ignore[no-untyped-def]
+        x = a(v)
+        y = b(x)
+        z = a(c(x))
+        return (y, z)
+
+    traced = f.trace(np.array([1.0, 2.0]))
+    prog = traced.ir
+    assert [comp.slice for comp in prog.computations] == [
+        a.slice.id, b.slice.id, c.slice.id, a.slice.id
+    ]
+    assert prog.computations[1].inputs == (ir.ValueRef(0, 0),)
+    assert prog.computations[3].inputs == (ir.ValueRef(2, 0),)
+    assert prog.outputs == (ir.ValueRef(1, 0), ir.ValueRef(3, 0))
+    assert prog.inputs == (ir.TensorSpec((2,), "float32"),), "float64 is canonicalized"
+    assert len(prog.slices) == 3
+    # same shapes: cached, no re-trace, no re-export
+    assert f.trace(np.array([5.0, 6.0])) is traced
+    assert f.trace_count == 1 and a.compile_count == 1
+    # new shapes: a new trace
+    with pytest.raises(pw.InvalidProgramError):
+        f.trace(np.array([1.0, 2.0, 3.0]))
+
+
+def test_ir_round_trips_through_the_wire_format() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=4)
+    fn = pw.jit(lambda x, y: (x @ y, x.sum()), slice=s, in_shardings=(P("x"), None),
+                out_shardings=(P("x"), None))
+
+    @pw.program
+    def g(x, y):  # type: ignore[no-untyped-def]
+        return fn(x, y)
+
+    prog = g.trace(np.ones((8, 3), np.float32), np.ones((3, 2), np.float32)).ir
+    back = ir.Program.from_proto(prog.to_proto())
+    assert back.fingerprint == prog.fingerprint
+    assert back.computations[0].outputs == (ir.TensorSpec((8, 2), "float32"), ir.TensorSpec((), "float32"))
+    assert back.computations[0].mesh_shape == (4,)
+    exported = jax.export.deserialize(bytearray(back.computations[0].artifact))
+    assert exported.nr_devices == 4
+
+
+def test_shape_mismatch_between_producer_and_consumer_names_both() -> None:
+    make = pw.pmap(lambda x: x.repeat(3), devices=devices(2), )
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    producer = pw.jit(lambda x: x.reshape(3, 2), slice=s)
+    consumer = pw.pmap(lambda x: x * 2.0, devices=devices(2))
+    del make
+
+    @pw.program
+    def bad(v):  # type: ignore[no-untyped-def]
+        return consumer(producer(v))
+
+    with pytest.raises(pw.InvalidProgramError) as info:
+        bad.trace(np.ones(6, np.float32))
+    text = str(info.value)
+    assert "float32[3, 2]" in text and "leading dimension of 2" in text, text
+    assert "<lambda>" in text or "lambda@" in text, text
+    assert "output 0" in text, text
+
+
+def test_host_callbacks_are_refused_at_trace_time() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+
+    def noisy(x: jax.Array) -> jax.Array:
+        jax.debug.print("x = {}", x)
+        return x + 1
+
+    fn = pw.jit(noisy, slice=s)
+
+    @pw.program
+    def p(x):  # type: ignore[no-untyped-def]
+        return fn(x)
+
+    with pytest.raises(pw.InvalidProgramError) as info:
+        p.trace(np.ones(2, np.float32))
+    assert "callback" in str(info.value).lower(), str(info.value)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_add_slice_rejects_bad_device_counts(bad: object) -> None:
+    with pytest.raises(pw.InvalidProgramError) as info:
+        pw.make_virtual_device_set().add_slice(devices=bad)  # type: ignore[arg-type]
+    assert "devices" in str(info.value)
+
+
+def test_pmap_devices_must_cover_one_whole_slice() -> None:
+    ds = pw.make_virtual_device_set()
+    s1, s2 = ds.add_slice(devices=2), ds.add_slice(devices=2)
+    with pytest.raises(pw.InvalidProgramError, match="one slice"):
+        pw.pmap(lambda x: x, devices=s1.devices[:1] + s2.devices[:1])
+    with pytest.raises(pw.InvalidProgramError, match="cover 1 of the 2"):
+        pw.pmap(lambda x: x, devices=s1.devices[:1])
+
+
+def test_symbolic_values_refuse_python_control_flow() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    inc = pw.jit(lambda x: x + 1, slice=s)
+
+    @pw.program
+    def p(x):  # type: ignore[no-untyped-def]
+        y = inc(x)
+        if y:
+            return y
+        return y
+
+    with pytest.raises(pw.InvalidProgramError, match="control flow"):
+        p.trace(np.ones(1, np.float32))
+
+
+def test_program_weight_must_be_positive() -> None:
+    with pytest.raises(pw.InvalidProgramError, match="weight"):
+        pw.program(lambda x: x, weight=0)
