@@ -1,0 +1,103 @@
+"""Gang admission: queue order, no over-commit, backfill, and the anti-starvation reservation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from pathways_operator.core.admission import QueuedGang, admit, queue_order
+from pathways_operator.core.placement import Placement, Unplaceable
+from pathways_operator.core.reasons import Reason
+
+from .builders import gang, island
+
+NOW = 10_000.0
+
+
+def names(items: Sequence[Placement | Unplaceable]) -> list[str]:
+    return [x.slice for x in items]
+
+
+def test_queue_order_is_priority_then_age_then_name() -> None:
+    q = [gang("c", 4, at=1), gang("b", 4, at=1), gang("a", 4, at=5), gang("hi", 4, priority=10, at=9)]
+    assert [g.request.slice for g in queue_order(q)] == ["hi", "b", "c", "a"]
+
+
+def test_two_gangs_never_over_commit() -> None:
+    # Each alone fits on the one island of 8; together they need 12.
+    r = admit([gang("first", 8, at=1), gang("second", 4, at=2)], island("a", 2, 4), now=NOW)
+    assert names(r.admitted) == ["first"]
+    assert names(r.waiting) == ["second"]
+    assert r.waiting[0].reason is Reason.INSUFFICIENT_DEVICES
+    assert "best is a with 0 free" in r.waiting[0].message
+
+
+def test_admitted_gangs_share_an_island_without_overlap() -> None:
+    r = admit([gang("x", 4, at=1), gang("y", 4, at=2)], island("a", 2, 4), now=NOW)
+    assert [p.hosts[0].machine for p in r.admitted] == ["a-m0", "a-m1"]
+
+
+def test_waiting_gang_holds_nothing_and_smaller_ones_backfill() -> None:
+    q = [gang("big", 16, at=1), gang("small", 4, at=2)]
+    r = admit(q, island("a", 4, 4, used=(4,)), now=10.0)  # big has waited 9s only
+    assert names(r.admitted) == ["small"]
+    assert names(r.waiting) == ["big"]
+    assert r.reserved == {}
+
+
+def test_old_waiting_gang_reserves_its_island_against_backfill() -> None:
+    q = [gang("big", 16, at=0), gang("small", 4, at=2)]
+    machines = island("a", 4, 4, used=(4,)) + island("b", 1, 4, used=(4,))
+    r = admit(q, machines, now=600.0, reserve_after=300.0)
+    assert r.admitted == []
+    assert r.reserved == {"a": "big"}
+    blocked = r.waiting[1]
+    assert blocked.slice == "small"
+    assert blocked.reason is Reason.ISLAND_RESERVED
+    assert blocked.retryable
+    assert "would fit on a, but a is held for slice 'big', which has waited 600s" in blocked.message
+
+
+def test_reservation_leaves_other_islands_open() -> None:
+    q = [gang("big", 16, at=0), gang("small", 4, at=2)]
+    machines = island("a", 4, 4, used=(4,)) + island("b", 1, 4)
+    r = admit(q, machines, now=600.0, reserve_after=300.0)
+    assert [(p.slice, p.island) for p in r.admitted] == [("small", "b")]
+
+
+def test_higher_priority_is_not_blocked_by_a_reservation() -> None:
+    q = [gang("big", 16, at=0), gang("urgent", 4, priority=5, at=500)]
+    r = admit(q, island("a", 4, 4, used=(4,)), now=600.0, reserve_after=300.0)
+    assert names(r.admitted) == ["urgent"]
+
+
+def test_gangs_that_never_fit_reserve_nothing() -> None:
+    q = [gang("huge", 64, at=0), gang("small", 4, at=2)]
+    r = admit(q, island("a", 4, 4), now=600.0, reserve_after=300.0)
+    assert names(r.admitted) == ["small"]
+    assert r.waiting[0].reason is Reason.EXCEEDS_ISLAND
+    assert r.reserved == {}
+
+
+def test_admission_is_order_independent_in_its_input() -> None:
+    q = [gang(f"s{i}", 4 * (1 + i % 3), at=i) for i in range(8)]
+    machines = island("a", 4, 4) + island("b", 6, 4, used=(2,))
+    assert admit(q, machines, now=NOW) == admit(q[::-1], machines[::-1], now=NOW)
+
+
+def test_same_slice_queued_twice_is_rejected() -> None:
+    with pytest.raises(ValueError, match="'s' is queued twice"):
+        admit([gang("s", 4), gang("s", 4)], island("a", 1, 4), now=NOW)
+
+
+def test_many_gangs_fill_exactly_without_over_commit() -> None:
+    machines = island("a", 4, 8) + island("b", 2, 8)
+    q: list[QueuedGang] = [gang(f"g{i}", 4, at=i) for i in range(14)]
+    r = admit(q, machines, now=NOW)
+    assert len(r.admitted) == 12  # 48 devices / 4
+    use: dict[str, int] = {}
+    for p in r.admitted:
+        for machine, n in p.devices_by_machine().items():
+            use[machine] = use.get(machine, 0) + n
+    assert all(n <= 8 for n in use.values())
