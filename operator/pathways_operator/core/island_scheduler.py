@@ -1,0 +1,253 @@
+"""The island scheduler: one global order for every computation on every slice.
+
+Pathways gang-schedules computations centrally because accelerator collectives
+are not preemptible: if two programs share a slice and host 0 runs program A's
+all-reduce while host 1 runs program B's, both wait forever. Here every
+computation a program call submits gets a *grant* carrying a sequence number
+from one counter shared by all slices, and every host of a slice runs the
+grants of its slice strictly in sequence order. Hosts never ask the scheduler
+anything per computation; they receive grants in batches and run them as their
+inputs arrive.
+
+Why this cannot deadlock
+------------------------
+Within a call, computations are granted in the given topological order, so a
+computation's dependencies always hold lower sequence numbers than it does.
+Take the lowest sequence number ``q`` not yet finished. Its dependencies have
+lower numbers, so they are finished and its inputs exist. Every computation
+before it on its slice also has a lower number, so each host of that slice has
+finished them and is now at ``q``: all participants of its collectives are
+present. So ``q`` can always run, and by induction everything granted finishes.
+A per-slice counter would not do: slice X could order A before B while slice Y
+orders B before A, and a program whose step on Y waits for its step on X then
+closes a cycle. One counter makes every slice's order a restriction of a single
+global order, which is what the argument needs.
+
+The window (at most ``window`` granted-but-not-completed computations per
+slice) only delays granting; it never withholds the lowest unfinished grant,
+so it bounds host queues and memory without affecting the argument.
+
+Sharing between calls: stride scheduling
+----------------------------------------
+Programs sharing slices receive grants in proportion to their ``weight``
+(``PathwaysProgram.spec.weight``). Each call has a *pass*; the call with the
+lowest pass gets the next grant and advances its pass by ``STRIDE / weight``.
+A newly submitted call starts at the current global pass, so it neither jumps
+ahead of calls already running (it earned no credit) nor waits behind their
+accumulated passes. A call whose next computation's slice window is full is
+skipped for now; it does not bank credit while blocked (its pass is brought up
+to the global pass when it next runs), so it cannot monopolise a slice after.
+Ties go to the call submitted first.
+
+Everything here is plain in-memory state driven by calls; no clocks, no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+
+STRIDE = float(1 << 20)
+"""Pass advance of a call of weight 1 per grant; large so that float passes stay precise."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledComputation:
+    """One computation of a program call, as the scheduler sees it."""
+
+    node: int
+    """Index in the program, topological order."""
+    slice_id: str
+    """Physical slice it runs on."""
+    deps: tuple[int, ...] = ()
+    """Nodes of the same call it consumes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """Permission for every host of ``slice_id`` to run ``node`` of ``call_id`` at position ``seq``."""
+
+    slice_id: str
+    seq: int
+    """Global, strictly increasing across the whole scheduler."""
+    call_id: str
+    node: int
+
+
+class UnknownGrant(KeyError):
+    """``complete`` named a grant that is not outstanding (already completed, reset, or never made).
+
+    A KeyError, so callers that tolerate completions racing a reset can catch it
+    as such; ``str()`` is the plain message rather than KeyError's quoted repr.
+    """
+
+    def __init__(self, slice_id: str, seq: int, outstanding: Sequence[int]) -> None:
+        self.slice_id = slice_id
+        self.seq = seq
+        shown = ", ".join(str(s) for s in outstanding[:8])
+        if len(outstanding) > 8:
+            shown += f", ... ({len(outstanding)} in all)"
+        super().__init__(
+            f"slice {slice_id!r} has no outstanding grant with seq {seq} "
+            f"(outstanding there: {shown or 'none'}); was it completed twice or reset?"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclasses.dataclass
+class _Call:
+    call_id: str
+    stride: float
+    pass_: float
+    order: int
+    todo: deque[ScheduledComputation]
+    slices: frozenset[str]
+    outstanding: int = 0
+
+
+class IslandScheduler:
+    """Grants computations of concurrent program calls in one global order, shared by weight."""
+
+    def __init__(self, window: int = 256) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1 computation per slice, got {window}")
+        self._window = window
+        self._next_seq = 0
+        self._global_pass = 0.0
+        self._submissions = 0
+        self._calls: dict[str, _Call] = {}
+        self._granted: dict[str, dict[int, tuple[str, int]]] = {}
+        """slice -> seq -> (call, node) of grants not yet completed."""
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    def submit(
+        self, call_id: str, weight: float, computations: Sequence[ScheduledComputation]
+    ) -> None:
+        """Queue one program call's computations, in topological order, for granting.
+
+        Raises ValueError, naming the call, for a weight that is not a finite
+        number > 0, a call id still active, a repeated node, or a dependency on
+        a node that does not come earlier in ``computations``.
+        """
+        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+            raise ValueError(
+                f"call {call_id!r} has weight {weight!r}; weight must be a finite number > 0"
+            )
+        active = self._calls.get(call_id)
+        if active is not None:
+            raise ValueError(
+                f"call {call_id!r} is still active ({len(active.todo)} computations not granted, "
+                f"{active.outstanding} granted and not completed); submit it under a new id"
+            )
+        seen: set[int] = set()
+        for position, comp in enumerate(computations):
+            if comp.node in seen:
+                raise ValueError(
+                    f"call {call_id!r} lists node {comp.node} twice (again at position {position})"
+                )
+            missing = [d for d in comp.deps if d not in seen]
+            if missing:
+                raise ValueError(
+                    f"call {call_id!r}: node {comp.node} on slice {comp.slice_id!r} depends on "
+                    f"node(s) {missing} that do not come before it; computations must be in "
+                    "topological order"
+                )
+            if not comp.slice_id:
+                raise ValueError(f"call {call_id!r}: node {comp.node} has an empty slice_id")
+            seen.add(comp.node)
+        if not computations:
+            return
+        self._calls[call_id] = _Call(
+            call_id=call_id,
+            stride=STRIDE / weight,
+            pass_=self._global_pass,
+            order=self._submissions,
+            todo=deque(computations),
+            slices=frozenset(c.slice_id for c in computations),
+        )
+        self._submissions += 1
+
+    def grants(self) -> list[Grant]:
+        """Grant everything grantable now, in seq order; each computation is granted once."""
+        ready = [(c.pass_, c.order, c.call_id) for c in self._calls.values() if c.todo]
+        heapq.heapify(ready)
+        issued: list[Grant] = []
+        while ready:
+            _, _, call_id = heapq.heappop(ready)
+            call = self._calls[call_id]
+            comp = call.todo[0]
+            on_slice = self._granted.setdefault(comp.slice_id, {})
+            if len(on_slice) >= self._window:
+                continue  # skipped until complete() frees room on that slice
+            call.todo.popleft()
+            seq = self._next_seq
+            self._next_seq += 1
+            on_slice[seq] = (call_id, comp.node)
+            call.outstanding += 1
+            issued.append(Grant(comp.slice_id, seq, call_id, comp.node))
+            self._global_pass = max(self._global_pass, call.pass_)
+            call.pass_ = self._global_pass + call.stride
+            if call.todo:
+                heapq.heappush(ready, (call.pass_, call.order, call_id))
+        return issued
+
+    def complete(self, slice_id: str, seq: int) -> None:
+        """Record that every host of ``slice_id`` finished grant ``seq``; frees window room."""
+        on_slice = self._granted.get(slice_id, {})
+        if seq not in on_slice:
+            raise UnknownGrant(slice_id, seq, sorted(on_slice))
+        call_id, _ = on_slice.pop(seq)
+        call = self._calls[call_id]
+        call.outstanding -= 1
+        self._forget_if_done(call)
+
+    def cancel(self, call_id: str) -> None:
+        """Drop the call's ungranted computations; its outstanding grants still need complete().
+
+        Unknown or finished calls are ignored, so cancelling is idempotent.
+        """
+        call = self._calls.get(call_id)
+        if call is None:
+            return
+        call.todo.clear()
+        self._forget_if_done(call)
+
+    def reset_slice(self, slice_id: str) -> set[str]:
+        """Forget the slice's outstanding grants after its gang was relaunched.
+
+        Returns the ids of the calls affected: every active call with any
+        computation on the slice (its plan, buffers or queued collectives there
+        died with the old gang). All their ungranted work, on every slice, is
+        dropped; grants they still hold on other slices stay outstanding until
+        those hosts report them (as failed) through :meth:`complete`.
+        """
+        affected = {cid for cid, call in self._calls.items() if slice_id in call.slices}
+        for call_id, _ in self._granted.pop(slice_id, {}).values():
+            affected.add(call_id)
+            self._calls[call_id].outstanding -= 1
+        for call_id in affected:
+            call = self._calls[call_id]
+            call.todo.clear()
+            self._forget_if_done(call)
+        return affected
+
+    def outstanding(self, slice_id: str) -> int:
+        """Granted and not completed on ``slice_id``."""
+        return len(self._granted.get(slice_id, ()))
+
+    def pending(self, call_id: str) -> int:
+        """Computations of the call not yet granted (0 for unknown or finished calls)."""
+        call = self._calls.get(call_id)
+        return len(call.todo) if call is not None else 0
+
+    def _forget_if_done(self, call: _Call) -> None:
+        if not call.todo and call.outstanding == 0:
+            del self._calls[call.call_id]

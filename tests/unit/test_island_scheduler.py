@@ -1,0 +1,372 @@
+"""The island scheduler: one global order, stride shares, windows, resets, and no deadlock."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from pathways_operator.core.island_scheduler import (
+    Grant,
+    IslandScheduler,
+    ScheduledComputation,
+    UnknownGrant,
+)
+
+
+def chain(slice_id: str, n: int, start: int = 0) -> list[ScheduledComputation]:
+    """``n`` computations on one slice, each consuming the one before."""
+    return [
+        ScheduledComputation(i, slice_id, (i - 1,) if i > start else ())
+        for i in range(start, start + n)
+    ]
+
+
+def drain_in_order(sched: IslandScheduler, rounds: int = 10_000) -> list[Grant]:
+    """Grant and complete everything, completing the lowest outstanding seq one at a time."""
+    issued: list[Grant] = []
+    open_: list[Grant] = []
+    for _ in range(rounds):
+        new = sched.grants()
+        issued += new
+        open_ += new
+        if not open_:
+            return issued
+        g = open_.pop(0)
+        sched.complete(g.slice_id, g.seq)
+    raise AssertionError("did not drain")
+
+
+def test_order_within_a_call_is_the_given_order() -> None:
+    sched = IslandScheduler()
+    comps = [
+        ScheduledComputation(0, "x"),
+        ScheduledComputation(1, "y"),
+        ScheduledComputation(2, "x", (0,)),
+        ScheduledComputation(3, "y", (1, 2)),
+    ]
+    sched.submit("c", 1.0, comps)
+    grants = sched.grants()
+    assert [(g.node, g.slice_id) for g in grants] == [(0, "x"), (1, "y"), (2, "x"), (3, "y")]
+    assert [g.seq for g in grants] == [0, 1, 2, 3]
+    assert sched.pending("c") == 0
+    assert sched.outstanding("x") == 2
+
+
+def test_seq_is_global_and_strictly_increasing_across_slices_and_calls() -> None:
+    sched = IslandScheduler(window=2)
+    sched.submit("a", 1.0, chain("x", 5))
+    sched.submit("b", 2.0, chain("y", 5))
+    seqs = [g.seq for g in drain_in_order(sched)]
+    assert seqs == sorted(seqs) == list(range(10))
+
+
+def test_weights_one_to_three_share_one_slice_in_proportion() -> None:
+    sched = IslandScheduler(window=2)
+    sched.submit("light", 1.0, chain("shared", 100))
+    sched.submit("heavy", 3.0, chain("shared", 300))
+    order = [g.call_id for g in drain_in_order(sched)]
+    # While both have work (the first 400 grants), every run of 4 grants is 1:3.
+    for k in range(0, 400, 4):
+        assert Counter(order[k:k + 4]) == {"light": 1, "heavy": 3}, (k, order[k:k + 4])
+    assert Counter(order) == {"light": 100, "heavy": 300}
+
+
+def test_weights_apply_over_many_calls_sharing_a_slice() -> None:
+    sched = IslandScheduler(window=3)
+    weights = {"w1": 1.0, "w2": 2.0, "w5": 5.0}
+    for call_id, w in weights.items():
+        sched.submit(call_id, w, chain("s", 400))
+    first = Counter(g.call_id for g in drain_in_order(sched)[:400])
+    assert first == {"w1": 50, "w2": 100, "w5": 250}
+
+
+def test_window_bounds_outstanding_grants_per_slice() -> None:
+    sched = IslandScheduler(window=3)
+    sched.submit("a", 1.0, chain("x", 10))
+    sched.submit("b", 1.0, chain("y", 2))
+    first = sched.grants()
+    assert sched.outstanding("x") == 3
+    assert sched.outstanding("y") == 2
+    assert sched.grants() == []  # nothing more until room frees
+    x0 = next(g for g in first if g.slice_id == "x")
+    sched.complete("x", x0.seq)
+    more = sched.grants()
+    assert [(g.call_id, g.node) for g in more] == [("a", 3)]
+    assert sched.pending("a") == 6
+
+
+def test_full_window_skips_only_the_call_blocked_on_it() -> None:
+    sched = IslandScheduler(window=1)
+    sched.submit("a", 1.0, chain("x", 3))
+    sched.submit("b", 1.0, chain("y", 3))
+    sched.submit("c", 1.0, chain("x", 3))
+    assert {(g.call_id, g.node) for g in sched.grants()} == {("a", 0), ("b", 0)}
+
+
+def test_dependencies_across_slices_are_granted_first() -> None:
+    sched = IslandScheduler(window=1)
+    comps = [
+        ScheduledComputation(0, "x"),
+        ScheduledComputation(1, "y", (0,)),
+        ScheduledComputation(2, "z", (1,)),
+        ScheduledComputation(3, "x", (2, 0)),
+    ]
+    sched.submit("pipe", 1.0, comps)
+    grants = drain_in_order(sched)
+    seq = {g.node: g.seq for g in grants}
+    for c in comps:
+        assert all(seq[d] < seq[c.node] for d in c.deps)
+
+
+def test_new_call_starts_at_the_global_pass() -> None:
+    sched = IslandScheduler(window=1)
+    sched.submit("old", 1.0, chain("s", 2000))
+    for _ in range(1000):
+        (g,) = sched.grants()
+        sched.complete(g.slice_id, g.seq)
+    sched.submit("new", 1.0, chain("s", 50))
+    nxt: list[str] = []
+    for _ in range(20):
+        (g,) = sched.grants()
+        nxt.append(g.call_id)
+        sched.complete(g.slice_id, g.seq)
+    assert Counter(nxt) == {"old": 10, "new": 10}
+
+
+def test_blocked_call_banks_no_credit() -> None:
+    sched = IslandScheduler(window=1)
+    sched.submit("blocker", 1.0, [ScheduledComputation(0, "x")])
+    (block,) = sched.grants()
+    sched.submit("a", 1.0, [ScheduledComputation(0, "x")] + chain("s", 50, start=1))
+    sched.submit("b", 1.0, chain("s", 200))
+    for _ in range(100):  # b runs alone on s while a waits for x
+        for g in sched.grants():
+            assert g.call_id == "b"
+            sched.complete(g.slice_id, g.seq)
+    sched.complete("x", block.seq)
+    on_s: list[str] = []
+    for _ in range(20):
+        for g in sched.grants():
+            if g.slice_id == "s":
+                on_s.append(g.call_id)
+            sched.complete(g.slice_id, g.seq)
+    assert "aaa" not in "".join(c[0] for c in on_s)  # shares 1:1, no burst of a
+    assert Counter(on_s) == {"a": 10, "b": 10}
+
+
+def test_reset_slice_forgets_grants_and_drops_affected_calls() -> None:
+    sched = IslandScheduler(window=2)
+    ab = [ScheduledComputation(0, "x"), ScheduledComputation(1, "y", (0,))] + chain("x", 5, start=2)
+    sched.submit("ab", 1.0, ab)
+    sched.submit("only_y", 1.0, chain("y", 5))
+    sched.submit("only_z", 1.0, chain("z", 5))
+    first = sched.grants()
+    x_grants = [g for g in first if g.slice_id == "x"]
+    y_grant_of_ab = next(g for g in first if g.call_id == "ab" and g.slice_id == "y")
+    assert x_grants
+
+    affected = sched.reset_slice("x")
+
+    assert affected == {"ab"}
+    assert sched.outstanding("x") == 0
+    assert sched.pending("ab") == 0
+    assert sched.pending("only_y") > 0 and sched.pending("only_z") > 0
+    with pytest.raises(UnknownGrant):
+        sched.complete("x", x_grants[0].seq)
+    sched.complete("y", y_grant_of_ab.seq)  # its grant elsewhere still completes
+    for g in first:
+        if g.slice_id != "x" and g is not y_grant_of_ab:
+            sched.complete(g.slice_id, g.seq)
+    rest = drain_in_order(sched)
+    assert {g.call_id for g in rest} <= {"only_y", "only_z"}
+    assert sched.outstanding("y") == sched.outstanding("z") == 0
+
+
+def test_reset_slice_affects_calls_that_have_not_reached_it_yet() -> None:
+    sched = IslandScheduler(window=1)
+    sched.submit("c", 1.0, chain("y", 3) + [ScheduledComputation(3, "x", (2,))])
+    sched.grants()
+    assert sched.reset_slice("x") == {"c"}
+    assert sched.pending("c") == 0
+    assert sched.outstanding("y") == 1
+
+
+def test_cancel_drops_ungranted_work_only() -> None:
+    sched = IslandScheduler(window=2)
+    sched.submit("c", 1.0, chain("x", 5))
+    granted = sched.grants()
+    sched.cancel("c")
+    sched.cancel("c")  # idempotent
+    sched.cancel("never-submitted")
+    assert sched.pending("c") == 0
+    assert sched.outstanding("x") == 2
+    for g in granted:
+        sched.complete(g.slice_id, g.seq)
+    assert sched.grants() == []
+    sched.submit("c", 1.0, chain("x", 1))  # the id is free again once finished
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, math.nan, math.inf])
+def test_bad_weight_names_call_and_value(weight: float) -> None:
+    with pytest.raises(ValueError, match=rf"call 'job-7' has weight {weight!r}"):
+        IslandScheduler().submit("job-7", weight, chain("x", 1))
+
+
+def test_complete_of_unknown_grant_names_slice_and_seq() -> None:
+    sched = IslandScheduler()
+    sched.submit("c", 1.0, chain("x", 2))
+    sched.grants()
+    with pytest.raises(UnknownGrant) as caught:
+        sched.complete("x", 99)
+    assert str(caught.value).startswith("slice 'x' has no outstanding grant with seq 99 (outstanding there: 0, 1)")
+    assert isinstance(caught.value, KeyError)
+
+
+def test_submit_rejects_non_topological_and_duplicate_input() -> None:
+    sched = IslandScheduler()
+    with pytest.raises(ValueError, match=r"call 'c': node 0 on slice 'x' depends on node\(s\) \[1\]"):
+        sched.submit("c", 1.0, [ScheduledComputation(0, "x", (1,)), ScheduledComputation(1, "x")])
+    with pytest.raises(ValueError, match="lists node 0 twice"):
+        sched.submit("c", 1.0, [ScheduledComputation(0, "x"), ScheduledComputation(0, "y")])
+    sched.submit("live", 1.0, chain("x", 1))
+    with pytest.raises(ValueError, match="'live' is still active"):
+        sched.submit("live", 1.0, chain("x", 1))
+
+
+def test_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="got 0"):
+        IslandScheduler(window=0)
+
+
+# --- property: simulated hosts never deadlock -------------------------------------------
+
+
+Key = tuple[str, int]  # (call, node)
+
+
+def run_hosts(
+    queues: Mapping[tuple[str, int], deque[Key]],
+    deps: Mapping[Key, Sequence[int]],
+    done: set[Key],
+    rng: random.Random,
+) -> list[tuple[str, Key]]:
+    """Advance hosts until none can: returns the collectives that finished, as (slice, key).
+
+    Each host runs its queue strictly in order. A host may start the computation
+    at its head once every input is done (data produced anywhere); the
+    computation is a collective, finished only when every host of its slice has
+    started it.
+    """
+    finished: list[tuple[str, Key]] = []
+    by_slice: dict[str, list[deque[Key]]] = {}
+    for (slice_id, _), q in queues.items():
+        by_slice.setdefault(slice_id, []).append(q)
+    progress = True
+    while progress:
+        progress = False
+        for slice_id in rng.sample(sorted(by_slice), len(by_slice)):
+            hosts = by_slice[slice_id]
+            if not all(hosts):
+                continue
+            heads = {q[0] for q in hosts}
+            key = next(iter(heads))
+            if len(heads) == 1 and all((key[0], d) in done for d in deps[key]):
+                for q in hosts:
+                    q.popleft()
+                done.add(key)
+                finished.append((slice_id, key))
+                progress = True
+    return finished
+
+
+def random_call(rng: random.Random, slices: Sequence[str]) -> list[ScheduledComputation]:
+    n = rng.randint(1, 12)
+    comps = []
+    for i in range(n):
+        deps = tuple(sorted(rng.sample(range(i), min(i, rng.randint(0, 3)))))
+        comps.append(ScheduledComputation(i, rng.choice(slices), deps))
+    return comps
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_programs_on_shared_slices_never_deadlock(seed: int) -> None:
+    rng = random.Random(seed)
+    slices = ["x", "y", "z"]
+    sched = IslandScheduler(window=rng.choice([1, 2, 3, 8, 256]))
+    queues = {(s, h): deque[Key]() for s in slices for h in range(rng.randint(1, 3))}
+    deps: dict[Key, Sequence[int]] = {}
+    granted: dict[Key, int] = {}
+    submitted: dict[str, int] = {}
+    cancelled: set[str] = set()
+    done: set[Key] = set()
+    last_seq = -1
+
+    def submit(call_id: str) -> None:
+        comps = random_call(rng, slices)
+        for c in comps:
+            deps[(call_id, c.node)] = c.deps
+        submitted[call_id] = len(comps)
+        sched.submit(call_id, rng.choice([0.5, 1.0, 2.0, 3.0, 7.5]), comps)
+
+    for i in range(rng.randint(2, 6)):
+        submit(f"call{i}")
+    extra = rng.randint(0, 6)
+
+    for step in range(5_000):
+        for g in sched.grants():
+            key = (g.call_id, g.node)
+            assert key not in granted, f"{key} granted twice"
+            assert g.seq > last_seq
+            last_seq = g.seq
+            assert all(granted[(g.call_id, d)] < g.seq for d in deps[key])
+            granted[key] = g.seq
+            for (s, _), q in queues.items():
+                if s == g.slice_id:
+                    q.append(key)
+        for slice_id, key in run_hosts(queues, deps, done, rng):
+            sched.complete(slice_id, granted[key])
+        if extra and rng.random() < 0.3:
+            extra -= 1
+            submit(f"late{extra}")
+        if rng.random() < 0.02 and submitted:
+            victim = rng.choice(sorted(submitted))
+            sched.cancel(victim)
+            cancelled.add(victim)
+        all_granted_done = set(granted) == done
+        nothing_pending = all(sched.pending(c) == 0 for c in submitted)
+        if all_granted_done and nothing_pending and not extra:
+            break
+    else:
+        stuck = {s: [q[0] for q in qs] for s, qs in _group(queues).items() if any(qs)}
+        raise AssertionError(f"deadlock or livelock after {step} steps; host heads: {stuck}")
+
+    for call_id, n in submitted.items():
+        ran = sum(1 for (c, _) in done if c == call_id)
+        assert ran == n or call_id in cancelled, (call_id, ran, n)
+    assert all(sched.outstanding(s) == 0 for s in slices)
+
+
+def _group(queues: Mapping[tuple[str, int], deque[Key]]) -> dict[str, list[deque[Key]]]:
+    out: dict[str, list[deque[Key]]] = {}
+    for (s, _), q in queues.items():
+        out.setdefault(s, []).append(q)
+    return out
+
+
+def test_the_simulator_does_detect_an_inconsistent_order() -> None:
+    """Per-slice orders that disagree (what a per-slice counter allows) do deadlock here."""
+    deps: dict[Key, Sequence[int]] = {("A", 0): (), ("A", 1): (0,), ("B", 0): (), ("B", 1): (0,)}
+    queues = {
+        ("x", 0): deque([("B", 1), ("A", 0)]),
+        ("x", 1): deque([("B", 1), ("A", 0)]),
+        ("y", 0): deque([("A", 1), ("B", 0)]),
+    }
+    done: set[Key] = set()
+    assert run_hosts(queues, deps, done, random.Random(0)) == []
+    assert done == set()
+
+
