@@ -1,0 +1,1 @@
+"""Kube-Pathways test suites: unit, integration and cluster tiers."""

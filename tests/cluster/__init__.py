@@ -1,0 +1,1 @@
+"""Cluster tier: tests against a real etcd + Kubernetes control plane and a test node agent."""
