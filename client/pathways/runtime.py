@@ -76,7 +76,10 @@ class Runtime:
         try:
             info = self.controller.CreateSlice(
                 pb.CreateSliceRequest(
-                    spec=decl.to_proto(), client=self.client_id, timeout_s=SLICE_TIMEOUT_S
+                    spec=decl.to_proto(),
+                    client=self.client_id,
+                    timeout_s=SLICE_TIMEOUT_S,
+                    namespace=os.environ.get("PATHWAYS_NAMESPACE", ""),
                 ),
                 timeout=SLICE_TIMEOUT_S + 10,
             )

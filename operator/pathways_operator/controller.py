@@ -142,9 +142,10 @@ class Controller:
     def __init__(
         self,
         machines: Callable[[], list[Machine]],
-        launcher: HostLauncher,
-        request_type: Callable[..., HostRequestLike],
+        launcher: HostLauncher | None,
+        request_type: Callable[..., HostRequestLike] | None = None,
         window: int = 256,
+        explain_missing: Callable[[str], str] | None = None,
     ) -> None:
         self._machines = machines
         self._launcher = launcher
@@ -156,6 +157,7 @@ class Controller:
         self._calls: dict[str, CallRecord] = {}
         self._scheduler = IslandScheduler(window=window)
         self._next_slice = 0
+        self._explain_missing = explain_missing
         self.computations_dispatched = 0
 
     # ------------------------------------------------------------ slices
@@ -172,10 +174,14 @@ class Controller:
             for m in self._machines()
         ]
 
-    def create_slice(self, decl: ir.SliceDecl, client: str, timeout_s: float) -> pb.SliceInfo:
+    def create_slice(
+        self, decl: ir.SliceDecl, client: str, timeout_s: float, namespace: str = ""
+    ) -> pb.SliceInfo:
         shared = decl.id == decl.name
-        key = decl.name if shared else f"{client}/{decl.id}"
         deadline = time.monotonic() + max(timeout_s, 0.0)
+        if self._launcher is None:
+            return self._attach_external(decl, client, namespace or "default", deadline)
+        key = decl.name if shared else f"{client}/{decl.id}"
         with self._changed:
             while True:
                 rec = self._slices.get(key)
@@ -198,12 +204,8 @@ class Controller:
                 outcome = place_gang(request, self._free_machines())
                 if isinstance(outcome, Placement):
                     break
-                never = place_gang(request, [
-                    Machine(m.name, m.island, m.allocatable_devices, 0, m.schedulable)
-                    for m in self._machines()
-                ])
-                if isinstance(never, Unplaceable):
-                    raise ControllerError("FAILED_PRECONDITION", never.message)
+                if not outcome.retryable:
+                    raise ControllerError("FAILED_PRECONDITION", outcome.message)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ControllerError(
@@ -242,9 +244,80 @@ class Controller:
                 )
             self._changed.wait(min(remaining, 1.0))
 
+    def _attach_external(
+        self, decl: ir.SliceDecl, client: str, namespace: str, deadline: float
+    ) -> pb.SliceInfo:
+        """Kubernetes: a named slice is a VirtualSlice whose gang the operator registers."""
+        key = f"{namespace}/{decl.name}"
+        with self._changed:
+            while True:
+                rec = self._slices.get(key)
+                if rec is not None and rec.ready:
+                    if rec.decl.devices != decl.devices:
+                        raise ControllerError(
+                            "INVALID_ARGUMENT",
+                            f"VirtualSlice {key} has {rec.decl.devices} devices; the program "
+                            f"asked for {decl.devices}",
+                        )
+                    rec.clients.add(client)
+                    return rec.info()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    why = self._explain_missing(key) if self._explain_missing else "not registered"
+                    raise ControllerError(
+                        "UNAVAILABLE", f"VirtualSlice {key} is not Ready: {why}"
+                    )
+                self._changed.wait(min(remaining, 1.0))
+
+    def register_gang(
+        self, key: str, decl: ir.SliceDecl, placement: Placement, hosts: Sequence[Host]
+    ) -> None:
+        """The operator launched (or relaunched) the gang of VirtualSlice `key`."""
+        with self._changed:
+            rec = self._slices.get(key)
+            if rec is not None and [h.sidecar_address for h in rec.hosts] == [
+                h.sidecar_address for h in hosts
+            ] and rec.ready:
+                return
+        if rec is not None:
+            self.gang_lost(key, "the gang was replaced")
+        with self._changed:
+            rec = self._slices.get(key)
+            if rec is None:
+                self._next_slice += 1
+                rec = SliceRecord(
+                    key=key, slice_id=f"{decl.name}-{self._next_slice}", decl=decl, placement=placement
+                )
+                self._slices[key] = rec
+            rec.placement = placement
+            rec.decl = decl
+        self._attach_hosts(rec, list(hosts))
+
+    def gang_lost(self, key: str, reason: str) -> None:
+        """The operator saw the gang of `key` fail; it will register a new one."""
+        with self._lock:
+            rec = self._slices.get(key)
+        if rec is not None and rec.hosts:
+            self._drop_gang(rec, rec.hosts[0].name, reason)
+
+    def unregister_gang(self, key: str) -> None:
+        with self._lock:
+            rec = self._slices.get(key)
+        if rec is None:
+            return
+        if rec.hosts:
+            self._drop_gang(rec, rec.hosts[0].name, "the VirtualSlice was deleted")
+        with self._changed:
+            self._slices.pop(key, None)
+            self._changed.notify_all()
+
     def _launch(self, rec: SliceRecord) -> None:
         """Start every host of the gang (outside the lock), then open links."""
+        assert self._launcher is not None and self._request_type is not None
         hosts = list(self._launcher.launch(_gang_requests(rec, self._request_type)))
+        self._attach_hosts(rec, hosts)
+
+    def _attach_hosts(self, rec: SliceRecord, hosts: list[Host]) -> None:
         links = [
             HostLink(h.sidecar_address, h.name, self._on_host_event, self._on_link_broken)
             for h in hosts
@@ -270,7 +343,7 @@ class Controller:
             if rec is None:
                 return
             rec.clients.discard(client)
-            if rec.clients:
+            if rec.clients or self._launcher is None:
                 return
             del self._slices[rec.key]
             hosts, links = rec.hosts, rec.links
@@ -278,7 +351,8 @@ class Controller:
             self._changed.notify_all()
         for link in links:
             link.close()
-        self._launcher.stop(hosts)
+        if self._launcher is not None:
+            self._launcher.stop(hosts)
 
     def _by_id(self, slice_id: str) -> SliceRecord | None:
         for rec in self._slices.values():
@@ -453,10 +527,24 @@ class Controller:
 
     def host_failed(self, slice_id: str, host_name: str, reason: str) -> None:
         """A host of `slice_id` is gone: fail its calls, relaunch the gang."""
-        with self._changed:
+        with self._lock:
             rec = self._by_id(slice_id)
-            if rec is None or not rec.ready:
-                return
+        if rec is None or not rec.ready:
+            return
+        if self._launcher is None:
+            # on Kubernetes the operator recreates the gang and registers it again
+            self._drop_gang(rec, host_name, reason)
+            return
+        hosts = self._drop_gang(rec, host_name, reason)
+        self._launcher.stop(hosts)
+        threading.Thread(target=self._relaunch, args=(rec,), daemon=True).start()
+
+    def _drop_gang(self, rec: SliceRecord, host_name: str, reason: str) -> list[Host]:
+        """Fail every call on the gang, close its links; returns its hosts."""
+        slice_id = rec.slice_id
+        with self._changed:
+            if not rec.ready:
+                return []
             rec.ready = False
             affected = self._scheduler.reset_slice(slice_id)
             for call in self._calls.values():
@@ -473,11 +561,10 @@ class Controller:
             hosts, links = rec.hosts, rec.links
             rec.hosts, rec.links = [], []
             self._changed.notify_all()
-        log.warning("slice %s: %s failed (%s); relaunching the gang", rec.decl.name, host_name, reason)
+        log.warning("slice %s: %s failed (%s); dropping the gang", rec.decl.name, host_name, reason)
         for link in links:
             link.close()
-        self._launcher.stop(hosts)
-        threading.Thread(target=self._relaunch, args=(rec,), daemon=True).start()
+        return hosts
 
     def _relaunch(self, rec: SliceRecord) -> None:
         try:
@@ -555,7 +642,8 @@ class Controller:
         for rec in records:
             for link in rec.links:
                 link.close()
-            self._launcher.stop(rec.hosts)
+            if self._launcher is not None:
+                self._launcher.stop(rec.hosts)
 
 
 def _host_program(program: ir.Program, program_id: str, vslice: str) -> pb.HostProgram:

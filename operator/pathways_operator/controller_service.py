@@ -21,7 +21,10 @@ class ControllerService(pb_grpc.ControllerServicer):
     def CreateSlice(self, request: pb.CreateSliceRequest, context: grpc.ServicerContext) -> pb.SliceInfo:
         try:
             return self.controller.create_slice(
-                ir.SliceDecl.from_proto(request.spec), request.client, request.timeout_s or 180.0
+                ir.SliceDecl.from_proto(request.spec),
+                request.client,
+                request.timeout_s or 180.0,
+                request.namespace,
             )
         except ControllerError as err:
             self._abort(context, err)

@@ -286,8 +286,13 @@ class CreateSliceRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     CLIENT_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
     client: _builtins.str
     timeout_s: _builtins.float
+    namespace: _builtins.str
+    """Kubernetes namespace of the VirtualSlice a named slice refers to
+    (controllers run by the operator); ignored by the embedded controller.
+    """
     @_builtins.property
     def spec(self) -> Global___VirtualSliceSpec: ...
     def __init__(
@@ -296,10 +301,11 @@ class CreateSliceRequest(_message.Message):
         spec: Global___VirtualSliceSpec | None = ...,
         client: _builtins.str = ...,
         timeout_s: _builtins.float = ...,
+        namespace: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "spec", b"spec", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "namespace", b"namespace", "spec", b"spec", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
