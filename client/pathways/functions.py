@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -54,7 +54,7 @@ def _broadcast(shardings: Any, tree: Any, what: str, fn_name: str) -> list[Shard
     if _is_sharding_leaf(shardings):
         return [shardings] * len(leaves)
     flat, spec_tree = jax.tree_util.tree_flatten(shardings, is_leaf=_is_sharding_leaf)
-    if spec_tree == treedef:
+    if cast(Any, spec_tree) == treedef:
         return list(flat)
     if isinstance(shardings, (tuple, list)) and isinstance(tree, (tuple, list)):
         if len(shardings) != len(tree):
@@ -91,7 +91,7 @@ class SliceFunction:
         self.axis_name = axis_name or "_pw_pmap"
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
-        self.name = name or getattr(fn, "__name__", "fn")
+        self.name: str = name or str(getattr(fn, "__name__", "fn"))
         if self.name == "<lambda>":
             self.name = f"lambda@{vslice.name}"
         self.mesh = mesh if mesh is not None else self._default_mesh()

@@ -179,7 +179,7 @@ class ProgramFunction:
         if not weight > 0:
             raise InvalidProgramError(f"@pw.program(weight={weight!r}): weight must be > 0")
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "program")
+        self.name: str = name or str(getattr(fn, "__name__", "program"))
         self.weight = float(weight)
         self._cache: dict[tuple[Any, tuple[TensorSpec, ...]], TracedProgram] = {}
         self._lock = threading.Lock()

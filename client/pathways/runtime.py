@@ -26,7 +26,7 @@ import os
 import threading
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 import numpy as np
 
@@ -138,7 +138,7 @@ class Runtime:
             status = self._wait(call_id, program.name)
             if status.state != pb.CallStatus.SUCCEEDED:
                 raise ExecutionError(status.message or f"program '{program.name}' failed")
-            fetches = []
+            fetches: list[Future[np.ndarray] | None] = []
             for j, ref in enumerate(program.outputs):
                 if ref.is_program_input:
                     fetches.append(None)
@@ -150,8 +150,10 @@ class Runtime:
                 )
             results: list[np.ndarray] = []
             for j, ref in enumerate(program.outputs):
-                fut = fetches[j]
-                results.append(np.asarray(inputs[ref.index]) if fut is None else fut.result())
+                pending = fetches[j]
+                results.append(
+                    np.asarray(inputs[ref.index]) if pending is None else pending.result()
+                )
             return results
         finally:
             try:
@@ -200,9 +202,10 @@ class Runtime:
         self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec
     ) -> np.ndarray:
         try:
-            return transfer.fetch_value(
+            value: np.ndarray = transfer.fetch_value(
                 [self.host(h) for h in hosts], call_id, ref.to_proto(), CALL_TIMEOUT_S
             )
+            return value
         except grpc.RpcError as err:
             raise _translate(err, f"fetching {ref} {spec} from hosts {hosts}") from None
 

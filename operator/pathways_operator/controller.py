@@ -56,19 +56,22 @@ class Host(Protocol):
     def sidecar_address(self) -> str: ...
 
 
-class HostLauncher(Protocol):
-    def launch(self, requests: Sequence[HostRequestLike]) -> Sequence[Host]: ...
+@dataclass(frozen=True)
+class HostRequest:
+    """One host of a gang for a launcher to start."""
 
-    def stop(self, hosts: Sequence[Host]) -> None: ...
-
-
-class HostRequestLike(Protocol):
     slice_name: str
     slice_id: str
     index: int
     num_hosts: int
     devices: int
     machine: str
+
+
+class HostLauncher(Protocol):
+    def launch(self, requests: Sequence[HostRequest]) -> Sequence[Host]: ...
+
+    def stop(self, hosts: Sequence[Host]) -> None: ...
 
 
 @dataclass
@@ -118,15 +121,15 @@ class CallRecord:
     slices: set[str]
     total: int
     completed: int = 0
-    state: int = pb.CallStatus.RUNNING
+    state: pb.CallStatus.State.ValueType = pb.CallStatus.RUNNING
     message: str = ""
     waiting: dict[tuple[str, int], int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
 
-def _gang_requests(record: SliceRecord, request_type: Callable[..., HostRequestLike]) -> list[HostRequestLike]:
+def _gang_requests(record: SliceRecord) -> list[HostRequest]:
     return [
-        request_type(
+        HostRequest(
             slice_name=record.decl.name,
             slice_id=record.slice_id,
             index=a.index,
@@ -143,13 +146,11 @@ class Controller:
         self,
         machines: Callable[[], list[Machine]],
         launcher: HostLauncher | None,
-        request_type: Callable[..., HostRequestLike] | None = None,
         window: int = 256,
         explain_missing: Callable[[str], str] | None = None,
     ) -> None:
         self._machines = machines
         self._launcher = launcher
-        self._request_type = request_type
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._slices: dict[str, SliceRecord] = {}
@@ -313,8 +314,8 @@ class Controller:
 
     def _launch(self, rec: SliceRecord) -> None:
         """Start every host of the gang (outside the lock), then open links."""
-        assert self._launcher is not None and self._request_type is not None
-        hosts = list(self._launcher.launch(_gang_requests(rec, self._request_type)))
+        assert self._launcher is not None
+        hosts = list(self._launcher.launch(_gang_requests(rec)))
         self._attach_hosts(rec, hosts)
 
     def _attach_hosts(self, rec: SliceRecord, hosts: list[Host]) -> None:

@@ -22,7 +22,7 @@ from pathways_operator.controller import Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.core.placement import Machine
 from pathways_operator.host_link import GRPC_OPTIONS
-from pathways_operator.local_hosts import HostRequest, LocalHost, LocalHostLauncher
+from pathways_operator.local_hosts import LocalHost, LocalHostLauncher
 
 log = logging.getLogger("pathways_operator.local")
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             controller.host_failed(host.request.slice_id, host.name, reason)
 
     launcher = LocalHostLauncher(args.state_dir, host_died)
-    controller = Controller(lambda: list(machines), launcher, HostRequest, window=args.window)
+    controller = Controller(lambda: list(machines), launcher, window=args.window)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
     pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
     port = server.add_insecure_port(args.listen)

@@ -26,22 +26,11 @@ import grpc
 
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_operator.controller import Host, HostRequest
 
 log = logging.getLogger(__name__)
 
 HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "120"))
-
-
-@dataclass(frozen=True)
-class HostRequest:
-    """One host of a gang to start."""
-
-    slice_name: str
-    slice_id: str
-    index: int
-    num_hosts: int
-    devices: int
-    machine: str
 
 
 @dataclass
@@ -87,7 +76,7 @@ class LocalHostLauncher:
                     return f"127.0.0.{n}"
         raise RuntimeError("no free loopback address left in 127.0.0.10-249")
 
-    def launch(self, requests: Sequence[HostRequest]) -> list[LocalHost]:
+    def launch(self, requests: Sequence[HostRequest]) -> Sequence[Host]:
         """Start every host of one gang and wait until all are ready (or fail all)."""
         hosts: list[LocalHost] = []
         coordinator = ""
@@ -174,7 +163,8 @@ class LocalHostLauncher:
             if pending:
                 time.sleep(0.1)
 
-    def stop(self, hosts: Sequence[LocalHost]) -> None:
+    def stop(self, stopping: Sequence[Host]) -> None:
+        hosts = [h for h in stopping if isinstance(h, LocalHost)]
         for host in hosts:
             host.stopping = True
             for proc in host.processes:
