@@ -85,7 +85,7 @@ def test_pending_slice_cannot_skip_launching() -> None:
 
 def test_mixing_kinds_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="'x'"):
-        check_transition("x", SlicePhase.PENDING, ProgramPhase.RUNNING)  # type: ignore[call-overload,unused-ignore]
+        check_transition("x", SlicePhase.PENDING, ProgramPhase.RUNNING)  # type: ignore[call-overload]
 
 
 def test_terminal_phases() -> None:
