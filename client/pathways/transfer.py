@@ -1,0 +1,589 @@
+"""Moving values between processes as pieces of bytes.
+
+A value (a global array of a program) leaves a host as *pieces*: the shards of it
+that host holds (one per distinct shard, `replica_id == 0`), each tagged with
+where it sits in the global array (`start`/`stop`). A piece travels as a run of
+`BufferChunk`s: the first carries the `BufferHeader`, the following ones only
+data, so one piece of any size streams in bounded messages. A sender marks its
+last piece with `last_from_sender`; a sender that holds no piece of the value
+sends a bare header (no start, no stop, no bytes) with that flag, so a receiver
+counting senders never waits for a host that had nothing to say.
+
+The receiving side writes pieces straight into a C-order numpy target (a
+`np.memmap` in shared memory on the sidecar, a plain array in the client) and
+tracks coverage, so "complete" means every element arrived exactly once.
+
+This module is shared by the client and the host sidecar; it imports only numpy
+and the wire protocol.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+# The most data one BufferChunk may carry; receivers reject larger chunks.
+MAX_CHUNK_BYTES = 4 << 20
+# gRPC message limit both ends should configure: a chunk plus its header.
+MAX_MESSAGE_BYTES = 8 << 20
+
+Shape = tuple[int, ...]
+
+# ml_dtypes' names (registered with numpy once ml_dtypes is imported, which jax does).
+_ML_DTYPES = frozenset(
+    {
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e4m3b11fnuz",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e3m4",
+        "float8_e4m3",
+        "float8_e8m0fnu",
+        "float4_e2m1fn",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+        "int2",
+        "int4",
+        "uint2",
+        "uint4",
+    }
+)
+
+
+class TransferError(ValueError):
+    """A malformed spec, header or piece; `field` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def value_name(value: pb.ValueRef) -> str:
+    """How errors name a value: program inputs by position, others by producer."""
+    if value.node < 0:
+        return f"program input {value.index}"
+    return f"output {value.index} of computation {value.node}"
+
+
+# ---------------------------------------------------------------- specs
+
+
+def parse_dtype(name: str, field: str = "spec.dtype") -> np.dtype[Any]:
+    """The numpy dtype for a wire dtype name; only plain numeric dtypes travel."""
+    if not name:
+        raise TransferError(field, "empty dtype name")
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        if name in _ML_DTYPES:
+            raise TransferError(
+                field, f"dtype '{name}' needs ml_dtypes (import ml_dtypes or jax first)"
+            ) from None
+        raise TransferError(field, f"unknown dtype '{name}'") from None
+    if dtype.kind in "OSUMm" or dtype.names is not None or dtype.subdtype is not None:
+        raise TransferError(field, f"dtype '{name}' is not a numeric array dtype")
+    if dtype.kind == "V" and dtype.name not in _ML_DTYPES:
+        raise TransferError(field, f"dtype '{name}' is not a numeric array dtype")
+    if not dtype.isnative:
+        raise TransferError(field, f"dtype '{name}' is not in native byte order")
+    return dtype
+
+
+def parse_spec(spec: pb.TensorSpec, field: str = "spec") -> tuple[Shape, np.dtype[Any]]:
+    """Shape and dtype of a TensorSpec, or a TransferError naming the bad field."""
+    dtype = parse_dtype(spec.dtype, f"{field}.dtype")
+    shape = tuple(int(d) for d in spec.shape)
+    for i, d in enumerate(shape):
+        if d < 0:
+            raise TransferError(f"{field}.shape[{i}]", f"negative dimension {d} in {list(shape)}")
+    return shape, dtype
+
+
+def spec_of(array: np.ndarray) -> pb.TensorSpec:
+    return pb.TensorSpec(shape=list(array.shape), dtype=array.dtype.name)
+
+
+def spec_nbytes(spec: pb.TensorSpec) -> int:
+    shape, dtype = parse_spec(spec)
+    return math.prod(shape) * dtype.itemsize
+
+
+def describe_spec(spec: pb.TensorSpec) -> str:
+    return f"{spec.dtype}{list(spec.shape)}"
+
+
+# ---------------------------------------------------------------- pieces
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One block of a value: `data` is the block itself, C-contiguous."""
+
+    start: Shape
+    stop: Shape
+    data: np.ndarray
+
+
+class ShardLike(Protocol):
+    """What `value_pieces` needs of a jax.Array shard (this module imports no jax)."""
+
+    @property
+    def index(self) -> tuple[slice, ...]: ...
+
+    @property
+    def replica_id(self) -> int: ...
+
+    @property
+    def data(self) -> Any: ...
+
+
+class ShardedLike(Protocol):
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def addressable_shards(self) -> Sequence[ShardLike]: ...
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    """C-contiguous without the rank-0 -> rank-1 promotion of np.ascontiguousarray."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _bounds(index: tuple[slice, ...], shape: Shape) -> tuple[Shape, Shape]:
+    start: list[int] = []
+    stop: list[int] = []
+    for i, dim in enumerate(shape):
+        s = index[i] if i < len(index) else slice(None)
+        lo, hi, step = s.indices(dim)
+        if step != 1:
+            raise TransferError("index", f"strided shard index {index} of shape {list(shape)}")
+        start.append(lo)
+        stop.append(max(lo, hi))
+    return tuple(start), tuple(stop)
+
+
+def value_pieces(value: np.ndarray | ShardedLike) -> list[Piece]:
+    """This process's pieces of a value: a numpy array is one whole piece; a
+    sharded array contributes each addressable shard with `replica_id == 0`
+    (so the pieces of all processes cover the global value exactly once)."""
+    if isinstance(value, np.ndarray):
+        shape = tuple(value.shape)
+        return [Piece((0,) * len(shape), shape, _c_order(value))]
+    shape = tuple(value.shape)
+    pieces: list[Piece] = []
+    for shard in value.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        start, stop = _bounds(shard.index, shape)
+        pieces.append(Piece(start, stop, _c_order(np.asarray(shard.data))))
+    return pieces
+
+
+def piece_header(
+    call_id: str,
+    value: pb.ValueRef,
+    spec: pb.TensorSpec,
+    piece: Piece | None,
+    sender: str,
+    last_from_sender: bool,
+) -> pb.BufferHeader:
+    """Header of `piece`; None makes the bare "no piece from me" header."""
+    header = pb.BufferHeader(
+        call_id=call_id, sender=sender, last_from_sender=last_from_sender
+    )
+    header.value.CopyFrom(value)
+    header.spec.CopyFrom(spec)
+    if piece is not None:
+        header.start.extend(piece.start)
+        header.stop.extend(piece.stop)
+        header.nbytes = piece.data.nbytes
+    return header
+
+
+def iter_chunks(
+    header: pb.BufferHeader, data: memoryview, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[pb.BufferChunk]:
+    """The chunks of one piece: the header rides on the first, data follows."""
+    flat = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    n = flat.nbytes
+    if n == 0:
+        yield pb.BufferChunk(header=header)
+        return
+    for off in range(0, n, chunk_bytes):
+        chunk = pb.BufferChunk(data=bytes(flat[off : off + chunk_bytes]))
+        if off == 0:
+            chunk.header.CopyFrom(header)
+        yield chunk
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    contiguous = _c_order(array)
+    return contiguous.reshape(-1).view(np.uint8).data
+
+
+def pieces_chunks(
+    call_id: str,
+    value: pb.ValueRef,
+    spec: pb.TensorSpec,
+    pieces: Sequence[Piece],
+    sender: str,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[pb.BufferChunk]:
+    """All of one sender's pieces of a value, the last flagged `last_from_sender`."""
+    if not pieces:
+        yield pb.BufferChunk(header=piece_header(call_id, value, spec, None, sender, True))
+        return
+    for i, piece in enumerate(pieces):
+        header = piece_header(call_id, value, spec, piece, sender, i == len(pieces) - 1)
+        yield from iter_chunks(header, _bytes_of(piece.data), chunk_bytes)
+
+
+def whole_value_chunks(
+    call_id: str,
+    value_ref: pb.ValueRef,
+    array: np.ndarray,
+    sender: str = "client",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[pb.BufferChunk]:
+    """A whole value (a program input) as one piece, for `Dataflow.Put`."""
+    array = _c_order(np.asarray(array))
+    parse_dtype(array.dtype.name, "array.dtype")
+    spec = spec_of(array)
+    piece = Piece((0,) * array.ndim, tuple(array.shape), array)
+    header = piece_header(call_id, value_ref, spec, piece, sender, True)
+    header.whole = True
+    yield from iter_chunks(header, _bytes_of(array), chunk_bytes)
+
+
+def error_chunk(
+    call_id: str, value: pb.ValueRef, spec: pb.TensorSpec, sender: str, error: str
+) -> pb.BufferChunk:
+    """Tells a receiver the value could not be produced, so its consumers fail."""
+    header = piece_header(call_id, value, spec, None, sender, True)
+    header.error = error
+    return pb.BufferChunk(header=header)
+
+
+# ---------------------------------------------------------------- receiving
+
+
+@dataclass(frozen=True)
+class PieceInfo:
+    """A validated BufferHeader."""
+
+    call_id: str
+    value: tuple[int, int]
+    shape: Shape
+    dtype: np.dtype[Any]
+    start: Shape
+    stop: Shape
+    nbytes: int
+    sender: str
+    last_from_sender: bool
+    whole: bool
+    error: str
+
+    @property
+    def has_piece(self) -> bool:
+        return bool(self.start or self.stop or self.nbytes or self.whole)
+
+    @property
+    def value_nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def check_header(header: pb.BufferHeader) -> PieceInfo:
+    """Validates a header against its own spec; errors name the field."""
+    if not header.call_id:
+        raise TransferError("header.call_id", "empty")
+    value = (header.value.node, header.value.index)
+    if header.value.node < -1 or header.value.index < 0:
+        raise TransferError("header.value", f"invalid value reference {value}")
+    if header.error:
+        shape: Shape = ()
+        dtype: np.dtype[Any] = np.dtype(np.uint8)
+        if header.spec.dtype:
+            shape, dtype = parse_spec(header.spec, "header.spec")
+        return PieceInfo(
+            header.call_id, value, shape, dtype, (), (), 0, header.sender, True, False,
+            header.error,
+        )
+    shape, dtype = parse_spec(header.spec, "header.spec")
+    start = tuple(int(x) for x in header.start)
+    stop = tuple(int(x) for x in header.stop)
+    if header.nbytes < 0:
+        raise TransferError("header.nbytes", f"negative ({header.nbytes})")
+    if header.whole:
+        if not start and not stop:
+            start, stop = (0,) * len(shape), shape
+        if start != (0,) * len(shape) or stop != shape:
+            raise TransferError(
+                "header.start/stop",
+                f"a whole piece must span the value {list(shape)}, got {list(start)}..{list(stop)}",
+            )
+    elif not start and not stop and header.nbytes == 0:
+        return PieceInfo(
+            header.call_id, value, shape, dtype, (), (), 0, header.sender,
+            header.last_from_sender, False, "",
+        )
+    if len(start) != len(shape) or len(stop) != len(shape):
+        raise TransferError(
+            "header.start/stop",
+            f"{len(start)}/{len(stop)} indices for a value of rank {len(shape)} {list(shape)}",
+        )
+    for i, (lo, hi, dim) in enumerate(zip(start, stop, shape, strict=True)):
+        if not 0 <= lo <= hi <= dim:
+            raise TransferError(
+                f"header.start/stop[{i}]",
+                f"[{lo}, {hi}) is outside dimension {i} of size {dim} (shape {list(shape)})",
+            )
+    expected = math.prod(b - a for a, b in zip(start, stop, strict=True)) * dtype.itemsize
+    if header.nbytes != expected:
+        raise TransferError(
+            "header.nbytes",
+            f"{header.nbytes} bytes for a {dtype.name} piece "
+            f"{list(start)}..{list(stop)} that holds {expected}",
+        )
+    return PieceInfo(
+        header.call_id, value, shape, dtype, start, stop, expected, header.sender,
+        header.last_from_sender, header.whole, "",
+    )
+
+
+def _contiguous_offset(shape: Shape, start: Shape, stop: Shape) -> int | None:
+    """Element offset of a block that is one contiguous run in C order, else None."""
+    dims = [b - a for a, b in zip(start, stop, strict=True)]
+    if any(d == 0 for d in dims):
+        return 0
+    k = 0
+    while k < len(dims) and dims[k] == 1:
+        k += 1
+    if any(dims[i] != shape[i] for i in range(k + 1, len(dims))):
+        return None
+    offset = 0
+    for lo, dim in zip(start, shape, strict=True):
+        offset = offset * dim + lo
+    return offset
+
+
+class PieceAssembler:
+    """Pieces of one value written into a C-order numpy target, with coverage.
+
+    Several streams (one per sender) may feed one assembler at once; each opens
+    its own `PieceWriter`. Re-sent pieces (a retried stream) overwrite the same
+    bytes and are counted once.
+    """
+
+    def __init__(self, target: np.ndarray) -> None:
+        if not target.flags.c_contiguous:
+            raise ValueError("PieceAssembler needs a C-contiguous target")
+        self.target = target
+        self.shape: Shape = tuple(target.shape)
+        self.dtype: np.dtype[Any] = target.dtype
+        self.size = math.prod(self.shape)
+        self._flat = target.reshape(-1).view(np.uint8) if target.size else None
+        self._lock = threading.Lock()
+        self._done: set[tuple[Shape, Shape]] = set()
+        self._covered = 0
+
+    @property
+    def covered(self) -> int:
+        with self._lock:
+            return self._covered
+
+    @property
+    def complete(self) -> bool:
+        return self.covered == self.size
+
+    def open(self, info: PieceInfo) -> PieceWriter:
+        if info.shape != self.shape or info.dtype != self.dtype:
+            raise TransferError(
+                "header.spec",
+                f"{info.dtype.name}{list(info.shape)} does not match the value's "
+                f"{self.dtype.name}{list(self.shape)}",
+            )
+        return PieceWriter(self, info)
+
+    def _finish(self, info: PieceInfo, block: np.ndarray | None) -> None:
+        if block is not None:
+            region = tuple(slice(a, b) for a, b in zip(info.start, info.stop, strict=True))
+            self.target[region] = block
+        key = (info.start, info.stop)
+        with self._lock:
+            if key not in self._done:
+                self._done.add(key)
+                self._covered += math.prod(b - a for a, b in zip(info.start, info.stop, strict=True))
+            if self._covered > self.size:
+                raise TransferError(
+                    "header.start/stop",
+                    f"pieces overlap: {self._covered} elements written to a value of {self.size}",
+                )
+
+
+class PieceWriter:
+    """Receives the bytes of one piece, in order, into its assembler's target."""
+
+    def __init__(self, assembler: PieceAssembler, info: PieceInfo) -> None:
+        self.assembler = assembler
+        self.info = info
+        self.received = 0
+        offset = _contiguous_offset(assembler.shape, info.start, info.stop)
+        self._direct: np.ndarray | None = None
+        self._buffer: np.ndarray | None = None
+        if info.nbytes == 0:
+            pass
+        elif offset is not None and assembler._flat is not None:
+            lo = offset * assembler.dtype.itemsize
+            self._direct = assembler._flat[lo : lo + info.nbytes]
+        else:
+            self._buffer = np.empty(info.nbytes, np.uint8)
+        if info.nbytes == 0:
+            self._finish()
+
+    @property
+    def done(self) -> bool:
+        return self.received == self.info.nbytes
+
+    def write(self, data: bytes) -> bool:
+        """Appends data; True once the piece is complete (and counted)."""
+        n = len(data)
+        if self.received + n > self.info.nbytes:
+            raise TransferError(
+                "data",
+                f"{self.received + n} bytes received for a piece of {self.info.nbytes} "
+                f"({list(self.info.start)}..{list(self.info.stop)})",
+            )
+        dest = self._direct if self._direct is not None else self._buffer
+        assert dest is not None
+        dest[self.received : self.received + n] = np.frombuffer(data, np.uint8)
+        self.received += n
+        if self.done:
+            self._finish()
+            return True
+        return False
+
+    def _finish(self) -> None:
+        block = None
+        if self._buffer is not None:
+            shape = tuple(b - a for a, b in zip(self.info.start, self.info.stop, strict=True))
+            block = self._buffer.view(self.assembler.dtype).reshape(shape)
+        self.assembler._finish(self.info, block)
+
+
+# ---------------------------------------------------------------- client helpers
+
+
+def put_value(
+    stub: pb_grpc.DataflowStub,
+    call_id: str,
+    value_ref: pb.ValueRef,
+    array: np.ndarray,
+    timeout_s: float,
+    sender: str = "client",
+) -> int:
+    """Puts a whole value on one host; returns the pieces the host received."""
+    reply: pb.PutReply = stub.Put(
+        whole_value_chunks(call_id, value_ref, array, sender), timeout=timeout_s
+    )
+    return int(reply.pieces)
+
+
+class _FetchTarget:
+    """The shared destination of a fetch from several hosts, made on the first header."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._lock = threading.Lock()
+        self.assembler: PieceAssembler | None = None
+
+    def assembler_for(self, info: PieceInfo) -> PieceAssembler:
+        with self._lock:
+            if self.assembler is None:
+                self.assembler = PieceAssembler(np.empty(info.shape, info.dtype))
+            return self.assembler
+
+
+def _receive(chunks: Iterable[pb.BufferChunk], target: _FetchTarget, host: str) -> None:
+    writer: PieceWriter | None = None
+    finished = False
+    for chunk in chunks:
+        if chunk.HasField("header"):
+            if writer is not None and not writer.done:
+                raise TransferError(
+                    "header", f"{target.what}: host {host} started a piece before finishing one"
+                )
+            info = check_header(chunk.header)
+            if info.error:
+                raise RuntimeError(f"{target.what} failed on host {host}: {info.error}")
+            finished = info.last_from_sender
+            writer = target.assembler_for(info).open(info) if info.has_piece else None
+            if writer is None:
+                target.assembler_for(info)
+        if chunk.data:
+            if writer is None:
+                raise TransferError("data", f"{target.what}: host {host} sent data without a header")
+            writer.write(chunk.data)
+    if not finished or (writer is not None and not writer.done):
+        raise TransferError("last_from_sender", f"{target.what}: host {host} ended its stream early")
+
+
+def fetch_value(
+    stubs: pb_grpc.DataflowStub | Sequence[pb_grpc.DataflowStub],
+    call_id: str,
+    value_ref: pb.ValueRef,
+    timeout_s: float,
+    release: bool = False,
+    hosts: Sequence[str] | None = None,
+) -> np.ndarray:
+    """Fetches a value's pieces from every host holding some (in parallel) and
+    assembles them into one numpy array. gRPC errors propagate as grpc.RpcError;
+    pieces that do not cover the value raise TransferError."""
+    stub_list = [stubs] if isinstance(stubs, pb_grpc.DataflowStub) else list(stubs)
+    names = list(hosts) if hosts is not None else [f"#{i}" for i in range(len(stub_list))]
+    what = f"{value_name(value_ref)} of call {call_id}"
+    target = _FetchTarget(what)
+    request = pb.FetchRequest(call_id=call_id, timeout_s=timeout_s, release=release)
+    request.value.CopyFrom(value_ref)
+    errors: list[BaseException] = []
+
+    def one(stub: pb_grpc.DataflowStub, host: str) -> None:
+        try:
+            _receive(stub.Fetch(request, timeout=timeout_s + 5.0), target, host)
+        except BaseException as err:  # re-raised in the caller's thread
+            errors.append(err)
+
+    if len(stub_list) == 1:
+        one(stub_list[0], names[0])
+    else:
+        threads = [
+            threading.Thread(target=one, args=(s, h), daemon=True)
+            for s, h in zip(stub_list, names, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    assembler = target.assembler
+    if assembler is None:
+        raise TransferError("hosts", f"{what}: no host was asked for it")
+    if not assembler.complete:
+        raise TransferError(
+            "start/stop",
+            f"{what}: pieces from {len(stub_list)} host(s) cover {assembler.covered} "
+            f"of {assembler.size} elements",
+        )
+    return assembler.target

@@ -1,0 +1,213 @@
+"""Pieces, chunks and assembly of values (pathways.transfer), without sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from pathways import transfer
+from pathways.wire import pathways_pb2 as pb
+
+
+def ref(node: int = 0, index: int = 0) -> pb.ValueRef:
+    return pb.ValueRef(node=node, index=index)
+
+
+@dataclass(frozen=True)
+class FakeShard:
+    index: tuple[slice, ...]
+    replica_id: int
+    data: np.ndarray
+
+
+@dataclass(frozen=True)
+class FakeSharded:
+    shape: tuple[int, ...]
+    addressable_shards: list[FakeShard]
+
+
+def shards_of(array: np.ndarray, rows: int, cols: int, replicas: int = 1) -> FakeSharded:
+    """A 2-D array split into rows x cols blocks, each held `replicas` times."""
+    shards = []
+    r_step, c_step = array.shape[0] // rows, array.shape[1] // cols
+    for r in range(rows):
+        for c in range(cols):
+            idx = (slice(r * r_step, (r + 1) * r_step), slice(c * c_step, (c + 1) * c_step))
+            for rep in range(replicas):
+                shards.append(FakeShard(idx, rep, array[idx]))
+    return FakeSharded(array.shape, shards)
+
+
+def assemble(chunks: Iterable[pb.BufferChunk], target: np.ndarray) -> transfer.PieceAssembler:
+    assembler = transfer.PieceAssembler(target)
+    writer: transfer.PieceWriter | None = None
+    for chunk in chunks:
+        if chunk.HasField("header"):
+            info = transfer.check_header(chunk.header)
+            writer = assembler.open(info) if info.has_piece else None
+        if chunk.data:
+            assert writer is not None
+            writer.write(chunk.data)
+    return assembler
+
+
+def test_parse_spec_accepts_numeric_and_rejects_others() -> None:
+    assert transfer.parse_spec(pb.TensorSpec(shape=[2, 3], dtype="float32")) == (
+        (2, 3),
+        np.dtype(np.float32),
+    )
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, as jax does)
+
+    assert transfer.parse_dtype("bfloat16").name == "bfloat16"
+    for bad in ["object", "str", "U8", "V4", "nope", "", ">f4"]:
+        with pytest.raises(transfer.TransferError, match="spec.dtype"):
+            transfer.parse_spec(pb.TensorSpec(shape=[1], dtype=bad))
+    with pytest.raises(transfer.TransferError, match=r"spec.shape\[1\]"):
+        transfer.parse_spec(pb.TensorSpec(shape=[1, -2], dtype="int32"))
+
+
+def test_iter_chunks_puts_header_on_first_chunk_only() -> None:
+    data = np.arange(1000, dtype=np.uint8)
+    header = pb.BufferHeader(call_id="c", nbytes=1000)
+    chunks = list(transfer.iter_chunks(header, memoryview(data), chunk_bytes=300))
+    assert [len(c.data) for c in chunks] == [300, 300, 300, 100]
+    assert [c.HasField("header") for c in chunks] == [True, False, False, False]
+    assert b"".join(c.data for c in chunks) == data.tobytes()
+    empty = list(transfer.iter_chunks(header, memoryview(b""), chunk_bytes=300))
+    assert len(empty) == 1 and empty[0].HasField("header") and not empty[0].data
+
+
+def test_whole_value_roundtrip_through_assembler() -> None:
+    array = np.random.default_rng(0).standard_normal((33, 17)).astype(np.float32)
+    chunks = list(transfer.whole_value_chunks("call", ref(-1, 0), array, chunk_bytes=1000))
+    first = chunks[0].header
+    assert first.whole and first.last_from_sender and first.nbytes == array.nbytes
+    assembler = assemble(chunks, np.zeros_like(array))
+    assert assembler.complete
+    np.testing.assert_array_equal(assembler.target, array)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(4, 1), (1, 4), (2, 2)])
+def test_sharded_pieces_skip_replicas_and_reassemble(rows: int, cols: int) -> None:
+    array = np.arange(8 * 12, dtype=np.int64).reshape(8, 12)
+    pieces = transfer.value_pieces(shards_of(array, rows, cols, replicas=2))
+    assert len(pieces) == rows * cols
+    spec = transfer.spec_of(array)
+    chunks = transfer.pieces_chunks("c", ref(), spec, pieces, "host-0", chunk_bytes=40)
+    assembler = assemble(chunks, np.zeros_like(array))
+    assert assembler.complete
+    np.testing.assert_array_equal(assembler.target, array)
+
+
+def test_pieces_from_two_senders_and_a_sender_with_nothing() -> None:
+    array = np.arange(16, dtype=np.float64).reshape(4, 4)
+    sharded = shards_of(array, 2, 1)
+    spec = transfer.spec_of(array)
+    a = transfer.pieces_chunks("c", ref(), spec, transfer.value_pieces(
+        FakeSharded(array.shape, sharded.addressable_shards[:1])), "a")
+    b = transfer.pieces_chunks("c", ref(), spec, transfer.value_pieces(
+        FakeSharded(array.shape, sharded.addressable_shards[1:])), "b")
+    nobody = list(transfer.pieces_chunks("c", ref(), spec, [], "z"))
+    assert len(nobody) == 1 and nobody[0].header.last_from_sender
+    assert not transfer.check_header(nobody[0].header).has_piece
+    assembler = assemble([*a, *nobody, *b], np.zeros_like(array))
+    assert assembler.complete
+    np.testing.assert_array_equal(assembler.target, array)
+
+
+def test_scalar_and_empty_values() -> None:
+    scalar = np.array(3.5, dtype=np.float32)
+    assembler = assemble(transfer.whole_value_chunks("c", ref(-1, 1), scalar), np.zeros((), np.float32))
+    assert assembler.complete and float(assembler.target) == 3.5
+    empty = np.zeros((0, 3), np.int32)
+    assembler = assemble(transfer.whole_value_chunks("c", ref(-1, 2), empty), np.zeros((0, 3), np.int32))
+    assert assembler.complete
+
+
+def test_resent_piece_is_counted_once() -> None:
+    array = np.arange(12, dtype=np.int32).reshape(3, 4)
+    chunks = list(transfer.whole_value_chunks("c", ref(-1, 0), array))
+    assembler = assemble([*chunks, *chunks], np.zeros_like(array))
+    assert assembler.covered == 12 and assembler.complete
+
+
+def header(**kw: object) -> pb.BufferHeader:
+    h = pb.BufferHeader(call_id="c", spec=pb.TensorSpec(shape=[4, 4], dtype="float32"))
+    h.value.CopyFrom(ref())
+    for k, v in kw.items():
+        if k in ("start", "stop"):
+            getattr(h, k).extend(v)  # type: ignore[call-overload]
+        elif k == "spec":
+            h.spec.CopyFrom(v)  # type: ignore[arg-type]
+        else:
+            setattr(h, k, v)
+    return h
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"start": [0, 0], "stop": [5, 4], "nbytes": 80}, "header.start/stop[0]"),
+        ({"start": [0], "stop": [4], "nbytes": 16}, "header.start/stop"),
+        ({"start": [0, 0], "stop": [2, 4], "nbytes": 31}, "header.nbytes"),
+        ({"start": [0, 0], "stop": [2, 4], "nbytes": 32, "spec": pb.TensorSpec(shape=[4, 4], dtype="obj")}, "header.spec.dtype"),
+        ({"call_id": ""}, "header.call_id"),
+        ({"whole": True, "start": [1, 0], "stop": [4, 4], "nbytes": 48}, "header.start/stop"),
+    ],
+)
+def test_malformed_headers_name_the_field(kw: dict[str, object], field: str) -> None:
+    with pytest.raises(transfer.TransferError) as err:
+        transfer.check_header(header(**kw))
+    assert err.value.field == field
+
+
+def test_writer_rejects_excess_bytes_and_mismatched_spec() -> None:
+    assembler = transfer.PieceAssembler(np.zeros((4, 4), np.float32))
+    writer = assembler.open(transfer.check_header(header(start=[0, 0], stop=[1, 4], nbytes=16)))
+    with pytest.raises(transfer.TransferError, match="data"):
+        writer.write(b"x" * 17)
+    other = transfer.check_header(header(
+        start=[0, 0], stop=[1, 4], nbytes=32, spec=pb.TensorSpec(shape=[4, 4], dtype="float64")))
+    with pytest.raises(transfer.TransferError, match="does not match"):
+        assembler.open(other)
+
+
+class FakeStub:
+    """Plays one host's Dataflow.Fetch with a fixed chunk stream."""
+
+    def __init__(self, chunks: list[pb.BufferChunk]) -> None:
+        self.chunks = chunks
+        self.requests: list[pb.FetchRequest] = []
+
+    def Fetch(self, request: pb.FetchRequest, timeout: float) -> Iterator[pb.BufferChunk]:
+        self.requests.append(request)
+        return iter(self.chunks)
+
+
+def test_fetch_value_assembles_from_several_hosts() -> None:
+    array = np.arange(64, dtype=np.float32).reshape(8, 8)
+    sharded = shards_of(array, 2, 2)
+    spec = transfer.spec_of(array)
+    stubs = []
+    for h in range(2):
+        pieces = transfer.value_pieces(FakeSharded(array.shape, sharded.addressable_shards[2 * h : 2 * h + 2]))
+        stubs.append(FakeStub(list(transfer.pieces_chunks("c", ref(2, 0), spec, pieces, f"h{h}"))))
+    got = transfer.fetch_value(stubs, "c", ref(2, 0), 5.0, release=True)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(got, array)
+    assert stubs[0].requests[0].release and stubs[0].requests[0].value.node == 2
+
+
+def test_fetch_value_reports_missing_pieces_and_errors() -> None:
+    array = np.arange(16, dtype=np.float32).reshape(4, 4)
+    sharded = shards_of(array, 2, 1)
+    spec = transfer.spec_of(array)
+    half = transfer.value_pieces(FakeSharded(array.shape, sharded.addressable_shards[:1]))
+    stub = FakeStub(list(transfer.pieces_chunks("c", ref(), spec, half, "h0")))
+    with pytest.raises(transfer.TransferError, match="cover 8 of 16"):
+        transfer.fetch_value([stub], "c", ref(), 5.0)  # type: ignore[list-item]
+    failing = FakeStub([transfer.error_chunk("c", ref(), spec, "h0", "boom")])
+    with pytest.raises(RuntimeError, match="boom"):
+        transfer.fetch_value([failing], "c", ref(), 5.0)  # type: ignore[list-item]
