@@ -22,6 +22,10 @@ COPY client /src/client
 COPY operator /src/operator
 COPY worker /src/worker
 RUN pip install /src && rm -rf /src
+# Example programs, importable as `examples.<module>` (the operator's default
+# --allowed-entrypoints prefix) by the program drivers the operator starts.
+COPY examples /opt/kube-pathways/examples
+ENV PYTHONPATH=/opt/kube-pathways
 RUN printf '%s\n' \
       '#!/bin/sh' \
       '# operator, worker or sidecar, then its arguments; any other command runs as is.' \

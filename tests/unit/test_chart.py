@@ -114,7 +114,7 @@ def test_default_values_satisfy_the_schema() -> None:
         ({"operator": {"controllerPort": 70000}}, "> 65535"),
         ({"worker": {"devicesPerHost": -1}}, "< 0"),
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "not in"),
-        ({"operator": {"watchNamespaces": ["Bad_NS"]}}, "does not match"),
+        ({"operator": {"watchNamespace": "Bad_NS"}}, "does not match"),
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any], complaint: str) -> None:
