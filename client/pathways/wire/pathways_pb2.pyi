@@ -1116,10 +1116,18 @@ class HealthReply(_message.Message):
     WORKER_READY_FIELD_NUMBER: _builtins.int
     STORE_BYTES_FIELD_NUMBER: _builtins.int
     STORE_LIMIT_FIELD_NUMBER: _builtins.int
+    WORKER_STORE_BYTES_FIELD_NUMBER: _builtins.int
+    WORKER_STORE_LIMIT_FIELD_NUMBER: _builtins.int
     host: _builtins.str
     worker_ready: _builtins.bool
     store_bytes: _builtins.int
+    """bytes of incoming values the sidecar holds"""
     store_limit: _builtins.int
+    """the sidecar's bound on them"""
+    worker_store_bytes: _builtins.int
+    """bytes in the worker's object store"""
+    worker_store_limit: _builtins.int
+    """the worker's bound on them"""
     def __init__(
         self,
         *,
@@ -1127,10 +1135,12 @@ class HealthReply(_message.Message):
         worker_ready: _builtins.bool = ...,
         store_bytes: _builtins.int = ...,
         store_limit: _builtins.int = ...,
+        worker_store_bytes: _builtins.int = ...,
+        worker_store_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "store_bytes", b"store_bytes", "store_limit", b"store_limit", "worker_ready", b"worker_ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "store_bytes", b"store_bytes", "store_limit", b"store_limit", "worker_ready", b"worker_ready", "worker_store_bytes", b"worker_store_bytes", "worker_store_limit", b"worker_store_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1232,8 +1242,11 @@ class ExportRequest(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     token: _builtins.int
+    release: _builtins.bool
+    """drop the value from the store once written"""
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
     def __init__(
@@ -1242,10 +1255,11 @@ class ExportRequest(_message.Message):
         call_id: _builtins.str = ...,
         value: Global___ValueRef | None = ...,
         token: _builtins.int = ...,
+        release: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "token", b"token", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "release", b"release", "token", b"token", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1291,8 +1305,13 @@ class WorkerEvent(_message.Message):
     EXPORTED_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
+    STORE_BYTES_FIELD_NUMBER: _builtins.int
+    STORE_LIMIT_FIELD_NUMBER: _builtins.int
     ready: _builtins.bool
     host: _builtins.str
+    store_bytes: _builtins.int
+    """the object store's bytes after this event"""
+    store_limit: _builtins.int
     @_builtins.property
     def completions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Completion]: ...
     @_builtins.property
@@ -1306,10 +1325,12 @@ class WorkerEvent(_message.Message):
         exported: _abc.Iterable[Global___Exported] | None = ...,
         ready: _builtins.bool = ...,
         host: _builtins.str = ...,
+        store_bytes: _builtins.int = ...,
+        store_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "exported", b"exported", "host", b"host", "ready", b"ready"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "exported", b"exported", "host", b"host", "ready", b"ready", "store_bytes", b"store_bytes", "store_limit", b"store_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
