@@ -1,0 +1,142 @@
+"""``python -m pathways_operator``: the Kubernetes operator, resource manager and island scheduler in one process.
+
+One process runs:
+
+* the **controller** (``pathways_operator.controller``) behind its gRPC service
+  on ``--controller-listen``: the island scheduler that clients and program
+  drivers talk to;
+* **kopf** (standalone, no peering) with the handlers of ``k8s.handlers``: the
+  resource manager that turns VirtualSlices into gangs of worker pods and
+  registers them with the controller, and the runner of PathwaysPrograms,
+  whose drivers are child processes connected to the controller on loopback.
+
+Run it out of cluster with ``KUBECONFIG`` set, or in a pod with a service
+account (see the Helm chart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import kopf
+from kubernetes import client as kclient
+from kubernetes import config as kconfig
+
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_operator.controller import Controller
+from pathways_operator.controller_service import ControllerService
+from pathways_operator.host_link import GRPC_OPTIONS
+from pathways_operator.k8s import handlers
+from pathways_operator.k8s.cluster_api import ClusterApi
+from pathways_operator.k8s.drivers import DriverSupervisor
+from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
+from pathways_operator.k8s.slices import DEFAULT_IMAGE, SliceReconciler
+
+log = logging.getLogger("pathways_operator")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pathways_operator",
+        description="Kube-Pathways operator: VirtualSlices as gangs of worker pods, "
+        "PathwaysPrograms run against the island scheduler.",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", help="watch only this namespace")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default)")
+    parser.add_argument("--controller-listen", default="0.0.0.0:8470",
+                        help="HOST:PORT of the controller's gRPC service (port 0: any free port)")
+    parser.add_argument("--allowed-entrypoints", default=",".join(DEFAULT_ALLOWED_ENTRYPOINTS),
+                        help="comma-separated prefixes a PathwaysProgram's spec.source.entrypoint "
+                        "must start with")
+    parser.add_argument("--liveness", default=None,
+                        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--state-dir", type=Path,
+                        default=Path(os.environ.get("PATHWAYS_OPERATOR_STATE_DIR", "/tmp/pathways-operator")),
+                        help="where program drivers keep progress, results and logs")
+    parser.add_argument("--worker-image", default=os.environ.get("PATHWAYS_WORKER_IMAGE", DEFAULT_IMAGE),
+                        help="image of worker pods when a VirtualSlice gives none")
+    return parser
+
+
+def _api_client() -> kclient.ApiClient:
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        kconfig.load_kube_config()  # type: ignore[no-untyped-call]
+    return kclient.ApiClient()
+
+
+def _local_address(listen: str, port: int) -> str:
+    """How a driver on this machine reaches the controller."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host in ("", "0.0.0.0", "::", "*"):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
+    namespace: str | None = args.namespace
+    api = ClusterApi(_api_client(), namespace)
+    wakeups = handlers.Wakeups()
+
+    slices: SliceReconciler | None = None
+    controller = Controller(
+        lambda: slices.machines() if slices is not None else [],
+        None,
+        explain_missing=lambda key: slices.explain(key) if slices is not None else "starting",
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+    pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
+    port = server.add_insecure_port(args.controller_listen)
+    if port == 0:
+        print(f"pathways_operator: cannot listen on {args.controller_listen}", file=sys.stderr)
+        return 2
+    server.start()
+    address = _local_address(args.controller_listen, port)
+    log.info("controller listening on %s (drivers use %s)", args.controller_listen, address)
+
+    slices = SliceReconciler(
+        api,
+        controller,
+        default_image=args.worker_image,
+        wake=lambda key: wakeups.wake(handlers.slice_key(*key.split("/", 1))),
+    )
+    drivers = DriverSupervisor(args.state_dir, address)
+    allowed = tuple(p.strip() for p in args.allowed_entrypoints.split(",") if p.strip())
+    programs = ProgramReconciler(api, drivers, allowed_entrypoints=allowed)
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, slices, programs, wakeups)
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+    try:
+        kopf.run(
+            registry=registry,
+            settings=settings,
+            standalone=True,
+            clusterwide=namespace is None,
+            namespaces=[namespace] if namespace else [],
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        drivers.stop_all()
+        server.stop(grace=1)
+        controller.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

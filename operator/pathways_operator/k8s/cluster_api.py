@@ -1,0 +1,288 @@
+"""Every call the operator makes to the Kubernetes API, in one thin adapter.
+
+Reconcilers never touch ``kubernetes.client`` directly: they call
+:class:`ClusterApi`, which returns objects as the API serves them (JSON
+decoded into dicts, skipping the client's slow model classes), maps "not found"
+to ``None`` and "already exists" to :class:`AlreadyExists`, and wraps every other
+failure in :class:`KubeError` naming the verb and the object, so a log line
+says what the operator was doing when the API said no.
+
+Reads are plain GET/LIST requests to the API server, not an informer cache:
+admission decisions must see the pods created a moment ago, and at the scale
+of islands of accelerator hosts the extra requests cost nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
+
+from pathways_operator.k8s.resources import (
+    FIELD_MANAGER,
+    GROUP,
+    PROGRAM_PLURAL,
+    SLICE_PLURAL,
+    VERSION,
+)
+
+Json = dict[str, Any]
+"""A Kubernetes object as the API serves it."""
+
+T = TypeVar("T")
+
+
+class KubeError(Exception):
+    """The API server refused or failed a request; the message names what was attempted."""
+
+    def __init__(self, doing: str, status: int, detail: str) -> None:
+        super().__init__(f"{doing}: HTTP {status}: {detail}")
+        self.status = status
+
+
+class AlreadyExists(KubeError):
+    """A create found an object of that name (possibly one still being deleted)."""
+
+
+def _detail(err: ApiException) -> str:
+    try:
+        body = json.loads(err.body or "{}")
+    except (TypeError, ValueError):
+        return str(err.reason)
+    return str(body.get("message") or err.reason)
+
+
+def _decode(response: Any) -> Json:
+    data: Json = json.loads(response.data)
+    return data
+
+
+def now_rfc3339() -> str:
+    """The current time as the API server writes timestamps (seconds, UTC, 'Z')."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ClusterApi:
+    """Typed entry points to the API for pods, nodes, the two CRDs, ConfigMaps and events."""
+
+    def __init__(self, api_client: kclient.ApiClient, namespace: str | None) -> None:
+        self.namespace = namespace
+        """The one namespace watched, or None for all namespaces."""
+        self.core = kclient.CoreV1Api(api_client)
+        self.custom = kclient.CustomObjectsApi(api_client)
+        self.scheduling = kclient.SchedulingV1Api(api_client)
+        self._instance = socket.gethostname()
+
+    def _call(self, doing: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ApiException as err:
+            kind = AlreadyExists if err.status == 409 else KubeError
+            raise kind(doing, int(err.status or 0), _detail(err)) from None
+
+    def _get_or_none(self, doing: str, fn: Callable[[], Json]) -> Json | None:
+        try:
+            return fn()
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise KubeError(doing, int(err.status or 0), _detail(err)) from None
+
+    # ------------------------------------------------------------ nodes and pods
+
+    def list_nodes(self) -> list[Json]:
+        reply = self._call("listing Nodes", lambda: self.core.list_node(_preload_content=False))
+        return list(_decode(reply).get("items", []))
+
+    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[Json]:
+        """Pods in ``namespace`` (None: every namespace), optionally by label selector."""
+        if namespace is None:
+            reply = self._call(
+                f"listing pods ({label_selector or 'all'}) in all namespaces",
+                lambda: self.core.list_pod_for_all_namespaces(
+                    label_selector=label_selector, _preload_content=False
+                ),
+            )
+        else:
+            ns = namespace
+            reply = self._call(
+                f"listing pods ({label_selector or 'all'}) in {ns}",
+                lambda: self.core.list_namespaced_pod(
+                    ns, label_selector=label_selector, _preload_content=False
+                ),
+            )
+        return list(_decode(reply).get("items", []))
+
+    def create_pod(self, namespace: str, body: Json) -> Json:
+        name = body["metadata"]["name"]
+        return _decode(
+            self._call(
+                f"creating pod {namespace}/{name}",
+                lambda: self.core.create_namespaced_pod(
+                    namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False
+                ),
+            )
+        )
+
+    def bind_pod(self, namespace: str, pod: str, node: str) -> None:
+        """Bind a pod to a Node with the Binding API, as a scheduler does."""
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._call(
+            f"binding pod {namespace}/{pod} to node {node}",
+            lambda: self.core.create_namespaced_pod_binding(
+                pod, namespace, cast(Any, binding), _preload_content=False
+            ),
+        )
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        try:
+            self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=grace_seconds, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise KubeError(f"deleting pod {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+
+    # ------------------------------------------------------------ custom resources
+
+    def _list_custom(self, plural: str, namespace: str | None) -> list[Json]:
+        scope = namespace or self.namespace
+        if scope is None:
+            reply: Json = self._call(
+                f"listing {plural} in all namespaces",
+                lambda: cast(Json, self.custom.list_cluster_custom_object(GROUP, VERSION, plural)),
+            )
+        else:
+            ns = scope
+            reply = self._call(
+                f"listing {plural} in {ns}",
+                lambda: cast(Json, self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, plural)),
+            )
+        return list(reply.get("items", []))
+
+    def _get_custom(self, plural: str, namespace: str, name: str) -> Json | None:
+        return self._get_or_none(
+            f"reading {plural} {namespace}/{name}",
+            lambda: cast(Json, self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)),
+        )
+
+    def _patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, {"status": dict(status)},
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return  # deleted meanwhile: nothing to report on
+            raise KubeError(
+                f"writing status of {plural} {namespace}/{name}", int(err.status or 0), _detail(err)
+            ) from None
+
+    def list_slices(self, namespace: str | None = None) -> list[Json]:
+        return self._list_custom(SLICE_PLURAL, namespace)
+
+    def get_slice(self, namespace: str, name: str) -> Json | None:
+        return self._get_custom(SLICE_PLURAL, namespace, name)
+
+    def create_slice(self, namespace: str, body: Json) -> Json:
+        name = body["metadata"]["name"]
+        reply: Json = self._call(
+            f"creating VirtualSlice {namespace}/{name}",
+            lambda: cast(Json, self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, SLICE_PLURAL, body, field_manager=FIELD_MANAGER
+            )),
+        )
+        return reply
+
+    def delete_slice(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, SLICE_PLURAL, name, propagation_policy="Background"
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise KubeError(
+                    f"deleting VirtualSlice {namespace}/{name}", int(err.status or 0), _detail(err)
+                ) from None
+
+    def patch_slice_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._patch_status(SLICE_PLURAL, namespace, name, status)
+
+    def get_program(self, namespace: str, name: str) -> Json | None:
+        return self._get_custom(PROGRAM_PLURAL, namespace, name)
+
+    def list_programs(self, namespace: str | None = None) -> list[Json]:
+        return self._list_custom(PROGRAM_PLURAL, namespace)
+
+    def patch_program_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._patch_status(PROGRAM_PLURAL, namespace, name, status)
+
+    # ------------------------------------------------------------ other objects
+
+    def apply_configmap(self, namespace: str, body: Json) -> None:
+        """Create the ConfigMap, or replace its data if it exists."""
+        name = body["metadata"]["name"]
+        try:
+            self.core.create_namespaced_config_map(namespace, cast(Any, body), _preload_content=False)
+            return
+        except ApiException as err:
+            if err.status != 409:
+                raise KubeError(f"creating ConfigMap {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+        self._call(
+            f"replacing ConfigMap {namespace}/{name}",
+            lambda: self.core.patch_namespaced_config_map(
+                name, namespace, {"data": body.get("data", {})}, _preload_content=False
+            ),
+        )
+
+    def priority_value(self, priority_class: str) -> int | None:
+        """The value of a PriorityClass, or None when it does not exist."""
+        found = self._get_or_none(
+            f"reading PriorityClass {priority_class}",
+            lambda: _decode(
+                self.scheduling.read_priority_class(priority_class, _preload_content=False)
+            ),
+        )
+        return None if found is None else int(found.get("value", 0))
+
+    def post_event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Record a core/v1 Event about ``obj`` (shown by ``kubectl describe``)."""
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or "default"
+        now = now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", ""),
+                "kind": obj.get("kind", ""),
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call(
+            f"recording event {reason} on {namespace}/{meta['name']}",
+            lambda: self.core.create_namespaced_event(namespace, cast(Any, event), _preload_content=False),
+        )

@@ -1,0 +1,252 @@
+"""Driver processes: one ``python -m pathways.driver`` per running PathwaysProgram.
+
+A program's driver is a Pathways client that runs its entrypoint against the
+operator's own controller. The operator starts it as a child process with
+``--exit-with-parent``, so drivers never outlive the operator; everything a
+restarted operator needs to continue lives in files under the program's work
+directory ``<state-dir>/<namespace>/<name>-<uid>/``:
+
+``progress.jsonl``
+    one line per completed step (``ctx.step_done``): ``stepsCompleted``, and
+    where the next driver starts after a restart;
+``results.json``
+    written by the driver as it exits: the results, or the error and whether
+    running again can help;
+``driver.log``
+    the driver's stdout and stderr, quoted in failure messages;
+``driver.pid``
+    the running driver, so a restarted operator can stop a leftover one before
+    starting another (there is never more than one driver per program).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pathways.context import steps_completed
+
+log = logging.getLogger(__name__)
+
+EXIT_RETRYABLE = 75
+"""The driver's exit status for "a host or slice was lost; run me again"."""
+STOP_GRACE_S = 5.0
+LOG_TAIL_CHARS = 1500
+
+
+class DriverState(enum.Enum):
+    ABSENT = "absent"
+    """No driver runs and none left an outcome: start one."""
+    RUNNING = "running"
+    EXITED = "exited"
+    """It finished; :attr:`DriverStatus.outcome` says how."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverStatus:
+    state: DriverState
+    exit_code: int | None = None
+    results: dict[str, Any] | None = None
+    """The program's results (on success)."""
+    error: str = ""
+    retryable: bool = False
+    log_tail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverLaunch:
+    """Everything a driver is started with."""
+
+    namespace: str
+    name: str
+    uid: str
+    entrypoint: str
+    args: dict[str, Any]
+    steps: int
+    start_step: int
+    weight: float
+    slices: dict[str, dict[str, Any]]
+    """Program slice name -> {"virtualSlice": name, "devices": n}."""
+
+
+@dataclasses.dataclass
+class _Child:
+    process: subprocess.Popen[bytes]
+    launch: DriverLaunch
+
+
+class DriverSupervisor:
+    """Starts, watches and stops the drivers of this operator's programs."""
+
+    def __init__(self, state_dir: Path, controller_address: str, python: str = sys.executable) -> None:
+        self._state_dir = state_dir
+        self._controller = controller_address
+        self._python = python
+        self._lock = threading.Lock()
+        self._children: dict[str, _Child] = {}
+
+    def workdir(self, namespace: str, name: str, uid: str) -> Path:
+        return self._state_dir / namespace / f"{name}-{uid[:8]}"
+
+    def steps_completed(self, namespace: str, name: str, uid: str) -> int:
+        return steps_completed(self.workdir(namespace, name, uid) / "progress.jsonl")
+
+    def status(self, namespace: str, name: str, uid: str) -> DriverStatus:
+        """What the program's driver is doing (a leftover from an earlier operator counts as absent)."""
+        key = f"{namespace}/{name}"
+        workdir = self.workdir(namespace, name, uid)
+        with self._lock:
+            child = self._children.get(key)
+        if child is not None:
+            code = child.process.poll()
+            if code is None:
+                return DriverStatus(DriverState.RUNNING)
+            return self._outcome(workdir, code)
+        self._kill_leftover(workdir)
+        if (workdir / "results.json").exists():
+            return self._outcome(workdir, None)
+        return DriverStatus(DriverState.ABSENT)
+
+    def _outcome(self, workdir: Path, code: int | None) -> DriverStatus:
+        tail = _tail(workdir / "driver.log")
+        try:
+            payload = json.loads((workdir / "results.json").read_text())
+        except (OSError, ValueError):
+            payload = None
+        if isinstance(payload, dict) and isinstance(payload.get("results"), dict) and code in (0, None):
+            return DriverStatus(DriverState.EXITED, code, results=payload["results"], log_tail=tail)
+        if isinstance(payload, dict) and "error" in payload:
+            return DriverStatus(
+                DriverState.EXITED,
+                code,
+                error=str(payload["error"]),
+                retryable=bool(payload.get("retryable")) or code == EXIT_RETRYABLE,
+                log_tail=tail,
+            )
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
+        return DriverStatus(
+            DriverState.EXITED,
+            code,
+            error=f"the driver {how} without reporting an outcome",
+            retryable=True,
+            log_tail=tail,
+        )
+
+    def start(self, launch: DriverLaunch) -> None:
+        """Start the driver (stopping any other of the same program first)."""
+        key = f"{launch.namespace}/{launch.name}"
+        self.stop(launch.namespace, launch.name, launch.uid)
+        workdir = self.workdir(launch.namespace, launch.name, launch.uid)
+        workdir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (workdir / "results.json").unlink()
+        argv = [
+            self._python, "-m", "pathways.driver",
+            "--entrypoint", launch.entrypoint,
+            "--args", json.dumps(launch.args),
+            "--steps", str(launch.steps),
+            "--start-step", str(launch.start_step),
+            "--weight", repr(launch.weight),
+            "--controller", self._controller,
+            "--namespace", launch.namespace,
+            "--slices", json.dumps(launch.slices),
+            "--progress-file", str(workdir / "progress.jsonl"),
+            "--results-file", str(workdir / "results.json"),
+            "--exit-with-parent",
+        ]
+        with open(workdir / "driver.log", "ab") as out:
+            out.write(f"--- starting at step {launch.start_step}: {' '.join(argv[1:3])}\n".encode())
+            out.flush()
+            process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (workdir / "driver.pid").write_text(str(process.pid))
+        with self._lock:
+            self._children[key] = _Child(process, launch)
+        log.info("%s: driver %d started at step %d", key, process.pid, launch.start_step)
+
+    def stop(self, namespace: str, name: str, uid: str) -> None:
+        """Stop the program's driver, if one runs (SIGTERM, then SIGKILL after a grace period)."""
+        key = f"{namespace}/{name}"
+        with self._lock:
+            child = self._children.pop(key, None)
+        if child is not None and child.process.poll() is None:
+            _terminate(child.process.pid)
+            try:
+                child.process.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _kill_group(child.process.pid)
+                child.process.wait(STOP_GRACE_S)
+        self._kill_leftover(self.workdir(namespace, name, uid))
+
+    def discard_outcome(self, namespace: str, name: str, uid: str) -> None:
+        """Forget how the last run ended, so the next look starts a new one."""
+        self.stop(namespace, name, uid)
+        with contextlib.suppress(FileNotFoundError):
+            (self.workdir(namespace, name, uid) / "results.json").unlink()
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """Stop the driver and remove the program's work directory (the program is gone)."""
+        self.stop(namespace, name, uid)
+        shutil.rmtree(self.workdir(namespace, name, uid), ignore_errors=True)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            children = list(self._children.items())
+        for key, child in children:
+            launch = child.launch
+            self.stop(launch.namespace, launch.name, launch.uid)
+
+    def _kill_leftover(self, workdir: Path) -> None:
+        """Kill a driver an earlier operator process started and did not take down with it."""
+        pid_file = workdir / "driver.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return
+        with self._lock:
+            ours = any(c.process.pid == pid for c in self._children.values())
+        if ours:
+            return
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            cmdline = ""
+        if "pathways.driver" in cmdline and str(workdir) in cmdline:
+            log.warning("stopping leftover driver %d of %s", pid, workdir)
+            _kill_group(pid)
+        with contextlib.suppress(FileNotFoundError):
+            pid_file.unlink()
+
+
+def _terminate(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_CHARS))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""

@@ -1,0 +1,269 @@
+"""The worker pods of a gang: what one host's pod looks like, and how to read one back.
+
+Each host of a VirtualSlice is one pod with two containers, the contract with
+``pathways_worker``:
+
+``worker``
+    ``python -m pathways_worker.worker``: owns the host's JAX devices
+    (``PATHWAYS_DEVICES``) and joins the slice's multi-process JAX job as
+    process ``PATHWAYS_HOST_INDEX`` of ``PATHWAYS_NUM_HOSTS``, with host 0's
+    pod IP as coordinator. It requests (and is limited to) ``devicesPerHost`` of
+    the ``pathways.dev/device`` extended resource, so the devices a gang holds
+    are visible to everything that counts requests.
+``dataflow``
+    ``python -m pathways_worker.sidecar``: the host's dataflow sidecar, reached
+    by the controller and by peer hosts on port 8470 (its readiness probe).
+
+Both share an in-memory ``emptyDir`` on ``/dev/shm`` for bulk bytes. Pods carry
+``schedulerName: pathways`` so kube-scheduler leaves them alone and the
+operator binds them itself, and ``restartPolicy: Never`` because a host that
+dies must take the whole gang down (the JAX job cannot re-admit a process).
+Labels say which slice, host and generation a pod belongs to; an annotation
+carries the gang's whole placement so a restarted operator can rebuild its
+reservations from pods alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pathways_operator.core.placement import HostAssignment, Placement
+from pathways_operator.k8s.cluster_api import Json
+from pathways_operator.k8s.resources import (
+    COORDINATOR_PORT,
+    DEVICE_RESOURCE,
+    GENERATION_LABEL,
+    HOST_INDEX_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PLACEMENT_ANNOTATION,
+    SCHEDULER_NAME,
+    SHM_DIR,
+    SIDECAR_CONTAINER,
+    SIDECAR_PORT,
+    SLICE_LABEL,
+    WORKER_CONTAINER,
+    WORKER_PORT,
+)
+from pathways_operator.k8s.virtual_slice import VirtualSliceObject
+
+TERMINATION_GRACE_SECONDS = 10
+
+
+def pod_name(slice_name: str, index: int) -> str:
+    """Host ``index`` of slice ``x`` is pod ``x-<index>`` (the name is reused by later generations)."""
+    return f"{slice_name}-{index}"
+
+
+def host_name(slice_name: str, index: int) -> str:
+    """The name hosts and error messages use: ``<slice>/host-<index>``."""
+    return f"{slice_name}/host-{index}"
+
+
+def placement_to_json(placement: Placement) -> str:
+    return json.dumps(
+        {
+            "island": placement.island,
+            "hosts": [
+                {"index": h.index, "node": h.machine, "devices": h.devices} for h in placement.hosts
+            ],
+        },
+        separators=(",", ":"),
+    )
+
+
+def placement_from_json(slice_key: str, text: str) -> Placement | None:
+    """The placement an annotation records, or None if it is missing or unreadable."""
+    try:
+        raw = json.loads(text)
+        hosts = tuple(
+            HostAssignment(int(h["index"]), str(h["node"]), int(h["devices"]))
+            for h in raw["hosts"]
+        )
+        return Placement(slice_key, str(raw["island"]), hosts)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _env(name: str, value: str) -> Json:
+    return {"name": name, "value": value}
+
+
+def _resources(extra: Mapping[str, Any], devices: int) -> Json:
+    requests = dict(extra.get("requests") or {})
+    limits = dict(extra.get("limits") or {})
+    requests[DEVICE_RESOURCE] = str(devices)
+    limits[DEVICE_RESOURCE] = str(devices)
+    return {"requests": requests, "limits": limits}
+
+
+def host_pod_manifest(
+    vslice: VirtualSliceObject,
+    placement: Placement,
+    index: int,
+    generation: int,
+    coordinator_ip: str | None,
+    image: str,
+) -> Json:
+    """The pod for host ``index`` of the gang; host 0 passes ``coordinator_ip=None`` (it is the coordinator)."""
+    host = placement.hosts[index]
+    hostname = host_name(vslice.name, index)
+    coordinator = f"{coordinator_ip}:{COORDINATOR_PORT}" if coordinator_ip else f"$(POD_IP):{COORDINATOR_PORT}"
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    shm_mount = [{"name": "shm", "mountPath": "/dev/shm"}]
+    common = [
+        _env("PATHWAYS_SHM_DIR", SHM_DIR),
+        _env("PATHWAYS_HOST_NAME", hostname),
+        _env("PATHWAYS_SLICE", vslice.name),
+        _env("PATHWAYS_NAMESPACE", vslice.namespace),
+    ]
+    worker = {
+        "name": WORKER_CONTAINER,
+        "image": image,
+        "command": ["python", "-m", "pathways_worker.worker"],
+        "env": [
+            pod_ip,
+            _env("PATHWAYS_WORKER_LISTEN", f"$(POD_IP):{WORKER_PORT}"),
+            _env("PATHWAYS_HOST_INDEX", str(index)),
+            _env("PATHWAYS_NUM_HOSTS", str(len(placement.hosts))),
+            _env("PATHWAYS_COORDINATOR", coordinator),
+            _env("PATHWAYS_DEVICES", str(host.devices)),
+            *common,
+        ],
+        "ports": [
+            {"name": "worker", "containerPort": WORKER_PORT},
+            {"name": "coordinator", "containerPort": COORDINATOR_PORT},
+        ],
+        "resources": _resources(vslice.spec.resources, host.devices),
+        "volumeMounts": shm_mount,
+    }
+    sidecar = {
+        "name": SIDECAR_CONTAINER,
+        "image": image,
+        "command": ["python", "-m", "pathways_worker.sidecar"],
+        "env": [
+            pod_ip,
+            _env("PATHWAYS_SIDECAR_LISTEN", f"$(POD_IP):{SIDECAR_PORT}"),
+            _env("PATHWAYS_WORKER_ADDRESS", f"$(POD_IP):{WORKER_PORT}"),
+            *common,
+        ],
+        "ports": [{"name": "dataflow", "containerPort": SIDECAR_PORT}],
+        "readinessProbe": {
+            "tcpSocket": {"port": SIDECAR_PORT},
+            "periodSeconds": 1,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": shm_mount,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(vslice.name, index),
+            "namespace": vslice.namespace,
+            "labels": {
+                SLICE_LABEL: vslice.name,
+                HOST_INDEX_LABEL: str(index),
+                GENERATION_LABEL: str(generation),
+                MANAGED_BY_LABEL: MANAGED_BY,
+            },
+            "annotations": {PLACEMENT_ANNOTATION: placement_to_json(placement)},
+            "ownerReferences": [vslice.owner_reference()],
+        },
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+            "enableServiceLinks": False,
+            "containers": [worker, sidecar],
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+
+
+def _label_int(labels: Mapping[str, str], key: str) -> int | None:
+    value = labels.get(key, "")
+    return int(value) if value.isdigit() else None
+
+
+def requested_devices(pod: Mapping[str, Any]) -> int:
+    """``pathways.dev/device`` requested by a pod's containers (what it holds once bound)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        requests = (c.get("resources") or {}).get("requests") or {}
+        limits = (c.get("resources") or {}).get("limits") or {}
+        value = requests.get(DEVICE_RESOURCE, limits.get(DEVICE_RESOURCE, 0))
+        try:
+            total += int(str(value))
+        except ValueError:
+            continue
+    return total
+
+
+def _failure(phase: str, status: Mapping[str, Any]) -> str:
+    for cs in status.get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if terminated:
+            return (
+                f"container {cs.get('name')} exited with code "
+                f"{terminated.get('exitCode')} ({terminated.get('reason') or 'Terminated'})"
+            )
+    if phase == "Failed":
+        return str(status.get("message") or status.get("reason") or "phase Failed, no reason given")
+    return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """What the operator needs to know about one pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str
+    ip: str
+    ready: bool
+    deleting: bool
+    devices: int
+    slice: str | None
+    host_index: int | None
+    generation: int | None
+    owner_uids: frozenset[str]
+    failure: str
+    """Why the host is gone ("container worker exited with code 1 (Error)"), or ""."""
+    placement_json: str
+
+    @property
+    def live(self) -> bool:
+        """Holds its devices: not finished (a terminating pod still holds them)."""
+        return self.phase not in ("Succeeded", "Failed")
+
+    @classmethod
+    def from_manifest(cls, raw: Mapping[str, Any]) -> PodView:
+        meta = raw.get("metadata") or {}
+        status = raw.get("status") or {}
+        labels = meta.get("labels") or {}
+        name = str(meta.get("name") or "")
+        phase = str(status.get("phase") or "Pending")
+        conditions = status.get("conditions") or []
+        return cls(
+            namespace=str(meta.get("namespace") or "default"),
+            name=name,
+            uid=str(meta.get("uid") or ""),
+            node=str((raw.get("spec") or {}).get("nodeName") or ""),
+            phase=phase,
+            ip=str(status.get("podIP") or ""),
+            ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+            deleting=bool(meta.get("deletionTimestamp")),
+            devices=requested_devices(raw),
+            slice=labels.get(SLICE_LABEL),
+            host_index=_label_int(labels, HOST_INDEX_LABEL),
+            generation=_label_int(labels, GENERATION_LABEL),
+            owner_uids=frozenset(str(o.get("uid")) for o in meta.get("ownerReferences") or []),
+            failure=_failure(phase, status),
+            placement_json=str((meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION) or ""),
+        )

@@ -1,0 +1,208 @@
+"""kopf wiring: a daemon per object that calls the reconcilers, and events that wake it.
+
+Every VirtualSlice and every PathwaysProgram gets a kopf *daemon*: a loop that
+calls the (blocking) reconciler in a worker thread, then sleeps for the delay
+the reconciler asks for, or until something wakes it. Kopf starts these loops
+for objects that exist when the operator starts (resume) and for new ones
+(create), and stops them when an object is deleted, which makes the operator
+level-based: a restart simply starts looking again.
+
+What wakes a loop early: a change of the object's spec (``on.update``), an
+event of one of a slice's pods, and, for programs, any change of a slice in
+their namespace. Handlers here are a few lines each; all decisions live in
+``slices`` and ``programs`` (and, below them, ``pathways_operator.core``).
+
+Kopf's own bookkeeping (handler progress, the last-handled spec) is kept in
+annotations with the ``pathways.dev`` prefix, not in ``status``: status is the
+operator's report and is written only by the reconcilers, through the status
+subresource, so a status write never looks like a spec change and no handler
+triggers itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import kopf
+
+from pathways_operator.k8s.programs import ProgramReconciler
+from pathways_operator.k8s.resources import (
+    ANNOTATION_PREFIX,
+    GROUP,
+    PROGRAM_PLURAL,
+    SLICE_LABEL,
+    SLICE_PLURAL,
+    VERSION,
+)
+from pathways_operator.k8s.slices import SliceReconciler
+
+log = logging.getLogger(__name__)
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+RECONCILE_THREADS = 32
+ERROR_RETRY_S = 2.0
+
+
+def slice_key(namespace: str, name: str) -> str:
+    return f"slice:{namespace}/{name}"
+
+
+def program_key(namespace: str, name: str) -> str:
+    return f"program:{namespace}/{name}"
+
+
+class Wakeups:
+    """One asyncio.Event per object loop; :meth:`wake` may be called from any thread."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: dict[str, asyncio.Event] = {}
+        self._lock = threading.Lock()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def event(self, key: str) -> asyncio.Event:
+        with self._lock:
+            return self._events.setdefault(key, asyncio.Event())
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._events.pop(key, None)
+
+    def wake(self, key: str) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        with self._lock:
+            event = self._events.get(key)
+        if event is not None:
+            loop.call_soon_threadsafe(event.set)
+
+    def wake_prefix(self, prefix: str) -> None:
+        with self._lock:
+            keys = [k for k in self._events if k.startswith(prefix)]
+        for key in keys:
+            self.wake(key)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Kopf settings the operator relies on (see the module docstring)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/operator"
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.background.cancellation_polling = 1.0
+
+
+async def _run_loop(
+    key: str,
+    reconcile: Callable[[], float],
+    wakeups: Wakeups,
+    executor: ThreadPoolExecutor,
+    stopped: kopf.DaemonStopped,
+    logger: Logger,
+) -> None:
+    event = wakeups.event(key)
+    loop = asyncio.get_running_loop()
+    try:
+        while not stopped:
+            event.clear()
+            try:
+                delay = await loop.run_in_executor(executor, reconcile)
+            except Exception:
+                logger.exception("reconciling %s failed; looking again in %.0f s", key, ERROR_RETRY_S)
+                delay = ERROR_RETRY_S
+            woken = asyncio.ensure_future(event.wait())
+            stopping = asyncio.ensure_future(stopped.wait())
+            _, pending = await asyncio.wait(
+                {woken, stopping}, timeout=delay, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+    finally:
+        wakeups.drop(key)
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    slices: SliceReconciler,
+    programs: ProgramReconciler,
+    wakeups: Wakeups,
+) -> None:
+    """Register every handler of the operator on ``registry``."""
+    executor = ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile")
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def started(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+        wakeups.bind(asyncio.get_running_loop())
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------- VirtualSlice
+
+    @kopf.daemon(GROUP, VERSION, SLICE_PLURAL, id="gang", registry=registry, cancellation_timeout=10.0)
+    async def slice_daemon(
+        name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+    ) -> None:
+        ns = namespace or "default"
+        reconcile = functools.partial(slices.reconcile, ns, name)
+        await _run_loop(slice_key(ns, name), reconcile, wakeups, executor, stopped, logger)
+
+    @kopf.on.create(GROUP, VERSION, SLICE_PLURAL, id="wake-on-create", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, SLICE_PLURAL, id="wake-on-resume", registry=registry)
+    @kopf.on.update(GROUP, VERSION, SLICE_PLURAL, id="wake-on-update", field="spec", registry=registry)
+    async def slice_changed(name: str, namespace: str | None, **_: Any) -> None:
+        wakeups.wake(slice_key(namespace or "default", name))
+
+    @kopf.on.delete(GROUP, VERSION, SLICE_PLURAL, registry=registry)
+    async def slice_deleted(name: str, namespace: str | None, **_: Any) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(executor, slices.deleted, namespace or "default", name)
+        wakeups.wake_prefix("slice:")  # queued slices may fit now
+
+    @kopf.on.event(GROUP, VERSION, SLICE_PLURAL, registry=registry)
+    async def slice_event(namespace: str | None, **_: Any) -> None:
+        wakeups.wake_prefix(program_key(namespace or "default", ""))
+
+    @kopf.on.event("", "v1", "pods", labels={SLICE_LABEL: kopf.PRESENT}, registry=registry)
+    async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        wakeups.wake(slice_key(namespace or "default", labels[SLICE_LABEL]))
+
+    # ---------------------------------------------------------------- PathwaysProgram
+
+    @kopf.daemon(GROUP, VERSION, PROGRAM_PLURAL, id="run", registry=registry, cancellation_timeout=10.0)
+    async def program_daemon(
+        name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+    ) -> None:
+        ns = namespace or "default"
+        reconcile = functools.partial(programs.reconcile, ns, name)
+        await _run_loop(program_key(ns, name), reconcile, wakeups, executor, stopped, logger)
+
+    @kopf.on.create(GROUP, VERSION, PROGRAM_PLURAL, id="wake-on-create", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, PROGRAM_PLURAL, id="wake-on-resume", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PROGRAM_PLURAL, id="wake-on-update", field="spec", registry=registry)
+    async def program_changed(name: str, namespace: str | None, **_: Any) -> None:
+        wakeups.wake(program_key(namespace or "default", name))
+
+    @kopf.on.delete(GROUP, VERSION, PROGRAM_PLURAL, registry=registry)
+    async def program_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(executor, programs.deleted, namespace or "default", name, uid)

@@ -1,0 +1,115 @@
+"""Machines and the devices in use: the resource manager's view of the cluster.
+
+A *machine* is a Node labelled ``pathways.dev/island`` whose allocatable
+``pathways.dev/device`` is positive; it is schedulable while it is Ready and not
+cordoned. Devices in use on a machine are counted the way kube-scheduler
+counts extended resources, plus what the operator has promised:
+
+* the requests of every live pod bound there, gang pods or not (a pod still
+  terminating holds its devices until it is gone; a Failed or Succeeded pod
+  holds none), and
+* for every admitted gang (a :class:`Reservation`), the hosts whose pod does
+  not exist yet. Host 0 of a gang is created first and the others only once its
+  IP is known, so without this a second gang could be admitted onto devices
+  the first one is about to take.
+
+Everything here is a pure function of what was listed from the API and the
+reservation ledger; :class:`ReservationLedger` is the one piece of state, and
+it is rebuilt from pod annotations and slice status after a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pathways_operator.core.placement import Machine, Placement
+from pathways_operator.k8s.gang_pods import PodView
+from pathways_operator.k8s.resources import DEVICE_RESOURCE, ISLAND_LABEL
+
+
+@dataclasses.dataclass(frozen=True)
+class Reservation:
+    """Devices promised to one generation of one slice's gang."""
+
+    namespace: str
+    slice: str
+    generation: int
+    placement: Placement
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.slice}"
+
+
+class ReservationLedger:
+    """Admitted placements by slice key; thread-safe, since reconciles run in parallel."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[str, Reservation] = {}
+
+    def get(self, key: str) -> Reservation | None:
+        with self._lock:
+            return self._by_key.get(key)
+
+    def reserve(self, reservation: Reservation) -> None:
+        with self._lock:
+            self._by_key[reservation.key] = reservation
+
+    def adopt(self, reservation: Reservation) -> Reservation:
+        """Record ``reservation`` unless the slice already has one; returns the one kept."""
+        with self._lock:
+            return self._by_key.setdefault(reservation.key, reservation)
+
+    def release(self, key: str) -> Reservation | None:
+        with self._lock:
+            return self._by_key.pop(key, None)
+
+    def all(self) -> list[Reservation]:
+        with self._lock:
+            return list(self._by_key.values())
+
+
+def _allocatable_devices(node: Mapping[str, Any]) -> int:
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(DEVICE_RESOURCE, "0")
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _schedulable(node: Mapping[str, Any]) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def machines(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[PodView],
+    reservations: Iterable[Reservation],
+) -> list[Machine]:
+    """Every machine with its devices in use; see the module docstring for what counts."""
+    live = [p for p in pods if p.live and p.node]  # unbound pods hold nothing yet
+    used: dict[str, int] = {}
+    for pod in live:
+        used[pod.node] = used.get(pod.node, 0) + pod.devices
+    existing = {(p.namespace, p.slice, p.generation, p.host_index) for p in live if p.slice}
+    for r in reservations:
+        for host in r.placement.hosts:
+            if (r.namespace, r.slice, r.generation, host.index) not in existing:
+                used[host.machine] = used.get(host.machine, 0) + host.devices
+    result: list[Machine] = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        island = (meta.get("labels") or {}).get(ISLAND_LABEL)
+        allocatable = _allocatable_devices(node)
+        if not island or allocatable <= 0:
+            continue
+        name = str(meta.get("name"))
+        result.append(Machine(name, str(island), allocatable, used.get(name, 0), _schedulable(node)))
+    return sorted(result, key=lambda m: m.name)

@@ -1,0 +1,476 @@
+"""PathwaysPrograms: slices first, then a driver, then results.
+
+:meth:`ProgramReconciler.reconcile` is level-based like the slice reconciler.
+Each look at a program:
+
+1. checks what the schema cannot: the entrypoint is allowed
+   (``--allowed-entrypoints`` prefixes) and importable, every ``ref`` names an
+   existing VirtualSlice. A bad spec makes the program Failed with a message
+   naming the field (``spec.source.entrypoint``, ``spec.slices[0].ref``).
+2. makes sure every ``template`` slice exists as VirtualSlice
+   ``<program>-<name>``, owned by the program (garbage-collected with it).
+3. waits (Pending) until every slice is Ready; a Failed slice fails the program.
+4. runs the driver (``drivers``) from ``stepsCompleted``, and while it runs
+   copies its progress into ``status.stepsCompleted``.
+5. when the driver exits: results go into ConfigMap ``<program>-results`` and
+   the program Succeeds; a failure caused by a lost host (the driver says so,
+   or a slice was recreated meanwhile) sends the program back to Pending to be
+   run again from its last completed step once the slices are Ready; any other
+   failure fails it with the driver's error.
+
+A program that ends, or is deleted, stops its driver and deletes the slices it
+created from templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import threading
+from collections.abc import Sequence
+
+from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
+from pathways_operator.core.reasons import (
+    Condition,
+    ConditionStatus,
+    ProgramConditionType,
+    Reason,
+    find_condition,
+    set_condition,
+)
+from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, KubeError, now_rfc3339
+from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverStatus, DriverSupervisor
+from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
+from pathways_operator.k8s.resources import (
+    API_VERSION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PROGRAM_LABEL,
+    SLICE_KIND,
+)
+from pathways_operator.k8s.virtual_slice import VirtualSliceObject
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ALLOWED_ENTRYPOINTS = ("examples.",)
+MAX_DRIVER_ATTEMPTS = 20
+"""Runs of the driver (first run included) before a program that keeps losing hosts is Failed."""
+
+_SOON = 1.0
+_IDLE = 15.0
+
+_P = ProgramPhase
+_C = ProgramConditionType
+
+
+class InvalidProgram(Exception):
+    """The spec is wrong in a way the schema cannot catch; the message names the field."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class _Outcome:
+    phase: ProgramPhase
+    status: ProgramStatus
+    conditions: list[Condition]
+    events: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    delay: float = _SOON
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """The driver run in progress: the slices' restart counts it started with."""
+
+    number: int
+    slice_restarts: dict[str, int]
+
+
+class ProgramReconciler:
+    """Creates the slices of every PathwaysProgram in scope, runs its driver, records its results."""
+
+    def __init__(
+        self,
+        api: ClusterApi,
+        drivers: DriverSupervisor,
+        *,
+        allowed_entrypoints: Sequence[str] = DEFAULT_ALLOWED_ENTRYPOINTS,
+    ) -> None:
+        self._api = api
+        self._drivers = drivers
+        self._allowed = tuple(allowed_entrypoints)
+        self._attempts: dict[str, _Attempt] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock_for(self, key: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    # ------------------------------------------------------------ reconcile
+
+    def reconcile(self, namespace: str, name: str) -> float:
+        """One look at a program; returns seconds until it wants the next."""
+        with self._lock_for(f"{namespace}/{name}"):
+            return self._reconcile(namespace, name)
+
+    def _reconcile(self, namespace: str, name: str) -> float:
+        raw = self._api.get_program(namespace, name)
+        if raw is None:
+            return _IDLE
+        program = ProgramObject.from_manifest(raw)
+        if program.deleting:
+            return _IDLE
+        outcome = _Outcome(
+            phase=program.status.phase or _P.PENDING,
+            status=program.status,
+            conditions=list(program.status.conditions),
+        )
+        if is_terminal(outcome.phase):
+            self._finish(program)
+            return _IDLE
+        try:
+            self._check_source(program)
+            slices = self._slices(program)
+        except InvalidProgram as err:
+            self._fail(program, outcome, err.reason, str(err))
+        else:
+            self._run(program, outcome, slices)
+        self._write_status(program, outcome)
+        if is_terminal(outcome.phase):
+            self._finish(program)
+        return outcome.delay
+
+    def deleted(self, namespace: str, name: str, uid: str) -> None:
+        """The program is being deleted: stop its driver, delete its inline slices."""
+        key = f"{namespace}/{name}"
+        with self._lock_for(key):
+            self._drivers.forget(namespace, name, uid)
+            self._attempts.pop(key, None)
+            self._delete_inline_slices(namespace, name, uid)
+        with self._locks_guard:
+            self._locks.pop(key, None)
+
+    # ------------------------------------------------------------ validation and slices
+
+    def _check_source(self, program: ProgramObject) -> None:
+        spec = program.spec
+        if spec.config_map is not None:
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                f"spec.source.configMapRef ({spec.config_map}): programs compiled into a ConfigMap "
+                "are not supported by this operator yet; use spec.source.entrypoint "
+                "(package.module:function)",
+            )
+        entrypoint = spec.entrypoint
+        if not entrypoint:
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                "spec.source.entrypoint is missing; give package.module:function",
+            )
+        allowed = ", ".join(repr(p) for p in self._allowed)
+        if not any(entrypoint.startswith(prefix) for prefix in self._allowed):
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                f"spec.source.entrypoint {entrypoint!r} is not allowed: this operator runs only "
+                f"entrypoints starting with {allowed} (operator flag --allowed-entrypoints)",
+            )
+        module, _, function = entrypoint.partition(":")
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found or not function:
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                f"spec.source.entrypoint {entrypoint!r}: module {module!r} is not importable where "
+                "the operator runs its drivers; install the package in the operator's image",
+            )
+
+    def _slices(self, program: ProgramObject) -> dict[str, VirtualSliceObject | None]:
+        """Each slice name of the program -> its VirtualSlice (None: just created from the template)."""
+        found: dict[str, VirtualSliceObject | None] = {}
+        for i, entry in enumerate(program.spec.slices):
+            if entry.ref is not None:
+                raw = self._api.get_slice(program.namespace, entry.ref)
+                if raw is None:
+                    raise InvalidProgram(
+                        Reason.UNKNOWN_SLICE,
+                        f"spec.slices[{i}].ref: VirtualSlice {entry.ref!r} does not exist in "
+                        f"namespace {program.namespace}; create it first, or give "
+                        f"spec.slices[{i}].template to have the program bring its own",
+                    )
+                found[entry.name] = VirtualSliceObject.from_manifest(raw)
+                continue
+            assert entry.template is not None  # the CRD requires exactly one of ref and template
+            name = program.inline_slice_name(entry.name)
+            raw = self._api.get_slice(program.namespace, name)
+            if raw is None:
+                self._create_inline_slice(program, name, i)
+                found[entry.name] = None
+                continue
+            vslice = VirtualSliceObject.from_manifest(raw)
+            if vslice.labels.get(PROGRAM_LABEL) != program.name or vslice.deleting:
+                raise InvalidProgram(
+                    Reason.INVALID_SPEC,
+                    f"spec.slices[{i}].template: VirtualSlice {name!r} already exists and does not "
+                    "belong to this program; rename the slice or delete that VirtualSlice",
+                )
+            found[entry.name] = vslice
+        return found
+
+    def _create_inline_slice(self, program: ProgramObject, name: str, index: int) -> None:
+        template = program.spec.slices[index].template
+        assert template is not None
+        spec = template.to_manifest()
+        if program.spec.priority_class and "priorityClassName" not in spec:
+            spec["priorityClassName"] = program.spec.priority_class
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": SLICE_KIND,
+            "metadata": {
+                "name": name,
+                "namespace": program.namespace,
+                "labels": {PROGRAM_LABEL: program.name, MANAGED_BY_LABEL: MANAGED_BY},
+                "ownerReferences": [program.owner_reference()],
+            },
+            "spec": spec,
+        }
+        try:
+            self._api.create_slice(program.namespace, body)
+        except AlreadyExists:
+            return  # created by an earlier look whose status write did not land
+        log.info("%s: created VirtualSlice %s from spec.slices[%d].template", program.key, name, index)
+
+    def _delete_inline_slices(self, namespace: str, name: str, uid: str) -> None:
+        for raw in self._api.list_slices(namespace):
+            vslice = VirtualSliceObject.from_manifest(raw)
+            owners = {o.get("uid") for o in raw.get("metadata", {}).get("ownerReferences") or []}
+            if vslice.labels.get(PROGRAM_LABEL) == name and uid in owners and not vslice.deleting:
+                self._api.delete_slice(namespace, vslice.name)
+
+    # ------------------------------------------------------------ running
+
+    def _run(
+        self, program: ProgramObject, outcome: _Outcome, slices: dict[str, VirtualSliceObject | None]
+    ) -> None:
+        spec = program.spec
+        names = {
+            e.name: e.ref if e.ref is not None else program.inline_slice_name(e.name)
+            for e in spec.slices
+        }
+        done = min(spec.steps, self._drivers.steps_completed(program.namespace, program.name, program.uid))
+        outcome.status = dataclasses.replace(
+            outcome.status,
+            slice_names=",".join(f"{k}={v}" for k, v in names.items()),
+            steps_completed=done,
+            progress=f"{done}/{spec.steps}",
+        )
+        if spec.suspend:
+            self._drivers.stop(program.namespace, program.name, program.uid)
+            message = "spec.suspend is true: no computations of the program are scheduled"
+            self._move(program, outcome, _P.SUSPENDED)
+            self._condition(program, outcome, _C.SUSPENDED, "True", Reason.SUSPENDED, message)
+            self._condition(program, outcome, _C.RUNNING, "False", Reason.SUSPENDED, message)
+            outcome.delay = _IDLE
+            return
+        if outcome.phase is _P.SUSPENDED:
+            self._move(program, outcome, _P.PENDING)
+            self._condition(program, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
+                            "spec.suspend is false; the program runs again from its last step")
+
+        failed = [(n, s) for n, s in slices.items() if s is not None and s.status.phase is SlicePhase.FAILED]
+        if failed:
+            slice_name, vslice = failed[0]
+            ready = find_condition(vslice.status.conditions, "Ready")
+            why = ready.message if ready is not None else "no reason recorded"
+            self._drivers.stop(program.namespace, program.name, program.uid)
+            self._fail(program, outcome, Reason.SLICE_FAILED,
+                       f"slice {slice_name!r} (VirtualSlice {vslice.name}) failed: {why}")
+            return
+
+        driver = self._drivers.status(program.namespace, program.name, program.uid)
+        if driver.state is DriverState.EXITED:
+            self._driver_exited(program, outcome, slices, driver)
+            return
+
+        waiting = [
+            f"{n} ({names[n]}: {s.status.phase or 'Pending'})" if s is not None else f"{n} ({names[n]}: being created)"
+            for n, s in slices.items()
+            if s is None or s.status.phase is not SlicePhase.READY
+        ]
+        if waiting:
+            if driver.state is DriverState.RUNNING:
+                self._drivers.stop(program.namespace, program.name, program.uid)
+                outcome.events.append(("Normal", str(Reason.WAITING_FOR_SLICES),
+                                       f"Driver stopped at step {done}: a slice is not Ready"))
+            message = "waiting for slices to be Ready: " + ", ".join(waiting)
+            self._move(program, outcome, _P.PENDING)
+            self._condition(program, outcome, _C.RUNNING, "False", Reason.WAITING_FOR_SLICES, message)
+            outcome.status = dataclasses.replace(outcome.status, message=message)
+            outcome.delay = _SOON
+            return
+
+        if driver.state is DriverState.ABSENT:
+            attempt = self._attempts.get(program.key)
+            number = 1 if attempt is None else attempt.number + 1
+            if number > MAX_DRIVER_ATTEMPTS:
+                self._fail(program, outcome, Reason.COMPUTATION_FAILED,
+                           f"the program was started {MAX_DRIVER_ATTEMPTS} times and lost a host "
+                           f"every time; last error: {outcome.status.message}")
+                return
+            self._drivers.start(
+                DriverLaunch(
+                    namespace=program.namespace,
+                    name=program.name,
+                    uid=program.uid,
+                    entrypoint=spec.entrypoint or "",
+                    args=dict(spec.args),
+                    steps=spec.steps,
+                    start_step=done,
+                    weight=spec.weight,
+                    slices={
+                        n: {"virtualSlice": names[n], "devices": s.spec.devices}
+                        for n, s in slices.items()
+                        if s is not None
+                    },
+                )
+            )
+            self._attempts[program.key] = _Attempt(
+                number, {n: s.status.restarts for n, s in slices.items() if s is not None}
+            )
+            what = "Started" if done == 0 else f"Restarted from step {done}:"
+            outcome.events.append(("Normal", str(Reason.STEPS_RUNNING),
+                                   f"{what} driver for {spec.entrypoint} ({spec.steps} steps)"))
+        self._move(program, outcome, _P.RUNNING)
+        message = f"{done}/{spec.steps} steps completed"
+        self._condition(program, outcome, _C.RUNNING, "True", Reason.STEPS_RUNNING, message)
+        outcome.status = dataclasses.replace(
+            outcome.status, message=message, start_time=outcome.status.start_time or now_rfc3339()
+        )
+        outcome.delay = _SOON
+
+    def _driver_exited(
+        self,
+        program: ProgramObject,
+        outcome: _Outcome,
+        slices: dict[str, VirtualSliceObject | None],
+        driver: DriverStatus,
+    ) -> None:
+        """Act on a finished driver: succeed, fail, or wait to run it again from the last step."""
+        if driver.results is not None:
+            self._succeed(program, outcome, driver.results)
+            return
+        attempt = self._attempts.get(program.key)
+        recreated = attempt is not None and any(
+            s is None or s.status.restarts != attempt.slice_restarts.get(n, s.status.restarts)
+            or s.status.phase is not SlicePhase.READY
+            for n, s in slices.items()
+        )
+        if not (driver.retryable or recreated):
+            field = "spec.source.entrypoint: " if driver.exit_code == 2 else ""
+            detail = driver.error
+            if driver.log_tail and driver.exit_code != 2:
+                detail += f"\n--- driver log (tail) ---\n{driver.log_tail}"
+            self._fail(program, outcome, Reason.COMPUTATION_FAILED, f"{field}{detail}")
+            return
+        done = outcome.status.steps_completed
+        message = (
+            f"the driver lost a host after {done} steps ({driver.error}); it runs again from "
+            f"step {done} once every slice is Ready"
+        )
+        log.warning("%s: %s", program.key, message)
+        self._drivers.discard_outcome(program.namespace, program.name, program.uid)
+        self._move(program, outcome, _P.PENDING)
+        self._condition(program, outcome, _C.RUNNING, "False", Reason.WAITING_FOR_SLICES, message)
+        outcome.status = dataclasses.replace(outcome.status, message=message)
+        outcome.events.append(("Warning", str(Reason.COMPUTATION_FAILED), message))
+        outcome.delay = 2 * _SOON
+
+    def _succeed(self, program: ProgramObject, outcome: _Outcome, results: dict[str, object]) -> None:
+        config_map = f"{program.name}-results"
+        self._api.apply_configmap(
+            program.namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": config_map,
+                    "namespace": program.namespace,
+                    "labels": {PROGRAM_LABEL: program.name, MANAGED_BY_LABEL: MANAGED_BY},
+                    "ownerReferences": [program.owner_reference()],
+                },
+                "data": {key: json.dumps(value) for key, value in results.items()},
+            },
+        )
+        steps = program.spec.steps
+        message = f"all {steps} steps completed; results in ConfigMap {config_map}"
+        self._move(program, outcome, _P.SUCCEEDED)
+        self._condition(program, outcome, _C.RUNNING, "False", Reason.STEPS_COMPLETED, message)
+        self._condition(program, outcome, _C.SUCCEEDED, "True", Reason.STEPS_COMPLETED, message)
+        outcome.status = dataclasses.replace(
+            outcome.status,
+            steps_completed=steps,
+            progress=f"{steps}/{steps}",
+            results_config_map=config_map,
+            results_keys=tuple(sorted(results)),
+            message=message,
+            completion_time=now_rfc3339(),
+            start_time=outcome.status.start_time or now_rfc3339(),
+        )
+        outcome.events.append(("Normal", str(Reason.STEPS_COMPLETED), message))
+        outcome.delay = _IDLE
+
+    def _fail(self, program: ProgramObject, outcome: _Outcome, reason: Reason, message: str) -> None:
+        self._move(program, outcome, _P.FAILED)
+        self._condition(program, outcome, _C.RUNNING, "False", reason, message)
+        self._condition(program, outcome, _C.FAILED, "True", reason, message)
+        outcome.status = dataclasses.replace(outcome.status, message=message, completion_time=now_rfc3339())
+        outcome.events.append(("Warning", str(reason), message))
+        outcome.delay = _IDLE
+
+    def _finish(self, program: ProgramObject) -> None:
+        """A program that ended holds nothing: no driver, no slices of its own."""
+        self._drivers.stop(program.namespace, program.name, program.uid)
+        self._attempts.pop(program.key, None)
+        self._delete_inline_slices(program.namespace, program.name, program.uid)
+
+    # ------------------------------------------------------------ status
+
+    @staticmethod
+    def _move(program: ProgramObject, outcome: _Outcome, phase: ProgramPhase) -> None:
+        outcome.phase = check_transition(program.key, outcome.phase, phase)
+
+    @staticmethod
+    def _condition(
+        program: ProgramObject,
+        outcome: _Outcome,
+        type_: ProgramConditionType,
+        status: ConditionStatus,
+        reason: Reason,
+        message: str,
+    ) -> None:
+        outcome.conditions = set_condition(
+            outcome.conditions,
+            Condition(str(type_), status, str(reason), message, program.generation),
+            now_rfc3339(),
+        )
+
+    def _write_status(self, program: ProgramObject, outcome: _Outcome) -> None:
+        new = dataclasses.replace(
+            outcome.status,
+            phase=outcome.phase,
+            conditions=tuple(outcome.conditions),
+            observed_generation=program.generation,
+        )
+        if new != program.status:
+            self._api.patch_program_status(program.namespace, program.name, new.to_manifest())
+        for type_, reason, message in outcome.events:
+            try:
+                self._api.post_event(program.reference(), type_, reason, message)
+            except KubeError as err:
+                log.warning("%s: %s", program.key, err)

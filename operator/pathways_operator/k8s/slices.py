@@ -1,0 +1,661 @@
+"""The resource manager: each VirtualSlice becomes a gang of worker pods on one island.
+
+:meth:`SliceReconciler.reconcile` is level-based: it reads the slice and its
+pods from the API, compares them with what the slice should be, acts, and
+writes ``status`` once. It runs again and again (a kopf daemon per slice, woken
+early by pod events), so it must be idempotent: after an operator restart the
+same reads lead to the same decisions, no pod is created twice and none is
+orphaned.
+
+A slice goes through the phases declared in ``core.phases``:
+
+Pending
+    queued for devices. The *admission pass* (:meth:`SliceReconciler._admit`)
+    takes every queued slice, the machines from ``inventory`` and calls
+    ``core.admission.admit``, so a gang is placed on one island as a whole, or
+    not at all, before any of its pods exists; a slice that does not fit says
+    why (``Admitted=False``, the core's reason and message). Admitted
+    placements go into the reservation ledger, which keeps their devices
+    counted as used until the pods exist and hold them.
+Launching
+    pods are created and bound by the operator itself (``schedulerName:
+    pathways``, the Binding API), host 0 first; the others once host 0 has a
+    pod IP, which they need as JAX coordinator address.
+Ready
+    every pod runs and is ready and every sidecar answers ``Dataflow.Health``
+    with ``worker_ready``; then, and only then, the gang is registered with the
+    controller (the island scheduler) so programs can use it.
+Recovering
+    a pod of the gang failed or was deleted. The whole gang is torn down
+    (``restarts`` + 1, the controller told with ``gang_lost``) and, once its
+    pods are gone, queued again for a fresh placement — JobSet's "recreate",
+    since a JAX job cannot take a replacement process. After
+    ``failurePolicy.maxRestarts`` recreations the slice is Failed instead.
+
+Where the truth lives, so that a restart loses nothing: pods carry their
+generation (``status.restarts`` at creation) and the whole placement
+(annotation); ``status`` records the placement and the restarts. The
+reservation ledger is a cache of those, rebuilt from them on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from pathways import ir
+from pathways_operator.core.admission import QueuedGang, admit
+from pathways_operator.core.phases import SlicePhase, check_transition
+from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement, Unplaceable
+from pathways_operator.core.reasons import (
+    Condition,
+    ConditionStatus,
+    Reason,
+    SliceConditionType,
+    find_condition,
+    set_condition,
+)
+from pathways_operator.k8s import inventory
+from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, KubeError, now_rfc3339
+from pathways_operator.k8s.gang_pods import (
+    PodView,
+    host_name,
+    host_pod_manifest,
+    placement_from_json,
+    pod_name,
+)
+from pathways_operator.k8s.inventory import Reservation, ReservationLedger
+from pathways_operator.k8s.resources import SIDECAR_PORT, SLICE_LABEL
+from pathways_operator.k8s.sidecar_health import unready_hosts
+from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "ghcr.io/kube-pathways/worker:latest"
+
+# Seconds until the next look, by what the slice is waiting for. Pod events
+# wake a slice earlier; these bound how long a missed event can delay it.
+_SOON = 0.5
+_QUEUED = 1.0
+_STEADY = 2.0
+_IDLE = 10.0
+
+_S = SlicePhase
+_C = SliceConditionType
+
+
+@dataclasses.dataclass(frozen=True)
+class GangHost:
+    """A host as the controller sees it: a name for messages, an address to stream to."""
+
+    name: str
+    sidecar_address: str
+
+
+class GangRegistry(Protocol):
+    """What the resource manager tells the island scheduler (``pathways_operator.controller``)."""
+
+    def register_gang(
+        self, key: str, decl: ir.SliceDecl, placement: Placement, hosts: Sequence[GangHost]
+    ) -> None: ...
+
+    def gang_lost(self, key: str, reason: str) -> None: ...
+
+    def unregister_gang(self, key: str) -> None: ...
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What one reconcile decided: the status to write and the events to record."""
+
+    phase: SlicePhase
+    conditions: list[Condition]
+    restarts: int
+    island: str = ""
+    hosts: tuple[HostRecord, ...] = ()
+    ready_hosts: str = ""
+    events: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    delay: float = _QUEUED
+
+
+class SliceReconciler:
+    """Places, launches, watches and recreates the gangs of every VirtualSlice in scope."""
+
+    def __init__(
+        self,
+        api: ClusterApi,
+        registry: GangRegistry,
+        *,
+        default_image: str = DEFAULT_IMAGE,
+        wake: Callable[[str], None] = lambda key: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._registry = registry
+        self._default_image = default_image
+        self._wake = wake
+        self._clock = clock
+        self._ledger = ReservationLedger()
+        self._admission_lock = threading.Lock()
+        self._slice_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._registered: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._summaries: dict[str, str] = {}
+        self._machines: list[Machine] = []
+        self._priorities: dict[str, int] = {}
+
+    # ------------------------------------------------------------ queries
+
+    def machines(self) -> list[Machine]:
+        """The inventory of the last admission pass (for the controller's Describe)."""
+        return list(self._machines)
+
+    def explain(self, key: str) -> str:
+        """Why the slice ``namespace/name`` is not usable, from its last reconcile."""
+        return self._summaries.get(key) or f"no VirtualSlice {key} has been seen by the operator"
+
+    # ------------------------------------------------------------ reconcile
+
+    def _lock_for(self, key: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._slice_locks.setdefault(key, threading.Lock())
+
+    def reconcile(self, namespace: str, name: str) -> float:
+        """Bring one slice one step closer to its spec; returns seconds until it wants another look."""
+        key = f"{namespace}/{name}"
+        with self._lock_for(key):
+            raw = self._api.get_slice(namespace, name)
+            if raw is None:
+                return _IDLE
+            vslice = VirtualSliceObject.from_manifest(raw)
+            if vslice.deleting:
+                return _IDLE  # the deletion handler tears the gang down
+            pods = self._pods_of(vslice)
+            outcome = self._decide(vslice, pods)
+            self._write_status(vslice, outcome)
+            return outcome.delay
+
+    def deleted(self, namespace: str, name: str) -> None:
+        """The slice is being deleted: tell the controller, free its devices, remove its pods."""
+        key = f"{namespace}/{name}"
+        with self._lock_for(key):
+            self._registry.unregister_gang(key)
+            self._registered.pop(key, None)
+            self._ledger.release(key)
+            self._summaries.pop(key, None)
+            for raw in self._api.list_pods(namespace, f"{SLICE_LABEL}={name}"):
+                pod = PodView.from_manifest(raw)
+                if not pod.deleting:
+                    self._api.delete_pod(namespace, pod.name)
+        with self._locks_guard:
+            self._slice_locks.pop(key, None)
+
+    def _pods_of(self, vslice: VirtualSliceObject) -> list[PodView]:
+        """The slice's pods: labelled with its name and owned by this incarnation of it."""
+        raw = self._api.list_pods(vslice.namespace, f"{SLICE_LABEL}={vslice.name}")
+        return [p for p in map(PodView.from_manifest, raw) if vslice.uid in p.owner_uids]
+
+    def _decide(self, vslice: VirtualSliceObject, pods: list[PodView]) -> _Outcome:
+        status = vslice.status
+        generation = max([status.restarts, *(p.generation or 0 for p in pods)])
+        outcome = _Outcome(
+            phase=status.phase or _S.PENDING,
+            conditions=list(status.conditions),
+            restarts=generation,
+            island=status.island,
+            hosts=status.hosts,
+            ready_hosts=status.ready_hosts,
+        )
+        if outcome.phase is _S.FAILED:
+            self._teardown(vslice, pods)
+            outcome.delay = _IDLE
+            return outcome
+        if vslice.spec.suspend:
+            return self._suspend(vslice, pods, outcome)
+        if outcome.phase is _S.SUSPENDED:
+            self._move(vslice, outcome, _S.PENDING)
+            self._condition(vslice, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
+                            "spec.suspend is false; the slice is queued for devices again")
+
+        reservation = self._reservation(vslice, pods, generation)
+        current = {
+            p.host_index: p
+            for p in pods
+            if p.generation == generation and p.host_index is not None and reservation is not None
+        }
+        strays = [p for p in pods if p.host_index not in current or current[p.host_index] is not p]
+        for pod in strays:
+            if not pod.deleting:
+                self._api.delete_pod(pod.namespace, pod.name)
+
+        if reservation is not None:
+            loss = self._loss(vslice, reservation, current, generation)
+            if loss:
+                return self._recreate(vslice, list(current.values()), outcome, loss)
+            return self._launch(vslice, reservation, current, outcome)
+
+        if strays:
+            outcome.delay = _SOON
+            self._summaries[vslice.key] = (
+                f"VirtualSlice {vslice.key} is {outcome.phase}: waiting for "
+                f"{len(strays)} pods of its previous gang to terminate"
+            )
+            return outcome
+        placed = self._admit(vslice)
+        if isinstance(placed, Reservation):
+            return self._launch(vslice, placed, {}, outcome)
+        return self._queued(vslice, placed, outcome)
+
+    # ------------------------------------------------------------ admission
+
+    def _reservation(
+        self, vslice: VirtualSliceObject, pods: Sequence[PodView], generation: int
+    ) -> Reservation | None:
+        """The slice's admitted placement for this generation: ledger, else pods, else status."""
+        held = self._ledger.get(vslice.key)
+        if held is not None and held.generation == generation:
+            return held
+        if held is not None:
+            self._ledger.release(vslice.key)
+        recovered = _recorded_reservation(vslice, pods, generation)
+        return None if recovered is None else self._ledger.adopt(recovered)
+
+    def _priority(self, name: str) -> int:
+        if not name:
+            return 0
+        if name not in self._priorities:
+            self._priorities[name] = self._api.priority_value(name) or 0
+        return self._priorities[name]
+
+    def _admit(self, vslice: VirtualSliceObject) -> Reservation | Unplaceable:
+        """One admission pass over every queued slice; returns this slice's outcome."""
+        with self._admission_lock:
+            held = self._ledger.get(vslice.key)
+            if held is not None:
+                return held
+            slices = [VirtualSliceObject.from_manifest(s) for s in self._api.list_slices()]
+            all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
+            nodes = self._api.list_nodes()
+            owned: dict[str, list[PodView]] = {}
+            uids = {s.uid: s.key for s in slices}
+            for pod in all_pods:
+                for uid in pod.owner_uids:
+                    if uid in uids:
+                        owned.setdefault(uids[uid], []).append(pod)
+            queue: list[QueuedGang] = []
+            generations: dict[str, int] = {}
+            for other in slices:
+                mine = owned.get(other.key, [])
+                generation = max([other.status.restarts, *(p.generation or 0 for p in mine)])
+                if self._ledger.get(other.key) is None:
+                    recorded = _recorded_reservation(other, mine, generation)
+                    if recorded is not None:
+                        self._ledger.adopt(recorded)
+                        continue
+                if other.key != vslice.key and not _wants_devices(other, mine):
+                    continue
+                if self._ledger.get(other.key) is not None:
+                    continue
+                generations[other.key] = generation
+                queue.append(
+                    QueuedGang(
+                        GangRequest(
+                            slice=other.key,
+                            devices=other.spec.devices,
+                            devices_per_host=other.spec.devices_per_host,
+                            island=other.spec.island,
+                        ),
+                        priority=self._priority(other.spec.priority_class),
+                        queued_at=other.created,
+                    )
+                )
+            if vslice.key not in generations:
+                generations[vslice.key] = vslice.status.restarts
+                queue.append(
+                    QueuedGang(
+                        GangRequest(
+                            slice=vslice.key,
+                            devices=vslice.spec.devices,
+                            devices_per_host=vslice.spec.devices_per_host,
+                            island=vslice.spec.island,
+                        ),
+                        priority=self._priority(vslice.spec.priority_class),
+                        queued_at=vslice.created,
+                    )
+                )
+            machines = inventory.machines(nodes, all_pods, self._ledger.all())
+            self._machines = machines
+            result = admit(queue, machines, now=self._clock())
+            mine_result: Reservation | Unplaceable | None = None
+            for placement in result.admitted:
+                namespace, _, name = placement.slice.partition("/")
+                reservation = Reservation(namespace, name, generations[placement.slice], placement)
+                self._ledger.reserve(reservation)
+                if placement.slice == vslice.key:
+                    mine_result = reservation
+                else:
+                    self._wake(placement.slice)
+            for waiting in result.waiting:
+                if waiting.slice == vslice.key:
+                    mine_result = waiting
+            assert mine_result is not None, f"admission pass lost slice {vslice.key}"
+            return mine_result
+
+    def _queued(self, vslice: VirtualSliceObject, why: Unplaceable, outcome: _Outcome) -> _Outcome:
+        if why.reason is Reason.INVALID_SPEC:
+            self._move(vslice, outcome, _S.FAILED)
+            self._condition(vslice, outcome, _C.ADMITTED, "False", why.reason, why.message)
+            self._condition(vslice, outcome, _C.READY, "False", why.reason, why.message)
+            outcome.events.append(("Warning", str(why.reason), why.message))
+            outcome.delay = _IDLE
+        else:
+            self._move(vslice, outcome, _S.PENDING)
+            previous = find_condition(outcome.conditions, _C.ADMITTED)
+            if previous is None or previous.reason != why.reason:
+                outcome.events.append(("Normal", str(why.reason), why.message))
+            self._condition(vslice, outcome, _C.ADMITTED, "False", why.reason, why.message)
+            self._condition(vslice, outcome, _C.READY, "False", why.reason,
+                            "the gang is not placed yet; see the Admitted condition")
+            outcome.delay = _QUEUED
+        outcome.island, outcome.hosts = "", ()
+        outcome.ready_hosts = ""
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is {outcome.phase}: {why.message}"
+        return outcome
+
+    # ------------------------------------------------------------ launching and ready
+
+    def _launch(
+        self,
+        vslice: VirtualSliceObject,
+        reservation: Reservation,
+        current: dict[int, PodView],
+        outcome: _Outcome,
+    ) -> _Outcome:
+        placement = reservation.placement
+        hosts = placement.hosts
+        if outcome.phase is not _S.READY:
+            if outcome.phase is not _S.LAUNCHING:
+                nodes = ", ".join(sorted({h.machine for h in hosts}))
+                outcome.events.append((
+                    "Normal", str(Reason.ADMITTED),
+                    f"Admitted on {placement.island}: {len(hosts)} hosts of "
+                    f"{placement.devices_per_host} devices on {nodes}",
+                ))
+            self._move(vslice, outcome, _S.LAUNCHING)
+        self._condition(
+            vslice, outcome, _C.ADMITTED, "True", Reason.ADMITTED,
+            f"gang of {len(hosts)} hosts of {placement.devices_per_host} devices placed on "
+            f"{placement.island} ({', '.join(h.machine for h in hosts)})",
+        )
+        outcome.island = placement.island
+        problem = self._ensure_pods(vslice, reservation, current)
+        ready = [current[h.index] for h in hosts if h.index in current and _serving(current[h.index])]
+        outcome.hosts = tuple(
+            HostRecord(
+                index=h.index,
+                node=h.machine,
+                devices=h.devices,
+                pod=current[h.index].name if h.index in current else "",
+                pod_ip=current[h.index].ip if h.index in current else "",
+            )
+            for h in hosts
+        )
+        outcome.ready_hosts = f"{len(ready)}/{len(hosts)}"
+        if len(ready) < len(hosts):
+            waiting = problem or f"{len(ready)}/{len(hosts)} hosts running and ready"
+            return self._not_ready(vslice, outcome, waiting)
+
+        addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in hosts)
+        if self._registered.get(vslice.key) != (reservation.generation, addresses):
+            problems = unready_hosts(addresses)
+            if problems:
+                return self._not_ready(vslice, outcome, "; ".join(problems))
+            decl = ir.SliceDecl(
+                id=vslice.name,
+                name=vslice.name,
+                devices=vslice.spec.devices,
+                devices_per_host=placement.devices_per_host,
+                island=placement.island,
+            )
+            gang = [
+                GangHost(host_name(vslice.name, h.index), address)
+                for h, address in zip(hosts, addresses)
+            ]
+            try:
+                self._registry.register_gang(vslice.key, decl, placement, gang)
+            except Exception as err:  # the controller refused: report and retry next look
+                log.exception("registering the gang of %s with the controller failed", vslice.key)
+                return self._not_ready(vslice, outcome, f"the controller refused the gang: {err}")
+            self._registered[vslice.key] = (reservation.generation, addresses)
+        if outcome.phase is not _S.READY:
+            outcome.events.append((
+                "Normal", str(Reason.GANG_READY),
+                f"Gang ready on {placement.island}: {', '.join(addresses)}",
+            ))
+        self._move(vslice, outcome, _S.READY)
+        message = f"all {len(hosts)} hosts ready on {placement.island}"
+        self._condition(vslice, outcome, _C.READY, "True", Reason.GANG_READY, message)
+        if find_condition(outcome.conditions, _C.DEGRADED) is not None:
+            self._condition(vslice, outcome, _C.DEGRADED, "False", Reason.GANG_READY, message)
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Ready"
+        outcome.delay = _STEADY
+        return outcome
+
+    def _not_ready(self, vslice: VirtualSliceObject, outcome: _Outcome, waiting: str) -> _Outcome:
+        self._condition(vslice, outcome, _C.READY, "False", Reason.GANG_LAUNCHING, waiting)
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is {outcome.phase}: {waiting}"
+        outcome.delay = _SOON
+        return outcome
+
+    def _ensure_pods(
+        self, vslice: VirtualSliceObject, reservation: Reservation, current: dict[int, PodView]
+    ) -> str:
+        """Create and bind missing pods, host 0 first; returns what the gang waits for, if anything."""
+        placement = reservation.placement
+        image = vslice.spec.image or self._default_image
+        host0 = current.get(0)
+        if host0 is None:
+            return self._create(vslice, reservation, placement.hosts[0], None, image)
+        if not host0.node:
+            self._api.bind_pod(vslice.namespace, host0.name, placement.hosts[0].machine)
+        if not host0.ip:
+            return f"waiting for host 0 (pod {host0.name}) to get an IP: the JAX coordinator address"
+        problems = []
+        for host in placement.hosts[1:]:
+            pod = current.get(host.index)
+            if pod is None:
+                problem = self._create(vslice, reservation, host, host0.ip, image)
+                if problem:
+                    problems.append(problem)
+            elif not pod.node:
+                self._api.bind_pod(vslice.namespace, pod.name, host.machine)
+        return "; ".join(problems)
+
+    def _create(
+        self,
+        vslice: VirtualSliceObject,
+        reservation: Reservation,
+        host: HostAssignment,
+        coordinator_ip: str | None,
+        image: str,
+    ) -> str:
+        manifest = host_pod_manifest(
+            vslice, reservation.placement, host.index, reservation.generation, coordinator_ip, image
+        )
+        name = manifest["metadata"]["name"]
+        try:
+            self._api.create_pod(vslice.namespace, manifest)
+        except AlreadyExists:
+            return (
+                f"pod {name} exists but does not belong to this gang "
+                "(a pod of an earlier VirtualSlice of the same name is still terminating)"
+            )
+        self._api.bind_pod(vslice.namespace, name, host.machine)
+        log.info("%s: created pod %s bound to %s", vslice.key, name, host.machine)
+        return f"pod {name} created on {host.machine}"
+
+    # ------------------------------------------------------------ failures
+
+    def _loss(
+        self,
+        vslice: VirtualSliceObject,
+        reservation: Reservation,
+        current: dict[int, PodView],
+        generation: int,
+    ) -> str:
+        """Why the gang is broken ("pod x-1 failed: ..."), or "" while it is whole or still growing."""
+        for index in sorted(current):
+            pod = current[index]
+            if pod.deleting:
+                return f"pod {pod.name} was deleted"
+            if pod.failure:
+                return f"pod {pod.name} failed: {pod.failure}"
+        if vslice.status.restarts != generation:
+            return ""
+        for host in vslice.status.hosts:
+            if host.pod and host.index not in current:
+                return f"pod {host.pod} disappeared"
+        return ""
+
+    def _recreate(
+        self, vslice: VirtualSliceObject, pods: list[PodView], outcome: _Outcome, loss: str
+    ) -> _Outcome:
+        """Tear the whole gang down; queue it again, or fail it when restarts are used up."""
+        self._registry.gang_lost(vslice.key, loss)
+        self._registered.pop(vslice.key, None)
+        self._ledger.release(vslice.key)
+        self._teardown(vslice, pods)
+        limit = vslice.spec.max_restarts
+        if outcome.restarts >= limit:
+            message = (
+                f"{loss}; the gang was already recreated {outcome.restarts} times "
+                f"(failurePolicy.maxRestarts={limit})"
+            )
+            self._move(vslice, outcome, _S.FAILED)
+            self._condition(vslice, outcome, _C.READY, "False", Reason.RESTARTS_EXHAUSTED, message)
+            self._condition(vslice, outcome, _C.DEGRADED, "True", Reason.RESTARTS_EXHAUSTED, message)
+            outcome.events.append(("Warning", str(Reason.RESTARTS_EXHAUSTED), message))
+            outcome.delay = _IDLE
+        else:
+            outcome.restarts += 1
+            message = (
+                f"{loss}; recreating the whole gang (restart {outcome.restarts} of {limit})"
+            )
+            self._move(vslice, outcome, _S.RECOVERING)
+            self._condition(vslice, outcome, _C.DEGRADED, "True", Reason.GANG_RECREATED, message)
+            self._condition(vslice, outcome, _C.READY, "False", Reason.GANG_RECREATED, message)
+            self._condition(
+                vslice, outcome, _C.ADMITTED, "False", Reason.GANG_RECREATED,
+                "the old gang is being torn down; the slice is placed again once its pods are gone",
+            )
+            outcome.events.append(("Warning", str(Reason.GANG_RECREATED), f"Gang recreated: {loss}"))
+            outcome.delay = _SOON
+        outcome.island, outcome.hosts, outcome.ready_hosts = "", (), ""
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is {outcome.phase}: {message}"
+        return outcome
+
+    def _teardown(self, vslice: VirtualSliceObject, pods: Sequence[PodView]) -> None:
+        for pod in pods:
+            if not pod.deleting:
+                self._api.delete_pod(pod.namespace, pod.name)
+
+    def _suspend(self, vslice: VirtualSliceObject, pods: list[PodView], outcome: _Outcome) -> _Outcome:
+        if self._registered.pop(vslice.key, None) is not None:
+            self._registry.gang_lost(vslice.key, "the VirtualSlice was suspended")
+        self._ledger.release(vslice.key)
+        self._teardown(vslice, pods)
+        message = "spec.suspend is true: the slice holds no pods and no devices"
+        if outcome.phase is not _S.SUSPENDED:
+            outcome.events.append(("Normal", str(Reason.SUSPENDED), message))
+        self._move(vslice, outcome, _S.SUSPENDED)
+        self._condition(vslice, outcome, _C.SUSPENDED, "True", Reason.SUSPENDED, message)
+        self._condition(vslice, outcome, _C.ADMITTED, "False", Reason.SUSPENDED, message)
+        self._condition(vslice, outcome, _C.READY, "False", Reason.SUSPENDED, message)
+        outcome.island, outcome.hosts, outcome.ready_hosts = "", (), ""
+        outcome.delay = _IDLE
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Suspended"
+        return outcome
+
+    # ------------------------------------------------------------ status
+
+    @staticmethod
+    def _move(vslice: VirtualSliceObject, outcome: _Outcome, phase: SlicePhase) -> None:
+        outcome.phase = check_transition(vslice.key, outcome.phase, phase)
+
+    @staticmethod
+    def _condition(
+        vslice: VirtualSliceObject,
+        outcome: _Outcome,
+        type_: SliceConditionType,
+        status: ConditionStatus,
+        reason: Reason,
+        message: str,
+    ) -> None:
+        outcome.conditions = set_condition(
+            outcome.conditions,
+            Condition(str(type_), status, str(reason), message, vslice.generation),
+            now_rfc3339(),
+        )
+
+    def _write_status(self, vslice: VirtualSliceObject, outcome: _Outcome) -> None:
+        new = SliceStatus(
+            phase=outcome.phase,
+            conditions=tuple(outcome.conditions),
+            island=outcome.island,
+            hosts=outcome.hosts,
+            restarts=outcome.restarts,
+            ready_hosts=outcome.ready_hosts,
+            observed_generation=vslice.generation,
+        )
+        if new != vslice.status:
+            self._api.patch_slice_status(vslice.namespace, vslice.name, new.to_manifest())
+        for type_, reason, message in outcome.events:
+            try:
+                self._api.post_event(vslice.reference(), type_, reason, message)
+            except KubeError as err:
+                log.warning("%s: %s", vslice.key, err)
+
+
+def _serving(pod: PodView) -> bool:
+    return pod.phase == "Running" and pod.ready and bool(pod.ip) and not pod.deleting
+
+
+def _wants_devices(vslice: VirtualSliceObject, pods: Sequence[PodView]) -> bool:
+    """In the admission queue: alive, not suspended, not failed, and holding no pods."""
+    return not (
+        vslice.deleting
+        or vslice.spec.suspend
+        or vslice.status.phase in (_S.FAILED, _S.SUSPENDED)
+        or pods
+    )
+
+
+def _recorded_reservation(
+    vslice: VirtualSliceObject, pods: Sequence[PodView], generation: int
+) -> Reservation | None:
+    """The placement a slice's pods or status record for ``generation``, if any."""
+    for pod in pods:
+        if pod.generation == generation and pod.placement_json:
+            placement = placement_from_json(vslice.key, pod.placement_json)
+            if placement is not None:
+                return Reservation(vslice.namespace, vslice.name, generation, placement)
+    status = vslice.status
+    admitted = find_condition(status.conditions, str(_C.ADMITTED))
+    if (
+        status.phase in (_S.LAUNCHING, _S.READY)
+        and status.restarts == generation
+        and status.island
+        and status.hosts
+        and all(h.node for h in status.hosts)
+        and admitted is not None
+        and admitted.status == "True"
+    ):
+        hosts = tuple(HostAssignment(h.index, h.node, h.devices) for h in status.hosts)
+        return Reservation(
+            vslice.namespace, vslice.name, generation, Placement(vslice.key, status.island, hosts)
+        )
+    return None
