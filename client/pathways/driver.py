@@ -1,0 +1,215 @@
+"""``python -m pathways.driver``: run one PathwaysProgram's entrypoint against a controller.
+
+The Kubernetes operator starts this process when every slice of a
+PathwaysProgram is Ready. It is an ordinary Pathways *client* — it imports
+``pathways`` only and talks to the controller over the wire protocol, exactly
+like a notebook would — so what runs under the operator is what runs locally.
+
+Entrypoint contract (see also :mod:`pathways.context`)::
+
+    def my_program(ctx: pathways.context.ProgramContext) -> dict[str, ArrayLike]:
+        s = ctx.slice("main")                      # spec.slices[].name
+        f = pw.pmap(lambda x: x * 2.0, devices=s.devices)
+        for step in range(ctx.start_step, ctx.steps):
+            ...
+            ctx.step_done(step, {"loss": loss})
+        return {"y": y}
+
+The entrypoint is ``package.module:function`` importable where the driver runs.
+
+Command line (all written by the operator)::
+
+    --entrypoint pkg.mod:fn   --args JSON   --steps N   [--start-step N]   [--weight W]
+    --controller HOST:PORT    --namespace NS
+    --slices JSON             slice name -> {"virtualSlice": NAME, "devices": N}
+    --progress-file F         JSON lines, one per ctx.step_done
+    --results-file R          written at exit: {"results": {key: nested list}} or
+                              {"error": text, "retryable": bool}
+    [--exit-with-parent]      exit when the process that started us exits
+
+Exit status: 0 success; 75 (EX_TEMPFAIL) when the program lost a host or a
+slice was unavailable, so running it again from ``stepsCompleted`` can
+succeed; 2 for a bad entrypoint or arguments; 1 for any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pathways.context import ProgramContext, SliceBinding, steps_completed
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_PROGRAM = 2
+EXIT_RETRYABLE = 75
+
+
+class DriverError(Exception):
+    """The driver cannot run the program; ``code`` is the exit status to use."""
+
+    def __init__(self, message: str, code: int = EXIT_BAD_PROGRAM) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def load_entrypoint(text: str) -> Callable[..., Any]:
+    """``pkg.module:function`` -> the function, or a DriverError naming what is missing."""
+    module_name, sep, attr = text.partition(":")
+    if not sep or not module_name or not attr:
+        raise DriverError(f"entrypoint {text!r} is not of the form package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise DriverError(f"entrypoint {text!r}: module {module_name!r} cannot be imported: {err}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise DriverError(f"entrypoint {text!r}: module {module_name!r} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def parse_slices(text: str) -> dict[str, SliceBinding]:
+    """``--slices`` JSON into bindings: each slice name of the program -> VirtualSlice and its devices."""
+    try:
+        raw = json.loads(text)
+    except ValueError as err:
+        raise DriverError(f"--slices is not JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise DriverError(f"--slices must map slice names to VirtualSlices, got {raw!r}")
+    bindings: dict[str, SliceBinding] = {}
+    for name, value in raw.items():
+        if isinstance(value, dict) and isinstance(value.get("virtualSlice"), str):
+            devices = value.get("devices")
+            if not isinstance(devices, int) or devices < 1:
+                raise DriverError(f"--slices: slice {name!r} needs a positive 'devices', got {devices!r}")
+            bindings[name] = SliceBinding(value["virtualSlice"], devices)
+        else:
+            raise DriverError(
+                f"--slices: slice {name!r} must be {{\"virtualSlice\": NAME, \"devices\": N}}, got {value!r}"
+            )
+    return bindings
+
+
+def results_json(results: object) -> dict[str, Any]:
+    """The entrypoint's return value as JSON-able nested lists, checked against the contract."""
+    import numpy as np
+
+    if results is None:
+        return {}
+    if not isinstance(results, Mapping):
+        raise DriverError(
+            f"the entrypoint returned {type(results).__name__}; it must return a dict of "
+            "name -> array-like",
+            EXIT_FAILED,
+        )
+    out: dict[str, Any] = {}
+    for key, value in results.items():
+        try:
+            out[str(key)] = np.asarray(value).tolist()
+        except Exception as err:
+            raise DriverError(f"result {key!r} is not array-like: {err}", EXIT_FAILED) from None
+    return out
+
+
+def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _exit_with(parent: int) -> None:
+    """Exit as soon as ``parent`` is no longer our parent (it died; we were re-parented)."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(EXIT_RETRYABLE)
+
+
+def _retryable(err: Exception) -> bool:
+    from pathways.errors import ExecutionError, RuntimeUnavailableError
+
+    if isinstance(err, RuntimeUnavailableError):
+        return True
+    return isinstance(err, ExecutionError) and "being relaunched" in str(err)
+
+
+def run(args: argparse.Namespace) -> int:
+    results_file = Path(args.results_file)
+    progress_file = Path(args.progress_file)
+    try:
+        try:
+            program_args = json.loads(args.args)
+        except ValueError as err:
+            raise DriverError(f"--args is not JSON: {err}") from None
+        if not isinstance(program_args, dict):
+            raise DriverError(f"--args must be a JSON object, got {program_args!r}")
+        bindings = parse_slices(args.slices)
+        fn = load_entrypoint(args.entrypoint)
+        start = args.start_step if args.start_step is not None else steps_completed(progress_file)
+        start = min(start, args.steps)
+        if args.namespace:
+            os.environ["PATHWAYS_NAMESPACE"] = args.namespace
+        import pathways as pw
+
+        pw.connect(args.controller)
+        ctx = ProgramContext(
+            args=program_args,
+            steps=args.steps,
+            start_step=start,
+            slices=bindings,
+            progress_file=progress_file,
+            weight=args.weight,
+        )
+        results = results_json(fn(ctx))
+    except DriverError as err:
+        _write_json(results_file, {"error": str(err), "retryable": False})
+        print(f"pathways.driver: {err}", file=sys.stderr)
+        return err.code
+    except Exception as err:
+        retry = _retryable(err)
+        text = f"{type(err).__name__}: {err}"
+        _write_json(results_file, {"error": text, "retryable": retry})
+        traceback.print_exc()
+        return EXIT_RETRYABLE if retry else EXIT_FAILED
+    _write_json(results_file, {"results": results})
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pathways.driver", description=__doc__.split("\n")[0])
+    parser.add_argument("--entrypoint", required=True, help="package.module:function")
+    parser.add_argument("--args", default="{}", help="JSON object passed as ctx.args")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--start-step", type=int, default=None,
+                        help="default: the steps already recorded in --progress-file")
+    parser.add_argument("--weight", type=float, default=1.0, help="ctx.weight (spec.weight)")
+    parser.add_argument("--controller", required=True, help="HOST:PORT of the controller")
+    parser.add_argument("--namespace", default="", help="namespace of the VirtualSlices")
+    parser.add_argument("--slices", required=True, help="JSON: slice name -> VirtualSlice")
+    parser.add_argument("--progress-file", required=True)
+    parser.add_argument("--results-file", required=True)
+    parser.add_argument("--exit-with-parent", action="store_true")
+    args = parser.parse_args(argv)
+    if args.exit_with_parent:
+        threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
+    code = run(args)
+    try:
+        import pathways as pw
+
+        pw.shutdown()
+    except Exception:
+        pass  # releasing slices is best effort: the operator owns their lifetime
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
