@@ -1,0 +1,229 @@
+"""A traced program as Kubernetes objects: what ``pathways compile`` writes and ``submit`` applies.
+
+A ``PathwaysProgram`` whose ``spec.source`` is ``configMapRef`` needs none of the user's
+Python: everything that runs is in the ConfigMap it names -- the dataflow IR, the
+``jax.export`` artifacts of its computations, and the arrays to call it with. This module
+is the one place that knows that ConfigMap's layout, both ways (:meth:`CompiledProgram.
+to_config_map` and :meth:`CompiledProgram.from_config_map`), so the CLI that writes it and
+whatever runs it cannot disagree.
+
+Layout (``pathways.dev/format: compiled-program/v1``)::
+
+    data:
+      program.json            what a human or `kubectl describe` needs: name, fingerprint,
+                              slices, computations, input and output specs
+    binaryData:
+      program.pb              the IR: a serialized pathways.wire Program whose computations
+                              carry their artifact's fingerprint but not its bytes
+      <sha256>.jaxexport      each distinct artifact (serialized StableHLO), by fingerprint
+      inputs.npz              the program's inputs in IR order (arr_0, arr_1, ...):
+                              the example arguments plus constants captured at trace time
+
+The PathwaysProgram names each slice by the IR's slice id (``spec.slices[].name``), so
+a runner maps IR slices to VirtualSlices without guessing: a slice the program named
+(``add_slice(name=...)``, shared) becomes ``ref: <name>``, an unnamed one an inline
+``template`` with the same devices, devices per host and island.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pathways import ir
+from pathways.errors import InvalidProgramError
+from pathways.program import ProgramFunction
+from pathways.wire import pathways_pb2 as pb
+
+FORMAT = "compiled-program/v1"
+FORMAT_ANNOTATION = "pathways.dev/format"
+FINGERPRINT_ANNOTATION = "pathways.dev/program-fingerprint"
+PROGRAM_LABEL = "pathways.dev/program"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "pathways-cli"
+PROGRAM_KEY = "program.pb"
+SUMMARY_KEY = "program.json"
+INPUTS_KEY = "inputs.npz"
+ARTIFACT_SUFFIX = ".jaxexport"
+CONFIG_MAP_LIMIT = 1 << 20
+"""Bytes a ConfigMap may hold (data + binaryData), as the API server enforces."""
+
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+def resource_name(text: str, suffix: str = "") -> str:
+    """``text`` as a Kubernetes object name (DNS-1123 label), leaving room for ``suffix``."""
+    name = _DNS_LABEL.sub("-", text.lower()).strip("-")
+    name = re.sub(r"-{2,}", "-", name)[: 63 - len(suffix)].strip("-")
+    if not name:
+        raise InvalidProgramError(
+            f"{text!r} gives no usable Kubernetes name: pass --name (lowercase letters, digits, '-')"
+        )
+    return name + suffix
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """One traced signature of a program, with the inputs to run it on."""
+
+    program: ir.Program
+    inputs: tuple[np.ndarray, ...]
+    weight: float = 1.0
+
+    @classmethod
+    def trace(cls, function: ProgramFunction, args: Sequence[Any]) -> CompiledProgram:
+        """Traces ``function`` for ``args`` (no runtime, no devices needed) and keeps the inputs."""
+        import jax
+
+        traced = function.trace(*args)
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tuple(args))]
+        canonical = [
+            np.ascontiguousarray(a, dtype=jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves
+        ]
+        return cls(traced.ir, tuple(traced.flat_inputs(canonical)), traced.weight)
+
+    # -- the ConfigMap -------------------------------------------------------------------
+
+    def artifacts(self) -> dict[str, bytes]:
+        """Distinct artifacts by fingerprint (a function called twice is stored once)."""
+        return {c.fingerprint: c.artifact for c in self.program.computations}
+
+    def summary(self) -> dict[str, Any]:
+        p = self.program
+        return {
+            "format": FORMAT,
+            "name": p.name,
+            "fingerprint": p.fingerprint,
+            "weight": self.weight,
+            "slices": [
+                {"id": s.id, "name": s.name, "devices": s.devices, "devicesPerHost": s.devices_per_host,
+                 "island": s.island, "shared": is_shared(s)}
+                for s in p.slices
+            ],  # fmt: skip
+            "computations": [
+                {"index": c.index, "name": c.name, "slice": c.slice,
+                 "artifact": c.fingerprint + ARTIFACT_SUFFIX,
+                 "inputs": [str(v) for v in c.inputs], "outputs": [str(s) for s in c.outputs]}
+                for c in p.computations
+            ],  # fmt: skip
+            "inputs": [str(s) for s in p.inputs],
+            "outputs": [f"{ref} {p.spec_of(ref)}" for ref in p.outputs],
+        }
+
+    def to_config_map(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """The ConfigMap holding this program; raises when it would exceed the API's 1 MiB."""
+        message = self.program.to_proto()
+        for comp in message.computations:
+            comp.artifact = b""
+        buffer = io.BytesIO()
+        np.savez(buffer, *self.inputs)
+        binary = {PROGRAM_KEY: message.SerializeToString(), INPUTS_KEY: buffer.getvalue()}
+        binary.update({fp + ARTIFACT_SUFFIX: art for fp, art in self.artifacts().items()})
+        summary = json.dumps(self.summary(), indent=1)
+        size = sum(len(v) for v in binary.values()) + len(summary)
+        if size > CONFIG_MAP_LIMIT:
+            inputs = sum(a.nbytes for a in self.inputs)
+            raise InvalidProgramError(
+                f"program '{self.program.name}' compiles to {size} bytes ({inputs} of them "
+                f"inputs); a ConfigMap holds at most {CONFIG_MAP_LIMIT}: make example_args() "
+                "smaller, or package the program in the worker image and use "
+                "spec.source.entrypoint"
+            )
+        metadata = _metadata(name, namespace)
+        metadata["labels"] = {PROGRAM_LABEL: resource_name(self.program.name), MANAGED_BY_LABEL: MANAGED_BY}
+        metadata["annotations"] = {FORMAT_ANNOTATION: FORMAT, FINGERPRINT_ANNOTATION: self.program.fingerprint}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": {SUMMARY_KEY: summary},
+            "binaryData": {k: base64.b64encode(v).decode("ascii") for k, v in sorted(binary.items())},
+        }
+
+    @classmethod
+    def from_config_map(cls, obj: Mapping[str, Any]) -> CompiledProgram:
+        """The program a ConfigMap written by :meth:`to_config_map` holds, checked whole."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace") or ""
+        where = f"ConfigMap {namespace + '/' if namespace else ''}{meta.get('name', '?')}"
+        fmt = (meta.get("annotations") or {}).get(FORMAT_ANNOTATION)
+        if fmt != FORMAT:
+            raise InvalidProgramError(
+                f"{where} is not a compiled program (annotation {FORMAT_ANNOTATION}={fmt!r}, "
+                f"expected {FORMAT!r}): write it with `pathways compile`"
+            )
+        binary = {k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}
+        for key in (PROGRAM_KEY, INPUTS_KEY):
+            if key not in binary:
+                raise InvalidProgramError(f"{where} has no binaryData key {key!r}: compile it again")
+        message = pb.Program.FromString(binary[PROGRAM_KEY])
+        for comp in message.computations:
+            key = comp.fingerprint + ARTIFACT_SUFFIX
+            if key not in binary:
+                raise InvalidProgramError(
+                    f"{where}: computation {comp.index} '{comp.name}' needs artifact {key}, "
+                    "which is missing: compile it again"
+                )
+            comp.artifact = binary[key]
+        program = ir.Program.from_proto(message)
+        if program.fingerprint != message.fingerprint:
+            raise InvalidProgramError(
+                f"{where}: the IR's fingerprint {program.fingerprint[:12]} does not match the "
+                f"recorded {message.fingerprint[:12]} (edited by hand?): compile it again"
+            )
+        with np.load(io.BytesIO(binary[INPUTS_KEY]), allow_pickle=False) as npz:
+            inputs = tuple(npz[f"arr_{i}"] for i in range(len(npz.files)))
+        if len(inputs) != len(program.inputs):
+            raise InvalidProgramError(
+                f"{where}: {len(inputs)} inputs for a program of {len(program.inputs)}: compile it again"
+            )
+        summary = json.loads((obj.get("data") or {}).get(SUMMARY_KEY) or "{}")
+        return cls(program, inputs, float(summary.get("weight", 1.0)))
+
+    # -- the PathwaysProgram -------------------------------------------------------------
+
+    def to_program(
+        self, name: str, config_map: str, namespace: str | None = None, steps: int = 1
+    ) -> dict[str, Any]:
+        """The PathwaysProgram that runs this program from ConfigMap ``config_map``."""
+        slices: list[dict[str, Any]] = []
+        for decl in self.program.slices:
+            if is_shared(decl):
+                slices.append({"name": decl.id, "ref": decl.name})
+                continue
+            template: dict[str, Any] = {"devices": decl.devices}
+            if decl.devices_per_host:
+                template["devicesPerHost"] = decl.devices_per_host
+            if decl.island:
+                template["island"] = decl.island
+            slices.append({"name": decl.id, "template": template})
+        metadata = _metadata(name, namespace)
+        metadata["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+        metadata["annotations"] = {FINGERPRINT_ANNOTATION: self.program.fingerprint}
+        return {
+            "apiVersion": "pathways.dev/v1alpha1",
+            "kind": "PathwaysProgram",
+            "metadata": metadata,
+            "spec": {
+                "slices": slices,
+                "source": {"configMapRef": {"name": config_map}},
+                "steps": steps,
+                "weight": self.weight,
+            },
+        }
+
+
+def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace} if namespace else {"name": name}
+
+
+def is_shared(decl: ir.SliceDecl) -> bool:
+    """A slice the program named (``add_slice(name=...)``): its id is its name."""
+    return decl.id == decl.name
