@@ -115,14 +115,15 @@ class _Component:
     health_url: str
     health_token: str | None = None
     verify_ca: Path | None = None
+    stop_grace_seconds: float = 10.0
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self.popen = processes.spawn(self.argv, log=self.log, append_log=True)
 
-    def stop(self, grace_seconds: float = 10.0) -> None:
+    def stop(self) -> None:
         if self.popen is not None:
-            processes.stop(self.popen, grace_seconds)
+            processes.stop(self.popen, self.stop_grace_seconds)
             self.popen = None
 
     def failure(self, why: str) -> ControlPlaneError:
@@ -223,9 +224,7 @@ def write_kubeconfig(path: Path, *, server: str, ca: Path, token: str, user: str
             }
         ],
         "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [
-            {"name": user, "context": {"cluster": "kube-pathways-test", "user": user}}
-        ],
+        "contexts": [{"name": user, "context": {"cluster": "kube-pathways-test", "user": user}}],
         "current-context": user,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,12 +309,12 @@ class ControlPlane:
             raise
         return self
 
-    def stop(self, grace_seconds: float = 10.0) -> None:
+    def stop(self) -> None:
         """Stops every component (reverse start order); idempotent."""
         for name in reversed(COMPONENTS):
             component = self._components.get(name)
             if component is not None:
-                component.stop(grace_seconds)
+                component.stop()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -437,7 +436,11 @@ class ControlPlane:
         pki = self.pki_dir
         tokens = {
             "admin": (self.admin_token, "admin", "system:masters"),
-            "kube-controller-manager": (secrets.token_hex(16), "system:kube-controller-manager", ""),
+            "kube-controller-manager": (
+                secrets.token_hex(16),
+                "system:kube-controller-manager",
+                "",
+            ),
             "kube-scheduler": (secrets.token_hex(16), "system:kube-scheduler", ""),
         }
         (pki / "tokens.csv").write_text(
@@ -445,7 +448,11 @@ class ControlPlane:
         )
         (pki / "tokens.csv").chmod(0o600)
         write_kubeconfig(
-            self.kubeconfig, server=self.server, ca=self.ca_file, token=self.admin_token, user="admin"
+            self.kubeconfig,
+            server=self.server,
+            ca=self.ca_file,
+            token=self.admin_token,
+            user="admin",
         )
         kubeconfigs = {
             name: write_kubeconfig(
@@ -506,6 +513,9 @@ class ControlPlane:
             health_url=f"{self.server}/readyz",
             health_token=self.admin_token,
             verify_ca=self.ca_file,
+            # After SIGTERM the API server stops listening at once but keeps open watch
+            # connections until its 60 s shutdown timeout; nothing is lost by not waiting.
+            stop_grace_seconds=2.0,
         )
         kcm_port, sched_port = free_port(), free_port()
         kcm_kc = str(kubeconfigs["kube-controller-manager"])
@@ -565,7 +575,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     with cp:
-        print(f"control plane ready in {sum(cp.startup_seconds.values()):.1f} s: {cp.startup_seconds}")
+        print(
+            f"control plane ready in {sum(cp.startup_seconds.values()):.1f} s: {cp.startup_seconds}"
+        )
         print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
         while not stopping:
             time.sleep(0.5)
