@@ -1,0 +1,153 @@
+"""The node agent keeps the kubelet contract that the operator and workers rely on.
+
+In-cluster clients authenticate with the projected service-account token and verify
+the API server with the published CA; volumes appear at their mountPath (mount
+namespace) or through rewritten paths (fallback); init containers run first and
+restarts follow ``restartPolicy``; extra agents serve extra islands on their own IPs;
+and an API server restart does not lose the agent.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.cluster.builders import (
+    configmap,
+    configmap_volume,
+    container,
+    empty_dir_volume,
+    pod,
+    value_env,
+)
+from tests.cluster.conftest import Cluster
+
+IN_CLUSTER_WHOAMI = (
+    "from kubernetes import client, config\n"
+    "config.load_incluster_config()\n"
+    "review = client.AuthenticationV1Api().create_self_subject_review("
+    "{'apiVersion': 'authentication.k8s.io/v1', 'kind': 'SelfSubjectReview'})\n"
+    "print('user=' + review.status.user_info.username)\n"
+    "print('greeting=' + open('/etc/harness-config/greeting').read())\n"
+)
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_in_cluster_client_uses_projected_token_and_sees_config_volume(
+    cluster: Cluster, namespace: str
+) -> None:
+    core = cluster.core
+    core.create_namespaced_config_map(namespace, configmap("harness", {"greeting": "hello"}))
+    body = pod(
+        "whoami",
+        container(
+            "main", "python", "-c", IN_CLUSTER_WHOAMI, mounts={"config": "/etc/harness-config"}
+        ),
+        volumes=[configmap_volume("config", "harness")],
+    )
+    core.create_namespaced_pod(namespace, body)
+    done = cluster.wait_pod_phase(namespace, "whoami", {"Succeeded", "Failed"}, timeout=45)
+    log = cluster.container_log(namespace, "whoami", "main").read_text()
+    assert done.status.phase == "Succeeded", log
+    assert f"user=system:serviceaccount:{namespace}:default" in log
+    assert "greeting=hello" in log
+
+
+RESTART_ONCE = (
+    "import sys\n"
+    "path = '/scratch/trace'\n"
+    "open(path, 'a').write('b')\n"
+    "trace = open(path).read()\n"
+    "print('trace=' + trace)\n"
+    "sys.exit(1 if trace == 'ab' else 0)\n"
+)
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_init_container_runs_first_and_on_failure_restarts(
+    cluster: Cluster, namespace: str
+) -> None:
+    body = pod(
+        "restarts",
+        container("main", "python", "-c", RESTART_ONCE, mounts={"scratch": "/scratch"}),
+        init_containers=[
+            container(
+                "init",
+                "python",
+                "-c",
+                "open('/scratch/trace', 'w').write('a')",
+                mounts={"scratch": "/scratch"},
+            )
+        ],
+        volumes=[empty_dir_volume("scratch")],
+        restart_policy="OnFailure",
+    )
+    cluster.core.create_namespaced_pod(namespace, body)
+    done = cluster.wait_pod_phase(namespace, "restarts", {"Succeeded", "Failed"}, timeout=45)
+    assert done.status.phase == "Succeeded"
+    main = done.status.container_statuses[0]
+    assert main.restart_count == 1 and main.state.terminated.exit_code == 0
+    assert main.last_state.terminated.exit_code == 1
+    assert done.status.init_container_statuses[0].state.terminated.reason == "Completed"
+    assert "trace=ab" in cluster.container_log(namespace, "restarts", "main").read_text()
+    assert (
+        "trace=abb" in cluster.container_log(namespace, "restarts", "main", restart=1).read_text()
+    )
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_extra_agent_serves_its_island_with_rewritten_mount_paths(
+    cluster: Cluster, namespace: str
+) -> None:
+    core = cluster.core
+    core.create_namespaced_config_map(namespace, configmap("harness", {"greeting": "hello"}))
+    script = "import os, sys; print(open(sys.argv[1]).read(), os.environ['CONF'], os.environ['KPW_MOUNT_ETC_HARNESS_CONFIG'])"
+    body = pod(
+        "rewritten",
+        container(
+            "main", "python", "-c", script, "/etc/harness-config/greeting",
+            env=[value_env("CONF", "/etc/harness-config")], mounts={"config": "/etc/harness-config"},
+        ),
+        volumes=[configmap_volume("config", "harness")],
+        node_selector={"pathways.dev/island": "island-c"},
+    )  # fmt: skip
+    with cluster.start_agent(["c-0:island-c:2"], env={"KPW_NODE_AGENT_MOUNTS": "rewrite"}) as agent:
+        core.create_namespaced_pod(namespace, body)
+        done = cluster.wait_pod_phase(namespace, "rewritten", {"Succeeded", "Failed"}, timeout=45)
+        log = (agent.state_dir / "pods" / f"{namespace}_rewritten" / "main.log").read_text()
+        assert done.status.phase == "Succeeded", log
+        assert done.spec.node_name == "c-0" and done.status.pod_ip.startswith("127.0.1.")
+        hello, conf, mount_env = log.split()
+        assert hello == "hello" and conf == mount_env and conf.startswith(str(agent.state_dir))
+    cluster.poll(
+        lambda: "c-0" not in {n.metadata.name for n in core.list_node().items},
+        timeout=10,
+        what="node c-0 removed",
+    )
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_agent_rides_out_an_apiserver_restart(cluster: Cluster, namespace: str) -> None:
+    started = time.monotonic()
+    cluster.control_plane.restart("kube-apiserver", down_seconds=2.0)
+    print(f"apiserver restart took {time.monotonic() - started:.1f} s")
+    core = cluster.core
+    body = pod("after-restart", container("main", "python", "-c", "print('still here')"))
+    core.create_namespaced_pod(namespace, body)
+    done = cluster.wait_pod_phase(namespace, "after-restart", {"Succeeded", "Failed"}, timeout=60)
+    assert done.status.phase == "Succeeded"
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_missing_executable_fails_the_pod_with_start_error(
+    cluster: Cluster, namespace: str
+) -> None:
+    cluster.core.create_namespaced_pod(
+        namespace, pod("nobin", container("main", "/nonexistent/tool"))
+    )
+    done = cluster.wait_pod_phase(namespace, "nobin", {"Succeeded", "Failed"})
+    terminated = done.status.container_statuses[0].state.terminated
+    assert done.status.phase == "Failed"
+    assert (terminated.exit_code, terminated.reason) == (128, "StartError")
+    assert "/nonexistent/tool" in terminated.message
