@@ -64,7 +64,7 @@ def validate(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], pat
     types = schema.get("type")
     if types is not None:
         allowed = [types] if isinstance(types, str) else list(types)
-        python = {
+        python: dict[str, type | tuple[type, ...]] = {
             "object": dict, "array": list, "string": str, "boolean": bool,
             "integer": int, "number": (int, float),
         }  # fmt: skip
