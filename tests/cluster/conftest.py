@@ -50,7 +50,7 @@ class Cluster:
     agent: NodeAgentProcess
     run_dir: Path
     startup_seconds: dict[str, float] = field(default_factory=dict)
-    _extra_subnets: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    _extra_agents: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     @property
     def kubeconfig(self) -> Path:
@@ -161,16 +161,17 @@ class Cluster:
     ) -> NodeAgentProcess:
         """Starts another node agent (own state dir and pod subnet) and waits for its Nodes.
 
+        Its pods get IPs in ``agent.pod_subnet`` (another /24 than the default agent's).
+
         Use as a context manager, or call ``stop()``: stopping deletes its Nodes. ``env``
         is added to the agent's environment (e.g. ``KPW_NODE_AGENT_MOUNTS=rewrite``).
         """
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.parse(n) for n in nodes]
-        index = next(self._extra_subnets)
+        index = next(self._extra_agents)
         agent = NodeAgentProcess(
             self.kubeconfig,
             specs,
             self.run_dir / f"node-agent-{index}",
-            pod_subnet=f"127.0.{index}",
             env=env,
         )
         return agent.start(ready_timeout)

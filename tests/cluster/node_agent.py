@@ -14,7 +14,9 @@ behind the agent's back is registered again.
 Pods. One list+watch per node (``spec.nodeName=<node>``), re-listed on every error or
 timeout, with bounded backoff, so an API server restart is ridden out. Each new pod gets
 a loopback IP ``127.0.0.N`` (N from 10, unique among this agent's pods, reused after the
-pod is deleted; ``--pod-subnet`` gives extra agents their own range) and a ``PodWorker``
+pod is deleted). The /24 is claimed with a lock file, so extra agents and concurrent test
+sessions on one machine each get their own: the first free of 127.0.0, 127.0.1, ... --
+and a ``PodWorker``
 thread that: materializes volumes (see ``pod_volumes``), runs init containers in order
 and then the containers, each as a process in its own session (``command`` + ``args``; the
 image is ignored; ``python``/``python3`` is this interpreter, so the repo's virtualenv is
@@ -39,6 +41,7 @@ Run it as ``python -m tests.cluster.node_agent --kubeconfig K --node a-0:island-
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -47,6 +50,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -56,7 +60,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlparse
 
 from tests.cluster import processes
@@ -241,6 +245,26 @@ class KubeApi:
 
 
 # -- pod IPs -----------------------------------------------------------------------------
+
+SUBNET_LOCK_DIR = Path(tempfile.gettempdir()) / "kpw-pod-subnets"
+
+
+def claim_subnet(wanted: str = "auto") -> tuple[str, IO[bytes]]:
+    """Locks a loopback /24 for this process's pods; returns it and the held lock file.
+
+    ``auto`` takes the first of 127.0.0, 127.0.1, ... that no live agent holds. The lock
+    is an flock, so it is released when the agent exits however it exits.
+    """
+    SUBNET_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    candidates = [f"127.0.{k}" for k in range(255)] if wanted == "auto" else [wanted]
+    for subnet in candidates:
+        lock = open(SUBNET_LOCK_DIR / f"{subnet}.lock", "ab")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return subnet, lock
+        except BlockingIOError:
+            lock.close()
+    raise RuntimeError(f"pod subnet {wanted} is held by another node agent ({SUBNET_LOCK_DIR})")
 
 
 class IpAllocator:
@@ -1021,7 +1045,7 @@ class NodeAgent:
         nodes: Sequence[NodeSpec],
         state_dir: Path,
         *,
-        pod_subnet: str = "127.0.0",
+        pod_subnet: str = "auto",
         heartbeat_seconds: float = 10.0,
     ) -> None:
         self.api = KubeApi(kubeconfig)
@@ -1033,7 +1057,9 @@ class NodeAgent:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.mount_mode: MountMode = detect_mount_mode(state_dir / "tmp")
         self.mount_points = MountPoints()
-        self.ips = IpAllocator(pod_subnet)
+        self.pod_subnet, self._subnet_lock = claim_subnet(pod_subnet)
+        (state_dir / "pod-subnet").write_text(self.pod_subnet)
+        self.ips = IpAllocator(self.pod_subnet)
         self.registrar = NodeRegistrar(self.api, nodes, heartbeat_seconds)
         self.stop_event = threading.Event()
         self._workers: dict[str, PodWorker] = {}
@@ -1043,8 +1069,9 @@ class NodeAgent:
 
     def start(self) -> None:
         log.info(
-            "agent: nodes %s, mounts by %s, state in %s",
+            "agent: nodes %s, pod IPs %s.10-254, mounts by %s, state in %s",
             [str(n) for n in self.nodes],
+            self.pod_subnet,
             self.mount_mode,
             self.state_dir,
         )
@@ -1189,7 +1216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument(
-        "--pod-subnet", default="127.0.0", help="pod IPs are <subnet>.10 .. <subnet>.254"
+        "--pod-subnet",
+        default="auto",
+        help="pod IPs are <subnet>.10 .. <subnet>.254; auto: first free 127.0.K",
     )
     parser.add_argument("--heartbeat-seconds", type=float, default=10.0)
     args = parser.parse_args(argv)
@@ -1234,7 +1263,7 @@ class NodeAgentProcess:
         nodes: Sequence[NodeSpec],
         state_dir: Path,
         *,
-        pod_subnet: str = "127.0.0",
+        pod_subnet: str = "auto",
         log_file: Path | None = None,
         delete_nodes: bool = True,
         heartbeat_seconds: float = 10.0,
@@ -1264,6 +1293,7 @@ class NodeAgentProcess:
         )
         try:
             self.wait_ready(ready_timeout)
+            self.pod_subnet = (self.state_dir / "pod-subnet").read_text().strip()
         except BaseException:
             self.stop()
             raise

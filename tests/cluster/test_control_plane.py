@@ -176,7 +176,9 @@ def test_pod_runs_with_downward_api_env_and_succeeds(cluster: Cluster, namespace
     done = cluster.wait_pod_phase(namespace, "hello", {"Succeeded", "Failed"})
     status = done.status
     assert status.phase == "Succeeded", status
-    assert status.pod_ip.startswith("127.0.0.") and status.host_ip == "127.0.0.1"
+    assert (
+        status.pod_ip.startswith(cluster.agent.pod_subnet + ".") and status.host_ip == "127.0.0.1"
+    )
     assert status.start_time is not None
     terminated = status.container_statuses[0].state.terminated
     assert terminated.exit_code == 0 and terminated.reason == "Completed"
@@ -233,7 +235,7 @@ def test_deployment_pods_get_distinct_reachable_ips(cluster: Cluster, namespace:
 
     pods = cluster.poll(ready_pods, timeout=60, what="2 ready web pods")
     ips = {p.status.pod_ip for p in pods}
-    assert len(ips) == 2 and all(ip.startswith("127.0.0.") for ip in ips)
+    assert len(ips) == 2 and all(ip.startswith(cluster.agent.pod_subnet + ".") for ip in ips)
     for p in pods:
         with socket.create_connection((p.status.pod_ip, 8080), timeout=5) as conn:
             assert conn.recv(100).decode() == f"hello from {p.metadata.name}"

