@@ -14,10 +14,9 @@ behind the agent's back is registered again.
 Pods. One list+watch per node (``spec.nodeName=<node>``), re-listed on every error or
 timeout, with bounded backoff, so an API server restart is ridden out. Each new pod gets
 a loopback IP ``127.0.0.N`` (N from 10, unique among this agent's pods, reused after the
-pod is deleted). The /24 is claimed with a lock file, so extra agents and concurrent test
-sessions on one machine each get their own: the first free of 127.0.0, 127.0.1, ... --
-and a ``PodWorker``
-thread that: materializes volumes (see ``pod_volumes``), runs init containers in order
+pod is deleted; the /24 is claimed with a lock file, so an extra agent or a concurrent
+test session on the same machine takes the next free one, 127.0.1, ...) and a
+``PodWorker`` thread that: materializes volumes (see ``pod_volumes``), runs init containers in order
 and then the containers, each as a process in its own session (``command`` + ``args``; the
 image is ignored; ``python``/``python3`` is this interpreter, so the repo's virtualenv is
 used; cwd is the repo root), with the environment a kubelet would give (see ``pod_env``);
@@ -360,10 +359,6 @@ class _Container:
     def sidecar(self) -> bool:
         """A restartable init container (native sidecar)."""
         return self.init and self.spec.get("restartPolicy") == "Always"
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None
 
     def status(self, uid: str) -> dict[str, Any]:
         state: dict[str, Any]
