@@ -1,0 +1,56 @@
+"""A queue drained in batches: what accumulated while the stream was busy goes out
+as one message, so no computation costs a round trip of its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class BatchQueue(Generic[T]):
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._items: list[T] = []
+        self._nudged = False
+
+    def put(self, item: T) -> None:
+        with self._cv:
+            self._items.append(item)
+            self._cv.notify_all()
+
+    def put_many(self, items: list[T]) -> None:
+        if not items:
+            return
+        with self._cv:
+            self._items.extend(items)
+            self._cv.notify_all()
+
+    def nudge(self) -> None:
+        """Wakes a taker with an empty batch (e.g. to send fresh counters)."""
+        with self._cv:
+            self._nudged = True
+            self._cv.notify_all()
+
+    def take(self, timeout_s: float, linger_s: float = 0.0) -> tuple[list[T], bool]:
+        """Everything queued (waiting up to timeout_s for something), and whether
+        a nudge arrived. With `linger_s`, once something is there it waits that
+        much longer for company: a few hundred microseconds turn a stream of
+        one-completion messages into a few large ones."""
+        with self._cv:
+            if not self._items and not self._nudged:
+                self._cv.wait(timeout_s)
+            if not self._items and not self._nudged:
+                return [], False
+        if linger_s > 0:
+            time.sleep(linger_s)
+        with self._cv:
+            items, self._items = self._items, []
+            nudged, self._nudged = self._nudged, False
+            return items, nudged
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._items)

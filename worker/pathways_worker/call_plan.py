@@ -1,0 +1,93 @@
+"""What one program call means for one host, computed once at Launch.
+
+A host receives its program once (HostProgram) and a Launch per call. From the
+two it derives everything the executor consults while running: which
+computations are local, which values they read, how many local readers each
+value has (so a value no one needs any more is freed at once), which values
+leave the host and for where, how many senders will deliver each remote value,
+and which values the client will fetch. Pure: no jax, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from pathways.transfer import value_name
+from pathways.wire import pathways_pb2 as pb
+
+Ref = tuple[int, int]  # (node, index); node -1 is a program input
+
+
+def ref_of(value: pb.ValueRef) -> Ref:
+    return (value.node, value.index)
+
+
+def ref_name(ref: Ref) -> str:
+    return value_name(pb.ValueRef(node=ref[0], index=ref[1]))
+
+
+@dataclass(frozen=True)
+class LocalComputation:
+    index: int
+    name: str
+    inputs: tuple[Ref, ...]
+    num_outputs: int
+
+    @property
+    def outputs(self) -> tuple[Ref, ...]:
+        return tuple((self.index, i) for i in range(self.num_outputs))
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    call_id: str
+    program_id: str
+    program_name: str
+    slice: str
+    computations: dict[int, LocalComputation]
+    routes: dict[Ref, tuple[str, ...]]
+    expects: dict[Ref, int]
+    outputs: frozenset[Ref]
+    readers: dict[Ref, int]          # local computations reading each value
+    producer_slice: dict[int, str]   # node -> slice, for every computation
+
+    def origin(self, ref: Ref) -> str:
+        """Where a value comes from, for errors about a value that never arrived."""
+        node = ref[0]
+        if node < 0:
+            return "the client (program input put to this host)"
+        if node in self.computations:
+            return f"this host (computation {node} of slice '{self.slice}')"
+        senders = self.expects.get(ref)
+        hosts = f"{senders} sender host(s)" if senders else "sender hosts unknown: no Expect"
+        return f"slice '{self.producer_slice.get(node, '?')}' ({hosts})"
+
+
+def plan_call(host_program: pb.HostProgram, launch: pb.Launch) -> CallPlan:
+    program = host_program.program
+    local = {
+        c.index: LocalComputation(
+            index=c.index,
+            name=c.name,
+            inputs=tuple(ref_of(v) for v in c.inputs),
+            num_outputs=len(c.outputs),
+        )
+        for c in program.computations
+        if c.slice == host_program.slice
+    }
+    readers: Counter[Ref] = Counter()
+    for comp in local.values():
+        readers.update(set(comp.inputs))
+    return CallPlan(
+        call_id=launch.call_id,
+        program_id=launch.program_id,
+        program_name=program.name,
+        slice=host_program.slice,
+        computations=local,
+        routes={ref_of(r.value): tuple(r.destinations) for r in launch.routes},
+        expects={ref_of(e.value): e.senders for e in launch.expects},
+        outputs=frozenset(ref_of(v) for v in launch.outputs),
+        readers=dict(readers),
+        producer_slice={c.index: c.slice for c in program.computations},
+    )

@@ -1,0 +1,143 @@
+"""Command-line flags and environment of the two host processes.
+
+Every flag has an environment variable so a Kubernetes pod can configure the
+containers without a command line; a flag given on the command line wins. This
+module imports nothing heavy: the worker must set XLA's flags before jax loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_INPUT_TIMEOUT_S = 300.0
+DEFAULT_WORKER_STORE_LIMIT = 4 << 30
+DEFAULT_SIDECAR_STORE_LIMIT = 1 << 30
+DEFAULT_PUT_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    listen: str
+    host_index: int
+    num_hosts: int
+    coordinator: str
+    devices: int
+    shm_dir: str
+    host_name: str
+    input_timeout_s: float
+    store_limit_bytes: int
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    listen: str
+    worker: str
+    shm_dir: str
+    host_name: str
+    store_limit_bytes: int
+    put_wait_s: float
+    advertise: str
+
+
+def _default_shm_dir() -> str:
+    return f"/dev/shm/pathways-{os.getpid()}"
+
+
+def _split_address(flag: str, address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise SystemExit(f"{flag}: expected HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+def parse_worker_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> WorkerSettings:
+    env = os.environ if env is None else env
+    p = argparse.ArgumentParser(
+        prog="python -m pathways_worker.worker",
+        description="A Pathways host's worker: JAX devices, object store and executor.",
+    )
+    p.add_argument("--listen", default=env.get("PATHWAYS_WORKER_LISTEN", "127.0.0.1:0"),
+                   help="HOST:PORT to serve Executor on (PATHWAYS_WORKER_LISTEN); port 0 picks one")
+    p.add_argument("--host-index", type=int, default=int(env.get("PATHWAYS_HOST_INDEX", "0")),
+                   help="this host's process index in its slice (PATHWAYS_HOST_INDEX)")
+    p.add_argument("--num-hosts", type=int, default=int(env.get("PATHWAYS_NUM_HOSTS", "1")),
+                   help="hosts in the slice (PATHWAYS_NUM_HOSTS)")
+    p.add_argument("--coordinator", default=env.get("PATHWAYS_COORDINATOR", ""),
+                   help="host 0's HOST:PORT for jax.distributed (PATHWAYS_COORDINATOR)")
+    p.add_argument("--devices", type=int, default=int(env.get("PATHWAYS_DEVICES", "1")),
+                   help="JAX CPU devices on this host (PATHWAYS_DEVICES)")
+    p.add_argument("--shm-dir", default=env.get("PATHWAYS_SHM_DIR", ""),
+                   help="shared-memory directory shared with the sidecar (PATHWAYS_SHM_DIR)")
+    p.add_argument("--host-name", default=env.get("PATHWAYS_HOST_NAME", ""),
+                   help="name used in errors (PATHWAYS_HOST_NAME)")
+    p.add_argument("--input-timeout-s", type=float,
+                   default=float(env.get("PATHWAYS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S)),
+                   help="longest wait for a computation's inputs or store space (PATHWAYS_INPUT_TIMEOUT_S)")
+    p.add_argument("--store-limit-bytes", type=int,
+                   default=int(env.get("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT)),
+                   help="object store bound (PATHWAYS_STORE_LIMIT_BYTES)")
+    a = p.parse_args(argv)
+    _split_address("--listen", a.listen)
+    if a.num_hosts < 1 or not 0 <= a.host_index < a.num_hosts:
+        raise SystemExit(f"--host-index {a.host_index} is not in [0, --num-hosts {a.num_hosts})")
+    if a.num_hosts > 1:
+        _split_address("--coordinator", a.coordinator)
+    if a.devices < 1:
+        raise SystemExit(f"--devices must be >= 1, got {a.devices}")
+    return WorkerSettings(
+        listen=a.listen,
+        host_index=a.host_index,
+        num_hosts=a.num_hosts,
+        coordinator=a.coordinator,
+        devices=a.devices,
+        shm_dir=a.shm_dir or _default_shm_dir(),
+        host_name=a.host_name or f"host-{a.host_index} ({a.listen})",
+        input_timeout_s=a.input_timeout_s,
+        store_limit_bytes=a.store_limit_bytes,
+    )
+
+
+def parse_sidecar_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> SidecarSettings:
+    env = os.environ if env is None else env
+    p = argparse.ArgumentParser(
+        prog="python -m pathways_worker.sidecar",
+        description="A Pathways host's dataflow sidecar: plans, ordering and transfers.",
+    )
+    p.add_argument("--listen", default=env.get("PATHWAYS_SIDECAR_LISTEN", "127.0.0.1:0"),
+                   help="HOST:PORT to serve Dataflow on (PATHWAYS_SIDECAR_LISTEN); port 0 picks one")
+    p.add_argument("--worker", default=env.get("PATHWAYS_WORKER_ADDRESS", ""),
+                   help="the worker's HOST:PORT (PATHWAYS_WORKER_ADDRESS)")
+    p.add_argument("--shm-dir", default=env.get("PATHWAYS_SHM_DIR", ""),
+                   help="shared-memory directory shared with the worker (PATHWAYS_SHM_DIR)")
+    p.add_argument("--host-name", default=env.get("PATHWAYS_HOST_NAME", ""),
+                   help="name used in errors (PATHWAYS_HOST_NAME)")
+    p.add_argument("--store-limit-bytes", type=int,
+                   default=int(env.get("PATHWAYS_SIDECAR_STORE_LIMIT_BYTES",
+                                       DEFAULT_SIDECAR_STORE_LIMIT)),
+                   help="bound on bytes of incoming values held (PATHWAYS_SIDECAR_STORE_LIMIT_BYTES)")
+    p.add_argument("--put-wait-s", type=float,
+                   default=float(env.get("PATHWAYS_SIDECAR_PUT_WAIT_S", DEFAULT_PUT_WAIT_S)),
+                   help="longest wait of a Put for store space (PATHWAYS_SIDECAR_PUT_WAIT_S)")
+    p.add_argument("--advertise", default=env.get("PATHWAYS_SIDECAR_ADVERTISE", ""),
+                   help="address announced to the controller; default: the listen address")
+    a = p.parse_args(argv)
+    _split_address("--listen", a.listen)
+    _split_address("--worker", a.worker)
+    if a.store_limit_bytes < 1:
+        raise SystemExit(f"--store-limit-bytes must be >= 1, got {a.store_limit_bytes}")
+    return SidecarSettings(
+        listen=a.listen,
+        worker=a.worker,
+        shm_dir=a.shm_dir or _default_shm_dir(),
+        host_name=a.host_name or a.listen,
+        store_limit_bytes=a.store_limit_bytes,
+        put_wait_s=a.put_wait_s,
+        advertise=a.advertise,
+    )
