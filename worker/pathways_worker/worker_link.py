@@ -1,0 +1,95 @@
+"""The sidecar's one stream to its worker (`Executor.Session`).
+
+Commands are queued and sent in order; events come back batched. The worker
+may still be starting (importing jax, joining its slice's JAX job), so the
+link reconnects with a backoff capped at one second until the worker answers
+with its `ready` event; commands queued meanwhile wait and are sent once it
+is. If the worker goes away the link says so (`ready` clears) and reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SESSION_MESSAGE_BYTES = 256 << 20
+MAX_BACKOFF_S = 1.0
+
+
+class WorkerLink:
+    def __init__(self, address: str, on_event: Callable[[pb.WorkerEvent], None]) -> None:
+        self.address = address
+        self._on_event = on_event
+        self._commands: queue.Queue[pb.WorkerCommand] = queue.Queue()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self.worker_host = ""
+        self.store_bytes = 0
+        self.store_limit = 0
+        self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
+        self._thread.start()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        return self._ready.wait(timeout_s)
+
+    def send(self, command: pb.WorkerCommand) -> None:
+        self._commands.put(command)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        backoff = 0.05
+        options = [
+            ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
+        ]
+        while not self._stop.is_set():
+            channel = grpc.insecure_channel(self.address, options=options)
+            opened = threading.Event()
+            ended = threading.Event()
+            try:
+                events = pb_grpc.ExecutorStub(channel).Session(self._requests(opened, ended))
+                for event in events:
+                    if event.ready and not opened.is_set():
+                        self.worker_host = event.host
+                        log.info("worker %s at %s is ready", event.host, self.address)
+                        opened.set()
+                        self._ready.set()
+                        backoff = 0.05
+                    self.store_bytes, self.store_limit = event.store_bytes, event.store_limit
+                    self._on_event(event)
+            except grpc.RpcError as err:
+                if opened.is_set():
+                    log.error("stream to worker %s broke: %s", self.address, err.details() if hasattr(err, "details") else err)
+            finally:
+                ended.set()
+                self._ready.clear()
+                channel.close()
+            self._stop.wait(backoff)
+            backoff = min(2 * backoff, MAX_BACKOFF_S)
+
+    def _requests(self, opened: threading.Event, ended: threading.Event) -> Iterator[pb.WorkerCommand]:
+        """Commands for one stream, only once the worker said it is ready."""
+        while not opened.wait(0.1):
+            if ended.is_set() or self._stop.is_set():
+                return
+        while not ended.is_set() and not self._stop.is_set():
+            try:
+                command = self._commands.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            yield command
