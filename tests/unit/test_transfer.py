@@ -72,7 +72,7 @@ def test_parse_spec_accepts_numeric_and_rejects_others() -> None:
 def test_iter_chunks_puts_header_on_first_chunk_only() -> None:
     data = np.arange(1000, dtype=np.uint8)
     header = pb.BufferHeader(call_id="c", nbytes=1000)
-    chunks = list(transfer.iter_chunks(header, memoryview(data), chunk_bytes=300))
+    chunks = list(transfer.iter_chunks(header, data.data, chunk_bytes=300))
     assert [len(c.data) for c in chunks] == [300, 300, 300, 100]
     assert [c.HasField("header") for c in chunks] == [True, False, False, False]
     assert b"".join(c.data for c in chunks) == data.tobytes()
@@ -139,7 +139,7 @@ def header(**kw: object) -> pb.BufferHeader:
     h.value.CopyFrom(ref())
     for k, v in kw.items():
         if k in ("start", "stop"):
-            getattr(h, k).extend(v)  # type: ignore[call-overload]
+            getattr(h, k).extend(v)
         elif k == "spec":
             h.spec.CopyFrom(v)  # type: ignore[arg-type]
         else:
