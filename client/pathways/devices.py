@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import weakref
 from dataclasses import dataclass, field
 
 from jax.sharding import AbstractMesh
@@ -45,6 +46,12 @@ class VirtualSlice:
     def __post_init__(self) -> None:
         if not self.id:
             self.id = self.name if self.shared else f"{self.name}-{next(_ids)}"
+        # a slice nobody can reach any more gives its devices back
+        self._finalizer = weakref.finalize(self, _release, self.id)
+
+    def release(self) -> None:
+        """Give the slice's hosts back now; it is placed again if used again."""
+        _release(self.id, wait=True)
 
     @property
     def devices(self) -> list[VirtualDevice]:
@@ -126,6 +133,17 @@ class VirtualDeviceSet:
         )
         self.slices.append(vslice)
         return vslice
+
+    def release(self) -> None:
+        """Give back every slice of this set."""
+        for vslice in self.slices:
+            vslice.release()
+
+
+def _release(slice_id: str, wait: bool = False) -> None:
+    from pathways.runtime import release_virtual_slice
+
+    release_virtual_slice(slice_id, wait=wait)
 
 
 def make_virtual_device_set() -> VirtualDeviceSet:

@@ -250,14 +250,11 @@ def apply_slice_function(fn: SliceFunction, args: tuple[Any, ...]) -> Any:
     trace = current_trace()
     if trace is not None:
         return trace.apply(fn, args)
-    single = _single_programs.get(id(fn))
+    single = getattr(fn, "_eager_program", None)
     if single is None:
         single = ProgramFunction(fn, name=fn.name, weight=1.0)
-        _single_programs[id(fn)] = single
+        fn._eager_program = single  # type: ignore[attr-defined]
     return single(*args)
-
-
-_single_programs: dict[int, ProgramFunction] = {}
 
 
 def program(

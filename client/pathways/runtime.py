@@ -203,13 +203,38 @@ class Runtime:
     ) -> np.ndarray:
         try:
             value: np.ndarray = transfer.fetch_value(
-                [self.host(h) for h in hosts], call_id, ref.to_proto(), CALL_TIMEOUT_S
+                [self.host(h) for h in hosts],
+                call_id,
+                ref.to_proto(),
+                CALL_TIMEOUT_S,
+                release=True,
+                hosts=hosts,
             )
             return value
         except grpc.RpcError as err:
             raise _translate(err, f"fetching {ref} {spec} from hosts {hosts}") from None
+        except transfer.TransferError as err:
+            raise ExecutionError(f"fetching {ref} {spec} from hosts {hosts}: {err}") from None
 
     # ------------------------------------------------------------ lifecycle
+
+    def release(self, decl_id: str) -> None:
+        """Give back the physical slice bound to virtual slice `decl_id`, if any."""
+        with self._lock:
+            info = self._slices.pop(decl_id, None)
+            if info is None:
+                return
+            self._programs = {
+                key: pid
+                for key, pid in self._programs.items()
+                if info.slice_id not in (physical for _, physical in key[1])
+            }
+        try:
+            self.controller.ReleaseSlice(
+                pb.ReleaseSliceRequest(slice_id=info.slice_id, client=self.client_id), timeout=30
+            )
+        except grpc.RpcError:
+            pass
 
     def release_slices(self) -> None:
         with self._lock:
@@ -297,6 +322,20 @@ def default_runtime() -> Runtime:
     if runtime is None:
         return connect()
     return runtime
+
+
+def release_virtual_slice(decl_id: str, wait: bool = False) -> None:
+    """Release a virtual slice's gang on the current runtime (no runtime: nothing to do)."""
+    runtime = _default
+    if runtime is None:
+        return
+    if wait:
+        runtime.release(decl_id)
+        return
+    try:
+        runtime._pool.submit(runtime.release, decl_id)
+    except RuntimeError:
+        pass  # the runtime is shutting down and releases everything itself
 
 
 def shutdown() -> None:

@@ -17,3 +17,12 @@ def runtime() -> Iterator[pw.Runtime]:
         yield rt
     finally:
         pw.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _release_unreachable_slices() -> Iterator[None]:
+    """Slices a test no longer references give their devices back when collected."""
+    yield
+    import gc
+
+    gc.collect()
