@@ -30,7 +30,7 @@ def train(name: str, trainer: PipelineTrainer | SpmdTrainer) -> tuple[float, flo
     p0, p1 = lm.init_params(seed=0)
     xs, ys = lm.make_data(STEPS, BATCH, seed=1)
     first = last = float("nan")
-    bar = tqdm(range(STEPS), desc=name, unit="step", file=sys.stdout, mininterval=0.5)
+    bar = tqdm(range(STEPS), desc=name, unit="step", file=sys.stdout, mininterval=1.0)
     start = time.perf_counter()
     for step in bar:
         p0, p1, loss = trainer.train_step(p0, p1, xs[step], ys[step])
@@ -38,7 +38,7 @@ def train(name: str, trainer: PipelineTrainer | SpmdTrainer) -> tuple[float, flo
         if step == 0:
             first = last
             start = time.perf_counter()  # the first step includes placement and compiles
-        bar.set_postfix(loss=f"{last:.3f}")
+        bar.set_postfix(loss=f"{last:.3f}", refresh=False)
         if step % 10 == 0 or step == STEPS - 1:
             tqdm.write(f"  {name} step {step:3d}  loss {last:.4f}", file=sys.stdout)
     elapsed = time.perf_counter() - start
