@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -386,10 +386,16 @@ class PieceAssembler:
     bytes and are counted once.
     """
 
-    def __init__(self, target: np.ndarray) -> None:
+    def __init__(
+        self, target: np.ndarray, write_at: Callable[[int, bytes], None] | None = None
+    ) -> None:
+        """`write_at(byte_offset, data)`, if given, receives contiguous runs instead
+        of the target's memory (e.g. `os.pwrite` to the file behind a memmap, about
+        twice as fast as faulting the mapping's pages in)."""
         if not target.flags.c_contiguous:
             raise ValueError("PieceAssembler needs a C-contiguous target")
         self.target = target
+        self.write_at = write_at
         self.shape: Shape = tuple(target.shape)
         self.dtype: np.dtype[Any] = target.dtype
         self.size = math.prod(self.shape)
@@ -442,8 +448,11 @@ class PieceWriter:
         offset = _contiguous_offset(assembler.shape, info.start, info.stop)
         self._direct: np.ndarray | None = None
         self._buffer: np.ndarray | None = None
+        self._offset = -1
         if info.nbytes == 0:
             pass
+        elif offset is not None and assembler.write_at is not None:
+            self._offset = offset * assembler.dtype.itemsize
         elif offset is not None and assembler._flat is not None:
             lo = offset * assembler.dtype.itemsize
             self._direct = assembler._flat[lo : lo + info.nbytes]
@@ -465,9 +474,13 @@ class PieceWriter:
                 f"{self.received + n} bytes received for a piece of {self.info.nbytes} "
                 f"({list(self.info.start)}..{list(self.info.stop)})",
             )
-        dest = self._direct if self._direct is not None else self._buffer
-        assert dest is not None
-        dest[self.received : self.received + n] = np.frombuffer(data, np.uint8)
+        if self._offset >= 0:
+            assert self.assembler.write_at is not None
+            self.assembler.write_at(self._offset + self.received, data)
+        else:
+            dest = self._direct if self._direct is not None else self._buffer
+            assert dest is not None
+            dest[self.received : self.received + n] = np.frombuffer(data, np.uint8)
         self.received += n
         if self.done:
             self._finish()

@@ -26,7 +26,7 @@ from pathways.transfer import PieceAssembler, PieceInfo, PieceWriter, TransferEr
 from pathways.wire import pathways_pb2 as pb
 from pathways_worker.byte_budget import ByteBudget
 from pathways_worker.call_plan import Ref, ref_of
-from pathways_worker.shared_memory import ShmDir, remove
+from pathways_worker.shared_memory import FileWriter, ShmDir, remove
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class InboundValue:
     spec: pb.TensorSpec
     path: str = ""
     target: np.ndarray | None = None
+    file: FileWriter | None = None
     assembler: PieceAssembler | None = None
     reserved: int = 0
     senders_done: set[str] = field(default_factory=set)
@@ -183,13 +184,15 @@ class Inbox:
                     return existing
                 return InboundValue(info.call_id, key[1], header.spec, delivered=True)
             path, target = self._shm.create_value(info.shape, info.dtype)
+            file = FileWriter(path)
             entry = InboundValue(
                 call_id=info.call_id,
                 ref=key[1],
                 spec=pb.TensorSpec(shape=list(info.shape), dtype=info.dtype.name),
                 path=path,
                 target=target,
-                assembler=PieceAssembler(target),
+                file=file,
+                assembler=PieceAssembler(target, file.write_at),
                 reserved=nbytes,
             )
             self._values[key] = entry
@@ -259,5 +262,7 @@ class Inbox:
         target: Any = entry.target
         if isinstance(target, np.memmap):
             target.flush()
-        entry.target = None
+        if entry.file is not None:
+            entry.file.close()
+        entry.target = entry.file = None
         entry.assembler = None

@@ -73,6 +73,24 @@ class ShmDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+class FileWriter:
+    """Positional writes into a value's file (what PieceAssembler.write_at wants)."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR)
+
+    def write_at(self, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 def map_value(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """The file as a read-only array; removing the file keeps the mapping alive."""
     if math.prod(shape) * dtype.itemsize == 0:
