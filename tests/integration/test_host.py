@@ -6,7 +6,8 @@ controller would — HostProgram, Launch, GrantBatch, FailCall, ReleaseCall —
 puts program inputs and fetches outputs like a client. Hosts:
 
 * host A, 127.0.0.21: a one-host slice with 2 devices, a 1 MiB sidecar store
-  with a 3 s Put wait and a 256 KiB worker store (so back-pressure shows quickly);
+  with a 3 s Put wait, a 256 KiB worker store and an 8 s input timeout (so
+  back-pressure and timeouts show quickly);
 * hosts B0/B1, 127.0.0.22/.23: a two-host slice of 4 devices each, one
   jax.distributed job (collectives over gloo).
 """
@@ -44,6 +45,7 @@ START_TIMEOUT_S = 90.0
 RPC_TIMEOUT_S = 30.0
 A_STORE_LIMIT = 1 << 20
 A_WORKER_STORE_LIMIT = 256 << 10
+A_INPUT_TIMEOUT_S = 8
 
 
 # ---------------------------------------------------------------- processes
@@ -95,8 +97,7 @@ def start_slice(
     worker_env: dict[str, str] | None = None,
 ) -> list[HostProcs]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PATHWAYS_INPUT_TIMEOUT_S"] = "30"
-    wenv = {**env, **(worker_env or {})}
+    wenv = {**env, "PATHWAYS_INPUT_TIMEOUT_S": "30", **(worker_env or {})}
     coordinator = f"{ips[0]}:{_free_port(ips[0])}"
     hosts = [HostProcs(f"{slice_name}/host-{i} ({ip})", ip) for i, ip in enumerate(ips)]
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else log_dir
@@ -169,7 +170,10 @@ def host_processes(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fix
         slices["a"] = start_slice(
             "slice-a", ["127.0.0.21"], 2, log_dir,
             sidecar_flags=["--store-limit-bytes", str(A_STORE_LIMIT), "--put-wait-s", "3"],
-            worker_env={"PATHWAYS_STORE_LIMIT_BYTES": str(A_WORKER_STORE_LIMIT)},
+            worker_env={
+                "PATHWAYS_STORE_LIMIT_BYTES": str(A_WORKER_STORE_LIMIT),
+                "PATHWAYS_INPUT_TIMEOUT_S": str(A_INPUT_TIMEOUT_S),
+            },
         )
         yield slices
     finally:
@@ -661,3 +665,42 @@ def test_worker_store_back_pressure(host_processes: dict[str, list[HostProcs]], 
     np.testing.assert_array_equal(fetch([a], "h2", (0, 0)), x * 2.0)
     ctl.send(release=pb.ReleaseCall(call_id="h2"))
     wait_for("empty stores", lambda: (h := health(a)).store_bytes == 0 and h.worker_store_bytes == 0)
+
+
+@pytest.mark.timeout(120)
+def test_missing_input_times_out_naming_its_source(host_processes: dict[str, list[HostProcs]], controls: dict[str, ControlStream]) -> None:
+    a = host_processes["a"][0].address
+    prog = program("orphan", [
+        computation(0, "consume", "a", lambda y: y + 1.0, [(5, 0)], [(X, F32, P("x"))], P("x"), A_MESH),
+        computation(5, "produce", "b", lambda x: x, [(-1, 0)], [(X, F32, P("x"))], P("x"), B_MESH),
+    ], num_inputs=1)
+    ctl = controls[a]
+    ctl.send(load=pb.HostProgram(program_id="orphan", program=prog, slice="a"))
+    ctl.send(launch=launch("o1", "orphan", expects={(5, 0): 2}, outputs=[(0, 0)]))
+    started = time.monotonic()
+    ctl.send(grants=grants("o1", [(1, 0)]))
+    (done,) = ctl.wait("o1", 1, timeout_s=A_INPUT_TIMEOUT_S + 20)
+    assert A_INPUT_TIMEOUT_S - 1 < time.monotonic() - started < A_INPUT_TIMEOUT_S + 15
+    assert not done.ok
+    for text in ["computation 'consume' (index 0)", "call o1", f"timed out after {A_INPUT_TIMEOUT_S} s",
+                 "output 0 of computation 5", "slice 'b' (2 sender host(s))"]:
+        assert text in done.error, done.error
+    ctl.send(release=pb.ReleaseCall(call_id="o1"))
+
+
+@pytest.mark.timeout(60)
+def test_a_new_control_stream_replaces_the_old(host_processes: dict[str, list[HostProcs]], controls: dict[str, ControlStream]) -> None:
+    a = host_processes["a"][0].address
+    old = controls[a]
+    new = controls[a] = ControlStream(a)
+    try:
+        wait_for("hello on the new stream", lambda: new.hello == a)
+        new.send(load=pb.HostProgram(program_id="chain-n", program=chain_program("chain-n"), slice="a"))
+        new.send(launch=launch("n1", "chain-n", outputs=[(2, 0)]))
+        new.send(grants=grants("n1", [(1, 0), (2, 1), (3, 2)]))
+        put(a, "n1", (-1, 0), x_value(3))
+        assert all(c.ok for c in new.wait("n1", 3))
+        assert not [c for c in old.completions if c.call_id == "n1"]
+        new.send(release=pb.ReleaseCall(call_id="n1"))
+    finally:
+        old.close()

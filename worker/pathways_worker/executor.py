@@ -230,6 +230,9 @@ class Executor:
                 return
             call.plan = plan_call(loaded.host_program, launch)
             call.readers = dict(call.plan.readers)
+            for comp in call.plan.computations.values():
+                for ref in comp.outputs:
+                    self._store.slot(call.call_id, ref)  # the output futures
             for ref, slot in list(self._store.slots_of(call.call_id).items()):
                 if slot.settled:
                     self._maybe_free(call, ref)
