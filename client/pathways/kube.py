@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -561,7 +561,3 @@ class Kube:
         data: bytes = response.data
         return data.decode("utf-8", "replace")
 
-
-def owner_names(obj: Mapping[str, Any]) -> Sequence[str]:
-    """Names of an object's owners (e.g. the program that owns an inline slice)."""
-    return [_str(_map(o).get("name")) for o in _list(_map(obj.get("metadata")).get("ownerReferences"))]
