@@ -321,6 +321,10 @@ def check_header(header: pb.BufferHeader) -> PieceInfo:
             header.error,
         )
     shape, dtype = parse_spec(header.spec, "header.spec")
+    if not header.whole and not header.sender:
+        raise TransferError(
+            "header.sender", "empty; pieces from several hosts are counted by sender"
+        )
     start = tuple(int(x) for x in header.start)
     stop = tuple(int(x) for x in header.stop)
     if header.nbytes < 0:

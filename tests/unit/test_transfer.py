@@ -127,6 +127,15 @@ def test_scalar_and_empty_values() -> None:
     assert assembler.complete
 
 
+def test_scalar_shard_of_a_sharded_value() -> None:
+    scalar = np.array(7, dtype=np.int32)
+    pieces = transfer.value_pieces(FakeSharded((), [FakeShard((), 0, scalar), FakeShard((), 1, scalar)]))
+    assert len(pieces) == 1 and pieces[0].start == () and pieces[0].data.nbytes == 4
+    chunks = transfer.pieces_chunks("c", ref(), transfer.spec_of(scalar), pieces, "h")
+    assembler = assemble(chunks, np.zeros((), np.int32))
+    assert assembler.complete and int(assembler.target) == 7
+
+
 def test_resent_piece_is_counted_once() -> None:
     array = np.arange(12, dtype=np.int32).reshape(3, 4)
     chunks = list(transfer.whole_value_chunks("c", ref(-1, 0), array))
@@ -135,7 +144,7 @@ def test_resent_piece_is_counted_once() -> None:
 
 
 def header(**kw: object) -> pb.BufferHeader:
-    h = pb.BufferHeader(call_id="c", spec=pb.TensorSpec(shape=[4, 4], dtype="float32"))
+    h = pb.BufferHeader(call_id="c", sender="h", spec=pb.TensorSpec(shape=[4, 4], dtype="float32"))
     h.value.CopyFrom(ref())
     for k, v in kw.items():
         if k in ("start", "stop"):
@@ -155,6 +164,7 @@ def header(**kw: object) -> pb.BufferHeader:
         ({"start": [0, 0], "stop": [2, 4], "nbytes": 31}, "header.nbytes"),
         ({"start": [0, 0], "stop": [2, 4], "nbytes": 32, "spec": pb.TensorSpec(shape=[4, 4], dtype="obj")}, "header.spec.dtype"),
         ({"call_id": ""}, "header.call_id"),
+        ({"start": [0, 0], "stop": [2, 4], "nbytes": 32, "sender": ""}, "header.sender"),
         ({"whole": True, "start": [1, 0], "stop": [4, 4], "nbytes": 48}, "header.start/stop"),
     ],
 )
