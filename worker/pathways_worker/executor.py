@@ -396,9 +396,17 @@ class Executor:
                 grant = self._run_queue[0]
             try:
                 self._run(grant)
-            except Exception as err:  # a bug here must not stop the host
+            except Exception as err:  # a bug here must not stop the host (or hang consumers)
                 log.exception("executor failed on grant %s", grant)
-                self._finish_queue.put(CompletionJob(grant, (), f"host {self.host_name}: {err}", ()))
+                error = f"grant {grant.seq} of call {grant.call_id} on host {self.host_name}: {err!r}"
+                with self._cv:
+                    call = self._calls.get(grant.call_id)
+                    comp = call.plan.computations.get(grant.node) if call and call.plan else None
+                    if call is not None and comp is not None:
+                        for ref in comp.outputs:
+                            self._settle_failed(call.call_id, ref, error)
+                    self._cv.notify_all()
+                self._finish_queue.put(CompletionJob(grant, (), error, self._routed_failures(grant)))
             with self._cv:
                 self._run_queue.popleft()
 
