@@ -152,6 +152,17 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
 # -- applied to the API server -----------------------------------------------------------
 
 
+def test_helm_install_dry_run_tells_the_user_what_to_do_next(cluster: Cluster, helm: Helm, namespace: str) -> None:
+    result = helm(
+        "install", "kp-notes", str(CHART), "--namespace", namespace,
+        "--kubeconfig", str(cluster.kubeconfig), "--dry-run=server",
+    )  # fmt: skip
+    notes = result.stdout.partition("NOTES:")[2]
+    assert f"kubectl -n {namespace} rollout status deployment/kp-notes-kube-pathways" in notes
+    assert "pathways status -w" in notes and "pathways describe slice" in notes
+    assert f"kp-notes-kube-pathways.{namespace}.svc:8470" in notes
+
+
 @dataclass(frozen=True)
 class Installed:
     namespace: str
