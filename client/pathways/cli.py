@@ -401,7 +401,7 @@ PROGRAM_FILE_HELP = (
 
 def load_program_file(path: Path) -> ProgramFile:
     """Imports ``path`` (its directory first on sys.path, so its siblings import) and checks it."""
-    from pathways.program import ProgramFunction
+    from pathways.tracing import ProgramFunction
 
     if not path.is_file():
         raise CliError(f"{path}: no such file")

@@ -39,7 +39,7 @@ import numpy as np
 
 from pathways import ir
 from pathways.errors import InvalidProgramError
-from pathways.program import ProgramFunction
+from pathways.tracing import ProgramFunction
 from pathways.wire import pathways_pb2 as pb
 
 FORMAT = "compiled-program/v1"

@@ -222,7 +222,7 @@ class SliceFunction:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from pathways.program import apply_slice_function
+        from pathways.tracing import apply_slice_function
 
         if kwargs:
             raise InvalidProgramError(
