@@ -6,7 +6,14 @@ STAMP  := $(VENV)/.installed
 export KPW_CACHE ?= $(HOME)/.cache/kube-pathways
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: all demo test lint typecheck unit integration cluster controlplane proto bench bench-quick clean
+.PHONY: all venv demo test lint typecheck unit integration cluster controlplane helm proto sync-crds \
+        bench bench-quick kind-up kind-load helm-install kind-demo clean
+
+HELM_VERSION := v3.22.0
+HELM         := $(KPW_CACHE)/helm-$(HELM_VERSION)/bin/helm
+KIND_CLUSTER ?= kube-pathways
+KUBE_CONTEXT := kind-$(KIND_CLUSTER)
+IMAGE        ?= kube-pathways:0.1.0
 
 all: test
 
@@ -23,7 +30,7 @@ demo: $(STAMP)
 	$(PY) examples/pipeline_demo.py
 
 ## make test: every tier — layers, types, unit, integration, cluster
-test: $(STAMP) controlplane
+test: $(STAMP) controlplane helm
 	$(MAKE) lint
 	$(MAKE) typecheck
 	$(MAKE) unit
@@ -42,13 +49,42 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(PYTEST) tests/integration -q
 
-cluster: $(STAMP) controlplane
+cluster: $(STAMP) controlplane helm
 	$(PYTEST) tests/cluster -q
 
 ## The test control plane: etcd + kube-apiserver + controller-manager + scheduler,
 ## built from source through the Go module proxy into $(KPW_CACHE).
 controlplane:
 	bash tests/cluster/toolchain/build.sh
+
+## helm, built through the Go module proxy into $(KPW_CACHE)
+helm:
+	bash tests/cluster/toolchain/build_helm.sh
+
+## keep the chart's CRDs identical to crds/
+sync-crds:
+	rm -f helm/kube-pathways/crds/*.yaml
+	cp crds/*.yaml helm/kube-pathways/crds/
+
+## kind workflow (needs Docker and kind; not available on CI machines)
+kind-up:
+	kind create cluster --name $(KIND_CLUSTER) --config helm/kind-config.yaml
+	bash helm/label-nodes.sh --context $(KUBE_CONTEXT)
+
+kind-load:
+	docker build -t $(IMAGE) .
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+
+helm-install: helm
+	$(HELM) upgrade --install kube-pathways helm/kube-pathways --kube-context $(KUBE_CONTEXT) \
+	  --namespace pathways-system --create-namespace \
+	  --set image.repository=$(word 1,$(subst :, ,$(IMAGE))) --set image.tag=$(word 2,$(subst :, ,$(IMAGE))) \
+	  --wait --timeout 5m
+
+kind-demo: $(STAMP)
+	kubectl --context $(KUBE_CONTEXT) apply -f examples/manifests/paper-example.yaml \
+	  -f examples/manifests/train-regression.yaml
+	$(VENV)/bin/pathways --context $(KUBE_CONTEXT) status -w --until-done --timeout 10m
 
 proto: $(STAMP)
 	cd client && PATH=$(CURDIR)/$(VENV)/bin:$$PATH python -m grpc_tools.protoc -I. \
