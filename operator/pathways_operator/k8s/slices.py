@@ -286,9 +286,15 @@ class SliceReconciler:
                 for uid in pod.owner_uids:
                     if uid in uids:
                         owned.setdefault(uids[uid], []).append(pod)
+            alive = {s.key for s in slices if not s.deleting}
+            for stale in self._ledger.all():
+                if stale.key not in alive:
+                    self._ledger.release(stale.key)  # deleted: its pods, if any, still count
             queue: list[QueuedGang] = []
             generations: dict[str, int] = {}
             for other in slices:
+                if other.deleting:
+                    continue
                 mine = owned.get(other.key, [])
                 generation = max([other.status.restarts, *(p.generation or 0 for p in mine)])
                 if self._ledger.get(other.key) is None:

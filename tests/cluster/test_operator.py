@@ -1,0 +1,262 @@
+"""The operator against a real API server: VirtualSlices become gangs, programs run.
+
+Every test gets its own namespace and deletes what it made (``objects`` waits for the
+pods to be gone, since tests share the islands); the operator is one real process for
+the session (``operator_fixture``), started after ``kubectl apply -f crds/``. The test
+cluster has two islands of two 4-device nodes each, 8 devices per island, so an
+8-device slice is a gang of 2 hosts that takes a whole island.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.cluster.conftest import Cluster
+from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
+    Objects,
+    OperatorProcess,
+    condition,
+    crds,
+    inline_slice,
+    objects,
+    operator,
+    program,
+    ref_slice,
+    virtual_slice,
+)
+
+SLICE_READY_S = 120.0
+PROGRAM_DONE_S = 180.0
+
+
+def results(objects: Objects, done: dict[str, object]) -> dict[str, object]:
+    """The program's results, read from the ConfigMap its status names."""
+    where = done["status"]["results"]  # type: ignore[index]
+    data = objects.configmap(where["configMap"])
+    assert sorted(data) == sorted(where["keys"])
+    return {k: json.loads(v) for k, v in data.items()}
+
+
+# -- the resource manager ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_slice_becomes_a_gang_of_pods_on_one_island(objects: Objects, operator: OperatorProcess) -> None:
+    applied = objects.apply(virtual_slice("gang", 8))
+    ready = objects.wait_slice("gang", "Ready", SLICE_READY_S, operator)
+    elapsed = time.monotonic() - applied
+    print(f"\nkubectl apply -> Ready for a 2-host VirtualSlice: {elapsed:.1f} s")
+
+    status = ready["status"]
+    pods = objects.pods("pathways.dev/slice=gang")
+    assert sorted(p.metadata.name for p in pods) == ["gang-0", "gang-1"]
+    island = status["island"]
+    prefix = island.removeprefix("island-")
+    assert {p.spec.node_name for p in pods} == {f"{prefix}-0", f"{prefix}-1"}, "one island, both nodes"
+    for pod in pods:
+        assert pod.spec.scheduler_name == "pathways", "bound by the operator, not kube-scheduler"
+        assert pod.metadata.labels["pathways.dev/generation"] == "0"
+        assert pod.metadata.owner_references[0].kind == "VirtualSlice"
+        worker = next(c for c in pod.spec.containers if c.name == "worker")
+        assert worker.resources.requests["pathways.dev/device"] == "4"
+        assert {c.name for c in pod.spec.containers} == {"worker", "dataflow"}
+    assert [h["index"] for h in status["hosts"]] == [0, 1]
+    assert all(h["podIP"] and h["node"] and h["pod"] and h["devices"] == 4 for h in status["hosts"])
+    assert status["readyHosts"] == "2/2" and status["restarts"] == 0
+    assert condition(ready, "Admitted")["status"] == "True"
+    assert condition(ready, "Ready")["reason"] == "GangReady"
+    assert condition(ready, "Ready")["observedGeneration"] == ready["metadata"]["generation"]
+    assert any(f"Admitted on {island}" in e.message for e in objects.events("gang"))
+    printed = objects.cluster.kubectl("get", "vslice", "gang", "-n", objects.namespace).stdout
+    assert "Ready" in printed and "2/2" in printed and island in printed
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_competing_gangs_are_admitted_all_or_nothing(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("first", 8, island="island-a"))
+    objects.wait_slice("first", "Ready", SLICE_READY_S, operator)
+    objects.apply(virtual_slice("second", 8, island="island-a"))
+
+    def queued() -> dict[str, object] | None:
+        found = objects.slice("second")
+        status = found.get("status") or {}
+        return found if status.get("phase") == "Pending" and status.get("conditions") else None
+
+    second = objects.cluster.poll(queued, timeout=30, what="second slice queued")
+    admitted = condition(second, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "InsufficientDevices")
+    assert "needs 8 devices on island island-a" in admitted["message"]
+    assert "0 free" in admitted["message"]
+    time.sleep(3)
+    assert objects.pods("pathways.dev/slice=second") == [], "a queued gang holds no pods"
+    assert objects.slice("first")["status"]["phase"] == "Ready"
+
+    objects.delete("virtualslices", "first")
+    admitted_at = time.monotonic()
+    ready = objects.wait_slice("second", "Ready", SLICE_READY_S, operator)
+    print(f"\nsecond slice Ready {time.monotonic() - admitted_at:.1f} s after the first was deleted")
+    assert ready["status"]["island"] == "island-a"
+    assert condition(ready, "Admitted")["status"] == "True"
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_deleted_pod_recreates_the_whole_gang(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("phoenix", 8, max_restarts=2))
+    objects.wait_slice("phoenix", "Ready", SLICE_READY_S, operator)
+    before = objects.pod_uids("pathways.dev/slice=phoenix")
+
+    objects.core.delete_namespaced_pod("phoenix-1", objects.namespace)
+
+    def recreated() -> dict[str, object] | None:
+        found = objects.slice("phoenix")
+        status = found.get("status") or {}
+        return found if status.get("phase") == "Ready" and status.get("restarts") == 1 else None
+
+    ready = objects.cluster.poll(recreated, timeout=SLICE_READY_S, interval=0.5, what="gang recreated")
+    after = objects.pod_uids("pathways.dev/slice=phoenix")
+    assert sorted(after) == ["phoenix-0", "phoenix-1"]
+    assert not set(after.values()) & set(before.values()), "every pod of the gang is new"
+    assert {p.metadata.labels["pathways.dev/generation"] for p in objects.pods("pathways.dev/slice=phoenix")} == {"1"}
+    assert condition(ready, "Degraded")["status"] == "False"
+    assert any("Gang recreated: pod phoenix-1" in e.message for e in objects.events("phoenix"))
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_restarts_exhausted_fails_the_slice(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("fragile", 2, max_restarts=0))
+    objects.wait_slice("fragile", "Ready", SLICE_READY_S, operator)
+    objects.core.delete_namespaced_pod("fragile-0", objects.namespace)
+    failed = objects.wait_slice("fragile", "Failed", 60, operator)
+    ready = condition(failed, "Ready")
+    assert ready["reason"] == "RestartsExhausted"
+    assert "pod fragile-0 was deleted" in ready["message"] and "maxRestarts=0" in ready["message"]
+    objects.cluster.poll(lambda: not objects.pods("pathways.dev/slice=fragile"), timeout=60,
+                         what="pods of the failed slice deleted")
+
+
+# -- programs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_paper_example_program_succeeds_with_its_results(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(program("paper", "examples.programs:paper_example", inline_slice("main", 2)))
+    done = objects.wait_program("paper", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert results(objects, done) == {"y": [3.0, 5.0], "z": [2.0, 4.0]}
+    status = done["status"]
+    assert status["stepsCompleted"] == 1 and status["progress"] == "1/1"
+    assert status["startTime"] and status["completionTime"]
+    assert status["sliceNames"] == "main=paper-main"
+    assert condition(done, "Succeeded")["status"] == "True"
+    objects.cluster.poll(
+        lambda: objects.get("virtualslices", "paper-main") is None
+        and not objects.pods("pathways.dev/slice=paper-main"),
+        timeout=60, what="the program's inline slice removed when it ended",
+    )
+
+
+@pytest.mark.timeout(400, func_only=True)
+def test_program_survives_gang_recreation(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("shared", 8))
+    objects.wait_slice("shared", "Ready", SLICE_READY_S, operator)
+    objects.apply(program("steady", "examples.programs:paper_example", ref_slice("main", "shared"),
+                          steps=12, args={"step_seconds": 0.5}))
+
+    def progressed() -> bool:
+        status = objects.program("steady").get("status") or {}
+        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
+
+    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    objects.core.delete_namespaced_pod("shared-1", objects.namespace)
+
+    done = objects.wait_program("steady", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert objects.slice("shared")["status"]["restarts"] == 1
+    v = [float(i) for i in range(1, 9)]
+    assert results(objects, done) == {"y": [2 * x + 1 for x in v], "z": [2 * x for x in v]}
+    assert done["status"]["stepsCompleted"] == 12
+
+
+@pytest.mark.timeout(400, func_only=True)
+def test_operator_restart_mid_program_changes_nothing(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(program("durable", "examples.programs:paper_example", inline_slice("main", 8),
+                          steps=10, args={"step_seconds": 0.5}))
+
+    def progressed() -> bool:
+        status = objects.program("durable").get("status") or {}
+        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
+
+    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    pods_before = objects.pod_uids("pathways.dev/slice=durable-main")
+    assert len(pods_before) == 2
+
+    operator.restart(kill=True)
+    time.sleep(5)
+    assert objects.pod_uids("pathways.dev/slice=durable-main") == pods_before, "no pod created or lost"
+
+    done = objects.wait_program("durable", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert results(objects, done)["y"] == [2.0 * i + 1 for i in range(1, 9)]
+    assert operator.starts >= 2
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_deleting_a_program_removes_its_inline_slices(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(program("brief", "examples.programs:paper_example", inline_slice("main", 4),
+                          steps=1000, args={"step_seconds": 1.0}))
+    objects.wait_slice("brief-main", "Ready", SLICE_READY_S, operator)
+    assert objects.slice("brief-main")["metadata"]["ownerReferences"][0]["kind"] == "PathwaysProgram"
+
+    objects.delete("pathwaysprograms", "brief")
+    objects.cluster.poll(
+        lambda: objects.get("pathwaysprograms", "brief") is None
+        and objects.get("virtualslices", "brief-main") is None
+        and not objects.pods("pathways.dev/slice=brief-main"),
+        timeout=90, interval=0.5, what="program, its slice and its pods deleted",
+    )
+
+
+# -- invalid manifests ----------------------------------------------------------------------------
+
+
+def test_schema_and_cel_reject_invalid_manifests(objects: Objects, cluster: Cluster) -> None:
+    def rejected(manifest: dict[str, object]) -> str:
+        result = cluster.kubectl("apply", "-n", objects.namespace, "-f", "-",
+                                 input=json.dumps(manifest), check=False)
+        assert result.returncode != 0, f"accepted: {manifest}"
+        return result.stderr
+
+    assert "spec.devices" in rejected(virtual_slice("negative", -2))
+
+    objects.apply(virtual_slice("fixed", 2))
+    assert "devices is immutable" in rejected(virtual_slice("fixed", 4))
+
+    no_entrypoint = program("nothing", "examples.programs:paper_example", inline_slice("main", 2))
+    no_entrypoint["spec"]["source"] = {}  # type: ignore[index]
+    assert "source needs exactly one of entrypoint" in rejected(no_entrypoint)
+    assert "spec.source.entrypoint" in rejected(program("malformed", "not an entrypoint", inline_slice("main", 2)))
+
+
+@pytest.mark.timeout(120, func_only=True)
+@pytest.mark.parametrize(
+    ("entrypoint", "slice_spec", "field", "words"),
+    [
+        ("os.path:join", {"name": "main", "template": {"devices": 2}}, "spec.source.entrypoint", "examples."),
+        ("examples.no_such_module:run", {"name": "main", "template": {"devices": 2}},
+         "spec.source.entrypoint", "not importable"),
+        ("examples.programs:paper_example", {"name": "main", "ref": "missing"}, "spec.slices[0].ref", "missing"),
+    ],
+    ids=["disallowed-entrypoint", "unimportable-entrypoint", "unknown-slice-ref"],
+)
+def test_invalid_programs_fail_naming_the_field(
+    objects: Objects, operator: OperatorProcess, entrypoint: str, slice_spec: dict[str, object],
+    field: str, words: str,
+) -> None:
+    objects.apply(program("invalid", entrypoint, slice_spec))
+    failed = objects.wait_program("invalid", {"Failed"}, 60, operator)
+    message = condition(failed, "Failed")["message"]
+    assert field in message and words in message, message
+    assert failed["status"]["message"] == message
