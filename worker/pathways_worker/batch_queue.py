@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -34,17 +35,20 @@ class BatchQueue(Generic[T]):
             self._nudged = True
             self._cv.notify_all()
 
-    def take(self, timeout_s: float, linger_s: float = 0.0) -> tuple[list[T], bool]:
+    def take(
+        self, timeout_s: float, linger_s: float = 0.0, more_coming: Callable[[], bool] | None = None
+    ) -> tuple[list[T], bool]:
         """Everything queued (waiting up to timeout_s for something), and whether
         a nudge arrived. With `linger_s`, once something is there it waits that
         much longer for company: a few hundred microseconds turn a stream of
-        one-completion messages into a few large ones."""
+        one-completion messages into a few large ones. `more_coming` says
+        whether lingering can pay off; when it says no, the batch goes now."""
         with self._cv:
             if not self._items and not self._nudged:
                 self._cv.wait(timeout_s)
             if not self._items and not self._nudged:
                 return [], False
-        if linger_s > 0:
+        if linger_s > 0 and (more_coming is None or more_coming()):
             time.sleep(linger_s)
         with self._cv:
             items, self._items = self._items, []

@@ -37,7 +37,9 @@ from pathways_worker.worker_link import WorkerLink
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_TIMEOUT_S = 300.0
-COMPLETION_LINGER_S = 0.0005
+COMPLETION_LINGER_S = 0.0
+"""The worker batches completions already (and sends a call's last one at once);
+lingering here again only delays the end of every call."""
 
 
 class HostError(Exception):

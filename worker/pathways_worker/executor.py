@@ -91,12 +91,20 @@ class ExportJob:
 
 
 class WorkerOutbox:
-    """Events for the sidecar, batched; each event carries the store's byte count."""
+    """Events for the sidecar, batched; each event carries the store's byte count.
 
-    def __init__(self, store_bytes: Callable[[], int], store_limit: int) -> None:
+    A batch lingers for company only while more completions are on their way
+    (`busy()`: grants still queued on the executor); the last completion of a
+    call and every export go out at once, since someone is waiting for them.
+    """
+
+    def __init__(
+        self, store_bytes: Callable[[], int], store_limit: int, busy: Callable[[], bool] = lambda: False
+    ) -> None:
         self._queue: BatchQueue[pb.Completion | pb.Exported] = BatchQueue()
         self._store_bytes = store_bytes
         self._store_limit = store_limit
+        self._busy = busy
 
     def completion(self, done: pb.Completion) -> None:
         self._queue.put(done)
@@ -108,7 +116,7 @@ class WorkerOutbox:
         self._queue.nudge()
 
     def take_event(self, timeout_s: float) -> pb.WorkerEvent | None:
-        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S)
+        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._busy)
         if not items and not nudged:
             return None
         event = self.stats_event()
@@ -148,7 +156,10 @@ class Executor:
         self._run_queue: deque[pb.Grant] = deque()
         self._finish_queue: queue.SimpleQueue[CompletionJob | ExportJob | None] = queue.SimpleQueue()
         self._stopping = False
-        self.outbox = WorkerOutbox(lambda: self._store.used, store_limit_bytes)
+        self.outbox = WorkerOutbox(
+            lambda: self._store.used, store_limit_bytes, lambda: len(self._run_queue) > 1
+        )
+        self._equivalent: dict[tuple[Sharding, Sharding, int], bool] = {}
         self._threads = [
             threading.Thread(target=self._execute_loop, name="executor", daemon=True),
             threading.Thread(target=self._finish_loop, name="finisher", daemon=True),
@@ -574,13 +585,22 @@ class Executor:
         self._cv.notify_all()
         return error
 
-    @staticmethod
-    def _as_input(value: Any, sharding: Sharding) -> Any:
-        """A stored value as an argument with the consumer's input sharding."""
+    def _as_input(self, value: Any, sharding: Sharding) -> Any:
+        """A stored value as an argument with the consumer's input sharding.
+
+        Whether two shardings are equivalent is remembered: asking jax builds
+        HLO shardings, which costs more than dispatching a small computation."""
         if isinstance(value, np.ndarray):
             host = value
             return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
-        if value.sharding.is_equivalent_to(sharding, value.ndim):
+        have = value.sharding
+        if have is sharding:
+            return value
+        key = (have, sharding, value.ndim)
+        same = self._equivalent.get(key)
+        if same is None:
+            same = self._equivalent[key] = bool(have.is_equivalent_to(sharding, value.ndim))
+        if same:
             return value
         return jax.device_put(value, sharding)
 
