@@ -17,6 +17,7 @@ account (see the Helm chart).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -36,7 +37,8 @@ from pathways_operator.k8s import handlers
 from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.drivers import DriverSupervisor
 from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
-from pathways_operator.k8s.slices import DEFAULT_IMAGE, SliceReconciler
+from pathways_operator.k8s.gang_pods import WorkerDefaults
+from pathways_operator.k8s.slices import SliceReconciler
 
 log = logging.getLogger("pathways_operator")
 
@@ -60,9 +62,30 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-dir", type=Path,
                         default=Path(os.environ.get("PATHWAYS_OPERATOR_STATE_DIR", "/tmp/pathways-operator")),
                         help="where program drivers keep progress, results and logs")
-    parser.add_argument("--worker-image", default=os.environ.get("PATHWAYS_WORKER_IMAGE", DEFAULT_IMAGE),
-                        help="image of worker pods when a VirtualSlice gives none")
+    parser.add_argument("--worker-image", default=os.environ.get("PATHWAYS_WORKER_IMAGE") or WorkerDefaults.image,
+                        help="image of worker pods when a VirtualSlice gives none (PATHWAYS_WORKER_IMAGE)")
+    parser.add_argument("--worker-image-pull-policy",
+                        default=os.environ.get("PATHWAYS_WORKER_IMAGE_PULL_POLICY", ""),
+                        help="imagePullPolicy of worker pods (PATHWAYS_WORKER_IMAGE_PULL_POLICY)")
+    parser.add_argument("--worker-resources", type=_json_object,
+                        default=os.environ.get("PATHWAYS_WORKER_RESOURCES") or "{}",
+                        help="JSON ResourceRequirements of worker containers when a VirtualSlice's "
+                        "spec.resources is empty (PATHWAYS_WORKER_RESOURCES)")
+    parser.add_argument("--devices-per-host", type=int,
+                        default=int(os.environ.get("PATHWAYS_DEVICES_PER_HOST") or 0),
+                        help="host size of slices without spec.devicesPerHost; 0: the island's "
+                        "machine size (PATHWAYS_DEVICES_PER_HOST)")
     return parser
+
+
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _api_client() -> kclient.ApiClient:
@@ -111,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     slices = SliceReconciler(
         api,
         controller,
-        default_image=args.worker_image,
+        defaults=WorkerDefaults(
+            image=args.worker_image,
+            pull_policy=args.worker_image_pull_policy,
+            resources=args.worker_resources,
+            devices_per_host=args.devices_per_host,
+        ),
         wake=lambda key: wakeups.wake(handlers.slice_key(*key.split("/", 1))),
     )
     drivers = DriverSupervisor(args.state_dir, address)

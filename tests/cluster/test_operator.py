@@ -137,6 +137,23 @@ def test_restarts_exhausted_fails_the_slice(objects: Objects, operator: Operator
                          what="pods of the failed slice deleted")
 
 
+@pytest.mark.timeout(240, func_only=True)
+def test_suspended_slice_holds_nothing_until_resumed(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("nap", 4))
+    objects.wait_slice("nap", "Ready", SLICE_READY_S, operator)
+    objects.cluster.kubectl("patch", "vslice", "nap", "-n", objects.namespace, "--type=merge",
+                            "-p", '{"spec": {"suspend": true}}')
+    suspended = objects.wait_slice("nap", "Suspended", 60, operator)
+    assert condition(suspended, "Suspended")["status"] == "True"
+    objects.cluster.poll(lambda: not objects.pods("pathways.dev/slice=nap"), timeout=60,
+                         what="pods of the suspended slice deleted")
+    objects.cluster.kubectl("patch", "vslice", "nap", "-n", objects.namespace, "--type=merge",
+                            "-p", '{"spec": {"suspend": false}}')
+    resumed = objects.wait_slice("nap", "Ready", SLICE_READY_S, operator)
+    assert condition(resumed, "Suspended")["status"] == "False"
+    assert resumed["status"]["restarts"] == 0
+
+
 # -- programs -----------------------------------------------------------------------------------
 
 
@@ -178,6 +195,21 @@ def test_program_survives_gang_recreation(objects: Objects, operator: OperatorPr
     v = [float(i) for i in range(1, 9)]
     assert results(objects, done) == {"y": [2 * x + 1 for x in v], "z": [2 * x for x in v]}
     assert done["status"]["stepsCompleted"] == 12
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_programs_share_a_slice_by_weight(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("pool", 8))
+    objects.wait_slice("pool", "Ready", SLICE_READY_S, operator)
+    for name, weight in (("light", 1), ("heavy", 2)):
+        manifest = program(name, "examples.programs:paper_example", ref_slice("main", "pool"), steps=3)
+        manifest["spec"]["weight"] = weight
+        objects.apply(manifest)
+    for name in ("light", "heavy"):
+        done = objects.wait_program(name, {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+        assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+        assert results(objects, done)["z"] == [2.0 * i for i in range(1, 9)]
+    assert objects.get("virtualslices", "pool") is not None, "a referenced slice outlives its programs"
 
 
 @pytest.mark.timeout(400, func_only=True)

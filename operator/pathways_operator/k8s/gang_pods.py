@@ -53,6 +53,19 @@ from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 TERMINATION_GRACE_SECONDS = 10
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerDefaults:
+    """What the operator is configured with for pods whose VirtualSlice leaves it open."""
+
+    image: str = "ghcr.io/kube-pathways/worker:latest"
+    pull_policy: str = ""
+    """imagePullPolicy of both containers; "" leaves Kubernetes' default."""
+    resources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """ResourceRequirements for the worker container when spec.resources is empty."""
+    devices_per_host: int = 0
+    """Host size for slices without spec.devicesPerHost; 0: the island's machine size."""
+
+
 def pod_name(slice_name: str, index: int) -> str:
     """Host ``index`` of slice ``x`` is pod ``x-<index>`` (the name is reused by later generations)."""
     return f"{slice_name}-{index}"
@@ -106,10 +119,11 @@ def host_pod_manifest(
     index: int,
     generation: int,
     coordinator_ip: str | None,
-    image: str,
+    defaults: WorkerDefaults,
 ) -> Json:
     """The pod for host ``index`` of the gang; host 0 passes ``coordinator_ip=None`` (it is the coordinator)."""
     host = placement.hosts[index]
+    image = vslice.spec.image or defaults.image
     hostname = host_name(vslice.name, index)
     coordinator = f"{coordinator_ip}:{COORDINATOR_PORT}" if coordinator_ip else f"$(POD_IP):{COORDINATOR_PORT}"
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
@@ -137,7 +151,7 @@ def host_pod_manifest(
             {"name": "worker", "containerPort": WORKER_PORT},
             {"name": "coordinator", "containerPort": COORDINATOR_PORT},
         ],
-        "resources": _resources(vslice.spec.resources, host.devices),
+        "resources": _resources(vslice.spec.resources or defaults.resources, host.devices),
         "volumeMounts": shm_mount,
     }
     sidecar = {
@@ -158,6 +172,8 @@ def host_pod_manifest(
         },
         "volumeMounts": shm_mount,
     }
+    if defaults.pull_policy:
+        worker["imagePullPolicy"] = sidecar["imagePullPolicy"] = defaults.pull_policy
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -63,6 +63,7 @@ from pathways_operator.k8s import inventory
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, KubeError, now_rfc3339
 from pathways_operator.k8s.gang_pods import (
     PodView,
+    WorkerDefaults,
     host_name,
     host_pod_manifest,
     placement_from_json,
@@ -74,8 +75,6 @@ from pathways_operator.k8s.sidecar_health import unready_hosts
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
 
 log = logging.getLogger(__name__)
-
-DEFAULT_IMAGE = "ghcr.io/kube-pathways/worker:latest"
 
 # Seconds until the next look, by what the slice is waiting for. Pod events
 # wake a slice earlier; these bound how long a missed event can delay it.
@@ -130,13 +129,13 @@ class SliceReconciler:
         api: ClusterApi,
         registry: GangRegistry,
         *,
-        default_image: str = DEFAULT_IMAGE,
+        defaults: WorkerDefaults = WorkerDefaults(),
         wake: Callable[[str], None] = lambda key: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._api = api
         self._registry = registry
-        self._default_image = default_image
+        self._defaults = defaults
         self._wake = wake
         self._clock = clock
         self._ledger = ReservationLedger()
@@ -264,6 +263,9 @@ class SliceReconciler:
         recovered = _recorded_reservation(vslice, pods, generation)
         return None if recovered is None else self._ledger.adopt(recovered)
 
+    def _host_size(self, vslice: VirtualSliceObject) -> int | None:
+        return vslice.spec.devices_per_host or self._defaults.devices_per_host or None
+
     def _priority(self, name: str) -> int:
         if not name:
             return 0
@@ -312,7 +314,7 @@ class SliceReconciler:
                         GangRequest(
                             slice=other.key,
                             devices=other.spec.devices,
-                            devices_per_host=other.spec.devices_per_host,
+                            devices_per_host=self._host_size(other),
                             island=other.spec.island,
                         ),
                         priority=self._priority(other.spec.priority_class),
@@ -326,7 +328,7 @@ class SliceReconciler:
                         GangRequest(
                             slice=vslice.key,
                             devices=vslice.spec.devices,
-                            devices_per_host=vslice.spec.devices_per_host,
+                            devices_per_host=self._host_size(vslice),
                             island=vslice.spec.island,
                         ),
                         priority=self._priority(vslice.spec.priority_class),
@@ -462,10 +464,9 @@ class SliceReconciler:
     ) -> str:
         """Create and bind missing pods, host 0 first; returns what the gang waits for, if anything."""
         placement = reservation.placement
-        image = vslice.spec.image or self._default_image
         host0 = current.get(0)
         if host0 is None:
-            return self._create(vslice, reservation, placement.hosts[0], None, image)
+            return self._create(vslice, reservation, placement.hosts[0], None)
         if not host0.node:
             self._api.bind_pod(vslice.namespace, host0.name, placement.hosts[0].machine)
         if not host0.ip:
@@ -474,7 +475,7 @@ class SliceReconciler:
         for host in placement.hosts[1:]:
             pod = current.get(host.index)
             if pod is None:
-                problem = self._create(vslice, reservation, host, host0.ip, image)
+                problem = self._create(vslice, reservation, host, host0.ip)
                 if problem:
                     problems.append(problem)
             elif not pod.node:
@@ -487,10 +488,10 @@ class SliceReconciler:
         reservation: Reservation,
         host: HostAssignment,
         coordinator_ip: str | None,
-        image: str,
     ) -> str:
         manifest = host_pod_manifest(
-            vslice, reservation.placement, host.index, reservation.generation, coordinator_ip, image
+            vslice, reservation.placement, host.index, reservation.generation, coordinator_ip,
+            self._defaults,
         )
         name = manifest["metadata"]["name"]
         try:
