@@ -1,0 +1,106 @@
+"""Experiment 1 (paper §5.1, Fig. 5): dispatch overhead, OpByOp / Chained / Fused vs jax.jit.
+
+One slice of one device on the embedded runtime. OpByOp calls a one-computation
+program once per step (its output comes back to the client and goes in again);
+Chained is one program of `CHAIN` computations; Fused is one computation that
+loops `CHAIN` times. The baseline is the same chain of `jax.jit` calls in this
+process, one device.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+import pathways as pw
+from bench import workloads
+from bench.measure import Figure, figure
+
+CHAIN = 128
+EXP = "1 dispatch"
+
+
+def run(sizes: tuple[int, ...], repeats: int, op_calls: int) -> tuple[list[Figure], dict[str, Any]]:
+    pw.connect(islands={"island-a": 8}, devices_per_host=4)
+    device_slice = pw.make_virtual_device_set().add_slice(devices=1)
+    figures: list[Figure] = []
+    table: dict[str, Any] = {}
+    for n in sizes:
+        fn = workloads.body(n)
+        step = pw.jit(fn, slice=device_slice)
+
+        def fused_body(x: Any, fn: Any = fn) -> Any:
+            return jax.lax.fori_loop(0, CHAIN, lambda i, v: fn(v), x)
+
+        fused = pw.jit(fused_body, slice=device_slice)
+
+        @pw.program(name=f"op-{n}")
+        def op(x: Any) -> Any:
+            return step(x)
+
+        @pw.program(name=f"chain-{n}")
+        def chained(x: Any) -> Any:
+            for _ in range(CHAIN):
+                x = step(x)
+            return x
+
+        @pw.program(name=f"fused-{n}")
+        def fused_prog(x: Any) -> Any:
+            return fused(x)
+
+        x = workloads.size_input(n)
+        for p in (op, chained, fused_prog):
+            p(x)  # place, compile, warm
+
+        def per_comp_chained() -> float:
+            start = time.perf_counter()
+            chained(x)
+            return (time.perf_counter() - start) / CHAIN * 1e6
+
+        def per_comp_fused() -> float:
+            start = time.perf_counter()
+            fused_prog(x)
+            return (time.perf_counter() - start) / CHAIN * 1e6
+
+        def per_comp_op() -> float:
+            v: np.ndarray = x
+            start = time.perf_counter()
+            for _ in range(op_calls):
+                v = op(v)
+            return (time.perf_counter() - start) / op_calls * 1e6
+
+        jax_us = workloads.jax_chain_us(n, CHAIN, repeats)
+        modes = {
+            "OpByOp": [per_comp_op() for _ in range(repeats)],
+            "Chained": [per_comp_chained() for _ in range(repeats)],
+            "Fused": [per_comp_fused() for _ in range(repeats)],
+        }
+        jax_fig = figure(EXP, f"{workloads.label(n)}: jax.jit", "µs/comp", jax_us)
+        figures.append(jax_fig)
+        row = {"jax": jax_fig.median}
+        for mode, samples in modes.items():
+            f = figure(EXP, f"{workloads.label(n)}: {mode}", "µs/comp", samples, baseline="jax.jit")
+            f.ratio = f.median / jax_fig.median
+            if mode == "Chained":
+                if n == 0:
+                    overhead = f.median - jax_fig.median
+                    f.target = "≤ 50 µs overhead per tiny computation"
+                    f.met = overhead <= 50
+                    f.note = f"overhead {overhead:.0f} µs/comp"
+                elif jax_fig.median >= 1000:
+                    f.target = "≤ 1.2× jax.jit for ≥ 1 ms computations"
+                    f.met = f.ratio <= 1.2
+            figures.append(f)
+            row[mode] = f.median
+        table[workloads.label(n)] = row
+    within = [label for label, row in table.items() if row["Chained"] <= 1.1 * row["jax"]]
+    smallest = within[0] if within else "none of the sizes run"
+    figures.append(Figure(
+        EXP, "smallest computation with Chained within 10% of jax.jit", "", float("nan"),
+        float("nan"), float("nan"), 1, note=f"{smallest} (paper: ≥ 2.3 ms on 16 hosts)",
+    ))
+    pw.shutdown()
+    return figures, table

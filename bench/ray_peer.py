@@ -1,0 +1,87 @@
+"""Experiment 2: the same chain as Ray tasks and as Ray actor calls (Ray local, from PyPI).
+
+Each step calls the same jitted function as experiment 1's tiny computation.
+The figure is the overhead per computation (µs per step minus plain jax.jit's)
+of Ray over Pathways Chained, both measured in this run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from bench import workloads
+from bench.measure import Figure, figure
+
+EXP = "2 vs Ray"
+
+
+def _ray_chain_us(chain: int, repeats: int) -> tuple[list[float], list[float]]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        @ray.remote
+        def step(x: np.ndarray) -> np.ndarray:
+            import jax
+
+            global _STEP
+            try:
+                f = _STEP  # type: ignore[name-defined]
+            except NameError:
+                f = _STEP = jax.jit(workloads.tiny)
+            return np.asarray(f(x))
+
+        @ray.remote
+        class Stepper:
+            def __init__(self) -> None:
+                import jax
+
+                self.f = jax.jit(workloads.tiny)
+
+            def step(self, x: np.ndarray) -> np.ndarray:
+                return np.asarray(self.f(x))
+
+        x = workloads.size_input(0)
+        actor = Stepper.remote()  # type: ignore[attr-defined]
+
+        def chain_tasks() -> float:
+            ref: Any = x
+            start = time.perf_counter()
+            for _ in range(chain):
+                ref = step.remote(ref)
+            ray.get(ref)
+            return (time.perf_counter() - start) / chain * 1e6
+
+        def chain_actor() -> float:
+            ref: Any = x
+            start = time.perf_counter()
+            for _ in range(chain):
+                ref = actor.step.remote(ref)
+            ray.get(ref)
+            return (time.perf_counter() - start) / chain * 1e6
+
+        chain_tasks(), chain_actor()  # warm workers and their jit caches
+        return [chain_tasks() for _ in range(repeats)], [chain_actor() for _ in range(repeats)]
+    finally:
+        ray.shutdown()
+
+
+def run(pathways_chained_us: float, jax_us: float, chain: int, repeats: int) -> list[Figure]:
+    try:
+        tasks, actors = _ray_chain_us(chain, repeats)
+    except ImportError as err:
+        return [Figure(EXP, "Ray", "", float("nan"), float("nan"), float("nan"), 0,
+                       note=f"not run: {err} (pip install -e '.[bench]')")]
+    pw_overhead = max(pathways_chained_us - jax_us, 1e-9)
+    figures = []
+    for name, samples, want in (("Ray actor calls", actors, 17.0), ("Ray tasks", tasks, 35.0)):
+        f = figure(EXP, f"{name}: chain of tiny adds", "µs/comp", samples, baseline="Pathways Chained overhead")
+        f.ratio = (f.median - jax_us) / pw_overhead
+        f.target = f"overhead ≥ {want:g}× Pathways'"
+        f.met = f.ratio >= want
+        f.note = f"Pathways overhead {pw_overhead:.0f} µs/comp"
+        figures.append(f)
+    return figures

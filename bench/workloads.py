@@ -1,0 +1,59 @@
+"""The computations the experiments chain: a tiny add and square matmuls of chosen cost."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def tiny(x: Any) -> Any:
+    return x + 1.0
+
+
+def matmul(x: Any) -> Any:
+    """tanh keeps a long chain bounded; the cost is one n×n matmul."""
+    return jnp.tanh(x @ x)
+
+
+def size_input(n: int) -> np.ndarray:
+    if n == 0:
+        return np.zeros(4, np.float32)
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+
+
+def body(n: int) -> Callable[[Any], Any]:
+    return tiny if n == 0 else matmul
+
+
+def label(n: int) -> str:
+    return "add f32[4]" if n == 0 else f"matmul {n}×{n}"
+
+
+def jax_chain_us(n: int, chain: int, repeats: int) -> list[float]:
+    """Plain jax.jit in this process: µs per computation over a chain."""
+    f = jax.jit(body(n))
+    y = jnp.asarray(size_input(n))
+    f(y).block_until_ready()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        z = y
+        for _ in range(chain):
+            z = f(z)
+        z.block_until_ready()
+        out.append((time.perf_counter() - start) / chain * 1e6)
+    return out
+
+
+def size_for_ms(ms: float, candidates: tuple[int, ...] = (128, 192, 256, 320, 384, 448, 512, 576, 640, 768, 896, 1024, 1280)) -> int:
+    """The smallest matmul size whose plain-JAX time reaches `ms` on this machine."""
+    for n in candidates:
+        if min(jax_chain_us(n, 8, 2)) >= ms * 1e3:
+            return n
+    return candidates[-1]
