@@ -38,6 +38,7 @@ from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.drivers import DriverSupervisor
 from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults
+from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.slices import SliceReconciler
 
 log = logging.getLogger("pathways_operator")
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "must start with")
     parser.add_argument("--liveness", default=None,
                         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int,
+                        default=int(os.environ.get("PATHWAYS_METRICS_PORT") or 0),
+                        help="serve Prometheus /metrics on this port; 0: off (PATHWAYS_METRICS_PORT)")
     parser.add_argument("--state-dir", type=Path,
                         default=Path(os.environ.get("PATHWAYS_OPERATOR_STATE_DIR", "/tmp/pathways-operator")),
                         help="where program drivers keep progress, results and logs")
@@ -131,9 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     address = _local_address(args.controller_listen, port)
     log.info("controller listening on %s (drivers use %s)", args.controller_listen, address)
 
+    metrics = OperatorMetrics(lambda: controller.computations_dispatched)
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
     slices = SliceReconciler(
         api,
         controller,
+        metrics=metrics,
         defaults=WorkerDefaults(
             image=args.worker_image,
             pull_policy=args.worker_image_pull_policy,
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     drivers = DriverSupervisor(args.state_dir, address)
     allowed = tuple(p.strip() for p in args.allowed_entrypoints.split(",") if p.strip())
-    programs = ProgramReconciler(api, drivers, allowed_entrypoints=allowed)
+    programs = ProgramReconciler(api, drivers, allowed_entrypoints=allowed, metrics=metrics)
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, slices, programs, wakeups)

@@ -47,15 +47,18 @@ class OperatorProcess:
         self.extra_args = extra_args
         self.process: subprocess.Popen[bytes] | None = None
         self.liveness_port = 0
+        self.metrics_port = 0
         self.starts = 0
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> OperatorProcess:
         self.liveness_port = free_port()
+        self.metrics_port = free_port()
         argv = [
             sys.executable, "-m", "pathways_operator", "--all-namespaces",
             "--controller-listen", "127.0.0.1:0",
             "--state-dir", str(self.state_dir),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+            "--metrics-port", str(self.metrics_port),
             *self.extra_args,
         ]
         env = {**_base_env(), "KUBECONFIG": str(self.kubeconfig), "PATHWAYS_LOG_LEVEL": "INFO"}
@@ -91,6 +94,11 @@ class OperatorProcess:
     def restart(self, *, kill: bool = True) -> None:
         self.stop(kill=kill)
         self.start()
+
+    def metrics(self) -> str:
+        """The operator's Prometheus exposition text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

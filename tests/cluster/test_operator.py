@@ -73,6 +73,14 @@ def test_slice_becomes_a_gang_of_pods_on_one_island(objects: Objects, operator: 
     printed = objects.cluster.kubectl("get", "vslice", "gang", "-n", objects.namespace).stdout
     assert "Ready" in printed and "2/2" in printed and island in printed
 
+    # kopf keeps its bookkeeping in annotations, and a steady slice is not rewritten:
+    # no status write retriggers a handler.
+    annotations = objects.slice("gang")["metadata"].get("annotations") or {}
+    assert "pathways.dev/last-handled-configuration" in annotations
+    version = objects.slice("gang")["metadata"]["resourceVersion"]
+    time.sleep(5)
+    assert objects.slice("gang")["metadata"]["resourceVersion"] == version
+
 
 @pytest.mark.timeout(300, func_only=True)
 def test_competing_gangs_are_admitted_all_or_nothing(objects: Objects, operator: OperatorProcess) -> None:
@@ -168,6 +176,12 @@ def test_paper_example_program_succeeds_with_its_results(objects: Objects, opera
     assert status["startTime"] and status["completionTime"]
     assert status["sliceNames"] == "main=paper-main"
     assert condition(done, "Succeeded")["status"] == "True"
+    exposition = operator.metrics()
+    assert 'pathways_programs{phase="Succeeded"}' in exposition
+    assert "pathways_admission_wait_seconds_count" in exposition
+    dispatched = next(line for line in exposition.splitlines()
+                      if line.startswith("pathways_computations_dispatched_total"))
+    assert float(dispatched.split()[-1]) >= 4, "the paper example is four computations"
     objects.cluster.poll(
         lambda: objects.get("virtualslices", "paper-main") is None
         and not objects.pods("pathways.dev/slice=paper-main"),

@@ -29,7 +29,8 @@ import importlib.util
 import json
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.reasons import (
@@ -42,6 +43,7 @@ from pathways_operator.core.reasons import (
 )
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, KubeError, now_rfc3339
 from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverStatus, DriverSupervisor
+from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
 from pathways_operator.k8s.resources import (
     API_VERSION,
@@ -99,11 +101,16 @@ class ProgramReconciler:
         drivers: DriverSupervisor,
         *,
         allowed_entrypoints: Sequence[str] = DEFAULT_ALLOWED_ENTRYPOINTS,
+        metrics: OperatorMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
         self._drivers = drivers
         self._allowed = tuple(allowed_entrypoints)
         self._attempts: dict[str, _Attempt] = {}
+        self._metrics = metrics or OperatorMetrics()
+        self._clock = clock
+        self._progress: dict[str, tuple[int, float]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -151,6 +158,8 @@ class ProgramReconciler:
         with self._lock_for(key):
             self._drivers.forget(namespace, name, uid)
             self._attempts.pop(key, None)
+            self._progress.pop(key, None)
+            self._metrics.program_phase(key, None)
             self._delete_inline_slices(namespace, name, uid)
         with self._locks_guard:
             self._locks.pop(key, None)
@@ -264,6 +273,7 @@ class ProgramReconciler:
             for e in spec.slices
         }
         done = min(spec.steps, self._drivers.steps_completed(program.namespace, program.name, program.uid))
+        self._observe_steps(program.key, done)
         outcome.status = dataclasses.replace(
             outcome.status,
             slice_names=",".join(f"{k}={v}" for k, v in names.items()),
@@ -353,6 +363,17 @@ class ProgramReconciler:
             outcome.status, message=message, start_time=outcome.status.start_time or now_rfc3339()
         )
         outcome.delay = _SOON
+
+    def _observe_steps(self, key: str, done: int) -> None:
+        """Feed the step-time histogram from progress seen between two looks."""
+        now = self._clock()
+        seen = self._progress.get(key)
+        if seen is not None and done > seen[0]:
+            per_step = (now - seen[1]) / (done - seen[0])
+            for _ in range(done - seen[0]):
+                self._metrics.step_seconds.observe(per_step)
+        if seen is None or done != seen[0]:
+            self._progress[key] = (done, now)
 
     def _driver_exited(
         self,
@@ -469,6 +490,7 @@ class ProgramReconciler:
         )
         if new != program.status:
             self._api.patch_program_status(program.namespace, program.name, new.to_manifest())
+        self._metrics.program_phase(program.key, str(outcome.phase))
         for type_, reason, message in outcome.events:
             try:
                 self._api.post_event(program.reference(), type_, reason, message)

@@ -70,6 +70,7 @@ from pathways_operator.k8s.gang_pods import (
     pod_name,
 )
 from pathways_operator.k8s.inventory import Reservation, ReservationLedger
+from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.resources import SIDECAR_PORT, SLICE_LABEL
 from pathways_operator.k8s.sidecar_health import unready_hosts
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
@@ -132,6 +133,7 @@ class SliceReconciler:
         defaults: WorkerDefaults = WorkerDefaults(),
         wake: Callable[[str], None] = lambda key: None,
         clock: Callable[[], float] = time.time,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self._api = api
         self._registry = registry
@@ -146,6 +148,8 @@ class SliceReconciler:
         self._summaries: dict[str, str] = {}
         self._machines: list[Machine] = []
         self._priorities: dict[str, int] = {}
+        self._metrics = metrics or OperatorMetrics()
+        self._queued_since: dict[str, float] = {}
 
     # ------------------------------------------------------------ queries
 
@@ -186,6 +190,8 @@ class SliceReconciler:
             self._registered.pop(key, None)
             self._ledger.release(key)
             self._summaries.pop(key, None)
+            self._queued_since.pop(key, None)
+            self._metrics.slice_phase(key, None)
             for raw in self._api.list_pods(namespace, f"{SLICE_LABEL}={name}"):
                 pod = PodView.from_manifest(raw)
                 if not pod.deleting:
@@ -339,17 +345,25 @@ class SliceReconciler:
             self._machines = machines
             result = admit(queue, machines, now=self._clock())
             mine_result: Reservation | Unplaceable | None = None
+            now = self._clock()
+            created = {s.key: s.created for s in slices}
             for placement in result.admitted:
                 namespace, _, name = placement.slice.partition("/")
                 reservation = Reservation(namespace, name, generations[placement.slice], placement)
                 self._ledger.reserve(reservation)
+                since = self._queued_since.pop(placement.slice, created.get(placement.slice, now))
+                self._metrics.admission_wait.observe(max(0.0, now - since))
                 if placement.slice == vslice.key:
                     mine_result = reservation
                 else:
                     self._wake(placement.slice)
+            by_island: dict[str, int] = {}
             for waiting in result.waiting:
+                island = waiting.closest_island or "none"
+                by_island[island] = by_island.get(island, 0) + 1
                 if waiting.slice == vslice.key:
                     mine_result = waiting
+            self._metrics.queue(by_island)
             assert mine_result is not None, f"admission pass lost slice {vslice.key}"
             return mine_result
 
@@ -549,6 +563,7 @@ class SliceReconciler:
             outcome.delay = _IDLE
         else:
             outcome.restarts += 1
+            self._queued_since[vslice.key] = self._clock()
             message = (
                 f"{loss}; recreating the whole gang (restart {outcome.restarts} of {limit})"
             )
@@ -620,6 +635,7 @@ class SliceReconciler:
         )
         if new != vslice.status:
             self._api.patch_slice_status(vslice.namespace, vslice.name, new.to_manifest())
+        self._metrics.slice_phase(vslice.key, str(outcome.phase))
         for type_, reason, message in outcome.events:
             try:
                 self._api.post_event(vslice.reference(), type_, reason, message)
