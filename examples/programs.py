@@ -7,6 +7,10 @@ bound to them, and stores the returned arrays in the ConfigMap ``<program>-resul
 ``examples.programs:paper_example``
     the program of the Pathways paper (section 4.1) on one slice of the program's,
     repeated ``ctx.steps`` times; returns ``y = [3, 5]`` and ``z = [2, 4]``.
+``examples.programs:pipeline_training``
+    the ``make demo`` workload on Kubernetes: the small language model of
+    ``examples/lm.py`` trained pipeline-parallel, stage 0 on slice ``stage0`` and
+    stage 1 on slice ``stage1`` (one per island), microbatched; returns the losses.
 ``examples.programs:train_regression``
     data-parallel training of a linear model with ``pw.jit`` over the slice's mesh
     (gradients averaged across every device of the slice, hence across hosts);
@@ -24,6 +28,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from examples import lm
 from pathways.context import ProgramContext
 
 
@@ -107,3 +112,49 @@ def train_regression(ctx: ProgramContext) -> dict[str, Any]:
         ctx.step_done(step, {"loss": losses[-1]})
     error = float(np.linalg.norm(np.asarray(w) - w_true))
     return {"weights": w, "losses": np.asarray(losses), "weight_error": np.asarray(error)}
+
+
+def pipeline_training(ctx: ProgramContext) -> dict[str, Any]:
+    """Two pipeline stages on two slices; activations and their gradients cross host-to-host.
+
+    ``args``: ``batch`` (64), ``microbatches`` (4), ``seed`` (0). One program step is one
+    training step: per microbatch a forward on stage 0, forward+backward on stage 1 and a
+    backward on stage 0, then one update per stage. Like ``train_regression`` it keeps no
+    checkpoint: a restarted run trains the remaining steps from the initial parameters.
+    """
+    a, b = ctx.slice("stage0"), ctx.slice("stage1")
+    batch = int(ctx.args.get("batch", 64))
+    microbatches = int(ctx.args.get("microbatches", 4))
+    seed = int(ctx.args.get("seed", 0))
+    rows = P("x")
+    forward0 = pw.jit(lm.stage0_forward, slice=a, in_shardings=(None, rows), out_shardings=rows)
+    forward_backward1 = pw.jit(
+        lm.stage1_forward_backward, slice=b,
+        in_shardings=(None, rows, rows), out_shardings=(None, rows, None),
+    )
+    backward0 = pw.jit(lm.stage0_backward, slice=a, in_shardings=(None, rows, rows), out_shardings=None)
+    update0 = pw.jit(lm.apply_gradients, slice=a)
+    update1 = pw.jit(lm.apply_gradients, slice=b)
+    mean_loss = pw.jit(lm.mean_loss, slice=b)
+
+    @pw.program(name="pipeline-step", weight=ctx.weight)
+    def train_step(p0: Any, p1: Any, xs: list[Any], ys: list[Any]) -> Any:
+        g0s, g1s, losses = [], [], []
+        for x, y in zip(xs, ys):
+            h = forward0(p0, x)
+            loss, g_h, g1 = forward_backward1(p1, h, y)
+            g0s.append(backward0(p0, x, g_h))
+            g1s.append(g1)
+            losses.append(loss)
+        return update0(p0, *g0s), update1(p1, *g1s), mean_loss(*losses)
+
+    p0, p1 = lm.init_params(seed=seed)
+    xs, ys = lm.make_data(ctx.steps, batch, seed=seed + 1)
+    losses: list[float] = []
+    for step in range(ctx.start_step, ctx.steps):
+        xm = np.split(xs[step], microbatches)
+        ym = np.split(ys[step], microbatches)
+        p0, p1, loss = train_step(p0, p1, xm, ym)
+        losses.append(float(np.asarray(loss)))
+        ctx.step_done(step, {"loss": losses[-1]})
+    return {"losses": np.asarray(losses)}

@@ -13,8 +13,10 @@ import json
 import time
 
 import pytest
+import yaml
 
 from tests.cluster.conftest import Cluster
+from tests.cluster.controlplane import REPO_ROOT
 from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
     Objects,
     OperatorProcess,
@@ -165,16 +167,23 @@ def test_suspended_slice_holds_nothing_until_resumed(objects: Objects, operator:
 # -- programs -----------------------------------------------------------------------------------
 
 
+def apply_example(objects: Objects, manifest: str) -> str:
+    """``kubectl apply`` a file of examples/manifests; returns the object's name."""
+    path = REPO_ROOT / "examples" / "manifests" / manifest
+    objects.cluster.kubectl("apply", "-n", objects.namespace, "-f", str(path))
+    return str(yaml.safe_load(path.read_text())["metadata"]["name"])
+
+
 @pytest.mark.timeout(300, func_only=True)
-def test_paper_example_program_succeeds_with_its_results(objects: Objects, operator: OperatorProcess) -> None:
-    objects.apply(program("paper", "examples.programs:paper_example", inline_slice("main", 2)))
-    done = objects.wait_program("paper", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+def test_paper_example_manifest_succeeds_with_its_results(objects: Objects, operator: OperatorProcess) -> None:
+    name = apply_example(objects, "paper-example.yaml")
+    done = objects.wait_program(name, {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     assert results(objects, done) == {"y": [3.0, 5.0], "z": [2.0, 4.0]}
     status = done["status"]
     assert status["stepsCompleted"] == 1 and status["progress"] == "1/1"
     assert status["startTime"] and status["completionTime"]
-    assert status["sliceNames"] == "main=paper-main"
+    assert status["sliceNames"] == "main=paper-example-main"
     assert condition(done, "Succeeded")["status"] == "True"
     exposition = operator.metrics()
     assert 'pathways_programs{phase="Succeeded"}' in exposition
@@ -183,10 +192,24 @@ def test_paper_example_program_succeeds_with_its_results(objects: Objects, opera
                       if line.startswith("pathways_computations_dispatched_total"))
     assert float(dispatched.split()[-1]) >= 4, "the paper example is four computations"
     objects.cluster.poll(
-        lambda: objects.get("virtualslices", "paper-main") is None
-        and not objects.pods("pathways.dev/slice=paper-main"),
+        lambda: objects.get("virtualslices", "paper-example-main") is None
+        and not objects.pods("pathways.dev/slice=paper-example-main"),
         timeout=60, what="the program's inline slice removed when it ended",
     )
+
+
+@pytest.mark.timeout(400, func_only=True)
+@pytest.mark.parametrize("manifest", ["pipeline-training.yaml", "train-regression.yaml"])
+def test_training_manifests_reduce_the_loss(
+    objects: Objects, operator: OperatorProcess, manifest: str
+) -> None:
+    name = apply_example(objects, manifest)
+    done = objects.wait_program(name, {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    losses = results(objects, done)["losses"]
+    assert isinstance(losses, list) and len(losses) == done["spec"]["steps"]
+    print(f"\n{name}: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps")
+    assert losses[-1] < 0.7 * losses[0]
 
 
 @pytest.mark.timeout(400, func_only=True)
