@@ -86,6 +86,13 @@ kind-demo: $(STAMP)
 	  -f examples/manifests/train-regression.yaml
 	$(VENV)/bin/pathways --context $(KUBE_CONTEXT) status -w --until-done --timeout 10m
 
+## benchmarks: ratios against baselines measured in the same run (not part of make test)
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]' && $(PY) -m bench.run
+
+bench-quick: $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]' && $(PY) -m bench.run --quick
+
 proto: $(STAMP)
 	cd client && PATH=$(CURDIR)/$(VENV)/bin:$$PATH python -m grpc_tools.protoc -I. \
 	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. pathways/wire/pathways.proto
