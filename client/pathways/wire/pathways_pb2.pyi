@@ -999,6 +999,10 @@ class BufferHeader(_message.Message):
     LAST_FROM_SENDER_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     WHOLE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    FILE_DEVICE_FIELD_NUMBER: _builtins.int
+    FILE_INODE_FIELD_NUMBER: _builtins.int
+    MOVABLE_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     nbytes: _builtins.int
     """bytes of this piece"""
@@ -1010,6 +1014,14 @@ class BufferHeader(_message.Message):
     """the value could not be produced"""
     whole: _builtins.bool
     """the piece is the whole value (client input)"""
+    path: _builtins.str
+    """Same-node handover on the data channel: instead of bytes, the piece is the
+    file at `path` (identified by device and inode, which the receiver checks).
+    """
+    file_device: _builtins.int
+    file_inode: _builtins.int
+    movable: _builtins.bool
+    """the receiver may take the file itself (rename)"""
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
     @_builtins.property
@@ -1035,29 +1047,67 @@ class BufferHeader(_message.Message):
         last_from_sender: _builtins.bool = ...,
         error: _builtins.str = ...,
         whole: _builtins.bool = ...,
+        path: _builtins.str = ...,
+        file_device: _builtins.int = ...,
+        file_inode: _builtins.int = ...,
+        movable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "last_from_sender", b"last_from_sender", "nbytes", b"nbytes", "sender", b"sender", "spec", b"spec", "start", b"start", "stop", b"stop", "value", b"value", "whole", b"whole"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "file_device", b"file_device", "file_inode", b"file_inode", "last_from_sender", b"last_from_sender", "movable", b"movable", "nbytes", b"nbytes", "path", b"path", "sender", b"sender", "spec", b"spec", "start", b"start", "stop", b"stop", "value", b"value", "whole", b"whole"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BufferHeader: _TypeAlias = BufferHeader  # noqa: Y015
 
 @_typing.final
+class DataHello(_message.Message):
+    """The first frame on a sidecar's data channel (see pathways_worker.data_channel)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    token: _builtins.str
+    """checked against the receiver's token, if it has one"""
+    def __init__(
+        self,
+        *,
+        sender: _builtins.str = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sender", b"sender", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DataHello: _TypeAlias = DataHello  # noqa: Y015
+
+@_typing.final
 class PutReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PIECES_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
     pieces: _builtins.int
+    error: _builtins.str
+    """On the data channel, the answer to each value: "" or what was wrong, with
+    the status code a gRPC Put would have failed with.
+    """
+    code: _builtins.str
     def __init__(
         self,
         *,
         pieces: _builtins.int = ...,
+        error: _builtins.str = ...,
+        code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pieces", b"pieces"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error", b"error", "pieces", b"pieces"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1118,6 +1168,9 @@ class HealthReply(_message.Message):
     STORE_LIMIT_FIELD_NUMBER: _builtins.int
     WORKER_STORE_BYTES_FIELD_NUMBER: _builtins.int
     WORKER_STORE_LIMIT_FIELD_NUMBER: _builtins.int
+    DATA_ADDRESS_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    SHM_DEVICE_FIELD_NUMBER: _builtins.int
     host: _builtins.str
     worker_ready: _builtins.bool
     store_bytes: _builtins.int
@@ -1128,6 +1181,14 @@ class HealthReply(_message.Message):
     """bytes in the worker's object store"""
     worker_store_limit: _builtins.int
     """the worker's bound on them"""
+    data_address: _builtins.str
+    """The raw TCP data channel for bulk bytes between sidecars ("" if none), and
+    what a sender on the same machine compares to hand over files instead.
+    """
+    node: _builtins.str
+    """the kernel's boot id"""
+    shm_device: _builtins.int
+    """st_dev of the sidecar's shared-memory dir"""
     def __init__(
         self,
         *,
@@ -1137,10 +1198,13 @@ class HealthReply(_message.Message):
         store_limit: _builtins.int = ...,
         worker_store_bytes: _builtins.int = ...,
         worker_store_limit: _builtins.int = ...,
+        data_address: _builtins.str = ...,
+        node: _builtins.str = ...,
+        shm_device: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "store_bytes", b"store_bytes", "store_limit", b"store_limit", "worker_ready", b"worker_ready", "worker_store_bytes", b"worker_store_bytes", "worker_store_limit", b"worker_store_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_address", b"data_address", "host", b"host", "node", b"node", "shm_device", b"shm_device", "store_bytes", b"store_bytes", "store_limit", b"store_limit", "worker_ready", b"worker_ready", "worker_store_bytes", b"worker_store_bytes", "worker_store_limit", b"worker_store_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
