@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pathways import ir
+from pathways.wire import pathways_pb2 as pb
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.phases import SlicePhase, check_transition
 from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement, Unplaceable
@@ -106,6 +107,8 @@ class GangRegistry(Protocol):
     def gang_lost(self, key: str, reason: str) -> None: ...
 
     def unregister_gang(self, key: str) -> None: ...
+
+    def describe(self) -> pb.ClusterInfo: ...
 
 
 @dataclasses.dataclass
@@ -432,6 +435,11 @@ class SliceReconciler:
             return self._not_ready(vslice, outcome, waiting)
 
         addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in hosts)
+        if self._registered.get(vslice.key) == (reservation.generation, addresses):
+            if not self._controller_has(addresses):
+                log.warning("%s: the controller dropped the gang while its pods run; registering it again",
+                            vslice.key)
+                self._registered.pop(vslice.key, None)
         if self._registered.get(vslice.key) != (reservation.generation, addresses):
             problems = unready_hosts(addresses)
             if problems:
@@ -466,6 +474,12 @@ class SliceReconciler:
         self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Ready"
         outcome.delay = _STEADY
         return outcome
+
+    def _controller_has(self, addresses: tuple[str, ...]) -> bool:
+        """Whether the controller still streams to exactly these hosts (a broken link drops a gang)."""
+        return any(
+            tuple(h.address for h in info.hosts) == addresses for info in self._registry.describe().slices
+        )
 
     def _not_ready(self, vslice: VirtualSliceObject, outcome: _Outcome, waiting: str) -> _Outcome:
         self._condition(vslice, outcome, _C.READY, "False", Reason.GANG_LAUNCHING, waiting)
