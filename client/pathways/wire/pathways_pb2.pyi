@@ -405,24 +405,71 @@ class RunRequest(_message.Message):
     PROGRAM_ID_FIELD_NUMBER: _builtins.int
     CALL_ID_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
     program_id: _builtins.str
     call_id: _builtins.str
     weight: _builtins.float
     """share of shared slices; 0 means 1"""
+    wait: _builtins.bool
+    """Answer only once the call ended (or wait_s passed): the reply then
+    carries the status and every output small enough to come back inline.
+    """
+    wait_s: _builtins.float
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
+        """Small program inputs travel with the call (value.node == -1, value.index
+        = position among the flattened inputs); the rest are Put to the hosts
+        named in RunReply.inputs.
+        """
+
     def __init__(
         self,
         *,
         program_id: _builtins.str = ...,
         call_id: _builtins.str = ...,
         weight: _builtins.float = ...,
+        inputs: _abc.Iterable[Global___InlineValue] | None = ...,
+        wait: _builtins.bool = ...,
+        wait_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "program_id", b"program_id", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "inputs", b"inputs", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
+
+@_typing.final
+class InlineValue(_message.Message):
+    """A whole value small enough to ride in a control message (bytes in C order)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUE_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def value(self) -> Global___ValueRef: ...
+    @_builtins.property
+    def spec(self) -> Global___TensorSpec: ...
+    def __init__(
+        self,
+        *,
+        value: Global___ValueRef | None = ...,
+        spec: Global___TensorSpec | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "spec", b"spec", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InlineValue: _TypeAlias = InlineValue  # noqa: Y015
 
 @_typing.final
 class RunReply(_message.Message):
@@ -430,6 +477,13 @@ class RunReply(_message.Message):
 
     OUTPUTS_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """... and whether the controller already freed the call (every output came
+    back inline, or the call failed): no FinishCall needed.
+    """
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputLocation]:
         """where each program output lives: one entry per Program.outputs"""
@@ -438,15 +492,28 @@ class RunReply(_message.Message):
     def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputDestination]:
         """where each program input must be put: one entry per Program.inputs"""
 
+    @_builtins.property
+    def status(self) -> Global___CallStatus:
+        """With RunRequest.wait: how the call ended (RUNNING: not within wait_s) ..."""
+
+    @_builtins.property
+    def values(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
+        """... the outputs that came back inline (ValueRefs as in Program.outputs;
+        the client fetches the others from OutputLocation.hosts) ...
+        """
+
     def __init__(
         self,
         *,
         outputs: _abc.Iterable[Global___OutputLocation] | None = ...,
         inputs: _abc.Iterable[Global___InputDestination] | None = ...,
+        status: Global___CallStatus | None = ...,
+        values: _abc.Iterable[Global___InlineValue] | None = ...,
+        released: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs", "outputs", b"outputs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs", "outputs", b"outputs", "released", b"released", "status", b"status", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -695,8 +762,14 @@ class Launch(_message.Message):
     ROUTES_FIELD_NUMBER: _builtins.int
     EXPECTS_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    INLINE_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     program_id: _builtins.str
+    inline_output_bytes: _builtins.int
+    """outputs of at most this many bytes go back inline with their completion
+    (single-host slices only; 0: none)
+    """
     @_builtins.property
     def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Route]:
         """value -> sidecar addresses of hosts on other slices that consume it"""
@@ -709,6 +782,10 @@ class Launch(_message.Message):
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValueRef]:
         """values the client will fetch from this host"""
 
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
+        """program inputs that came with the call (RunRequest.inputs) for this host"""
+
     def __init__(
         self,
         *,
@@ -717,10 +794,12 @@ class Launch(_message.Message):
         routes: _abc.Iterable[Global___Route] | None = ...,
         expects: _abc.Iterable[Global___Expect] | None = ...,
         outputs: _abc.Iterable[Global___ValueRef] | None = ...,
+        inputs: _abc.Iterable[Global___InlineValue] | None = ...,
+        inline_output_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "expects", b"expects", "outputs", b"outputs", "program_id", b"program_id", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "expects", b"expects", "inline_output_bytes", b"inline_output_bytes", "inputs", b"inputs", "outputs", b"outputs", "program_id", b"program_id", "routes", b"routes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -910,11 +989,16 @@ class Completion(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     OK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     call_id: _builtins.str
     node: _builtins.int
     ok: _builtins.bool
     error: _builtins.str
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
+        """this computation's outputs the client wants, inline (Launch.inline_output_bytes)"""
+
     def __init__(
         self,
         *,
@@ -923,10 +1007,11 @@ class Completion(_message.Message):
         node: _builtins.int = ...,
         ok: _builtins.bool = ...,
         error: _builtins.str = ...,
+        outputs: _abc.Iterable[Global___InlineValue] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "node", b"node", "ok", b"ok", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "node", b"node", "ok", b"ok", "outputs", b"outputs", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
