@@ -1,11 +1,12 @@
 """What one program call means for one host, computed once at Launch.
 
-A host receives its program once (HostProgram) and a Launch per call. From the
-two it derives everything the executor consults while running: which
-computations are local, which values they read, how many local readers each
-value has (so a value no one needs any more is freed at once), which values
-leave the host and for where, how many senders will deliver each remote value,
-and which values the client will fetch. Pure: no jax, no I/O.
+A host receives its program once (HostProgram) and a Launch per call. What
+depends only on the program — which computations are local, which values they
+read, how many local readers each value has (so a value no one needs any more
+is freed at once) — is laid out once per program (`layout_program`); each
+Launch adds which values leave the host and for where, how many senders will
+deliver each remote value, and which values the client will fetch. Pure: no
+jax, no I/O.
 """
 
 from __future__ import annotations
@@ -33,10 +34,20 @@ class LocalComputation:
     name: str
     inputs: tuple[Ref, ...]
     num_outputs: int
+    outputs: tuple[Ref, ...]
+    distinct_inputs: frozenset[Ref]
 
-    @property
-    def outputs(self) -> tuple[Ref, ...]:
-        return tuple((self.index, i) for i in range(self.num_outputs))
+
+@dataclass(frozen=True)
+class ProgramLayout:
+    """The launch-independent part of every call of one program on this host."""
+
+    program_id: str
+    program_name: str
+    slice: str
+    computations: dict[int, LocalComputation]
+    readers: dict[Ref, int]
+    producer_slice: dict[int, str]
 
 
 @dataclass(frozen=True)
@@ -64,30 +75,46 @@ class CallPlan:
         return f"slice '{self.producer_slice.get(node, '?')}' ({hosts})"
 
 
-def plan_call(host_program: pb.HostProgram, launch: pb.Launch) -> CallPlan:
+def layout_program(host_program: pb.HostProgram) -> ProgramLayout:
     program = host_program.program
-    local = {
-        c.index: LocalComputation(
+    local: dict[int, LocalComputation] = {}
+    for c in program.computations:
+        if c.slice != host_program.slice:
+            continue
+        inputs = tuple(ref_of(v) for v in c.inputs)
+        local[c.index] = LocalComputation(
             index=c.index,
             name=c.name,
-            inputs=tuple(ref_of(v) for v in c.inputs),
+            inputs=inputs,
             num_outputs=len(c.outputs),
+            outputs=tuple((c.index, i) for i in range(len(c.outputs))),
+            distinct_inputs=frozenset(inputs),
         )
-        for c in program.computations
-        if c.slice == host_program.slice
-    }
     readers: Counter[Ref] = Counter()
     for comp in local.values():
-        readers.update(set(comp.inputs))
-    return CallPlan(
-        call_id=launch.call_id,
-        program_id=launch.program_id,
+        readers.update(comp.distinct_inputs)
+    return ProgramLayout(
+        program_id=host_program.program_id,
         program_name=program.name,
         slice=host_program.slice,
         computations=local,
+        readers=dict(readers),
+        producer_slice={c.index: c.slice for c in program.computations},
+    )
+
+
+def plan_call(layout: ProgramLayout | pb.HostProgram, launch: pb.Launch) -> CallPlan:
+    if isinstance(layout, pb.HostProgram):
+        layout = layout_program(layout)
+    return CallPlan(
+        call_id=launch.call_id,
+        program_id=launch.program_id,
+        program_name=layout.program_name,
+        slice=layout.slice,
+        computations=layout.computations,
         routes={ref_of(r.value): tuple(r.destinations) for r in launch.routes},
         expects={ref_of(e.value): e.senders for e in launch.expects},
         outputs=frozenset(ref_of(v) for v in launch.outputs),
-        readers=dict(readers),
-        producer_slice={c.index: c.slice for c in program.computations},
+        readers=layout.readers,
+        producer_slice=layout.producer_slice,
     )
