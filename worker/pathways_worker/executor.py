@@ -7,19 +7,30 @@ that batches whatever accumulated.
 Three threads share one lock:
 
 * the session reader applies commands: loads programs, creates calls (their
-  output futures, routes and expected arrivals), queues grants, settles arrived
-  values, fails and releases calls;
+  output futures, routes and expected arrivals, and the program inputs that
+  came inline with the launch), queues grants, settles arrived values, fails
+  and releases calls;
 * the executor thread runs grants strictly in the order they were received.
   The head grant waits (bounded) until its inputs exist and the store has room
   for its outputs, then dispatches. Keeping one order on every host of a slice
   is what keeps SPMD collectives on multi-host slices in one order;
 * the finisher waits for dispatched results in the same order, reports
-  completions, and writes values that leave the host (routed to another slice,
-  or fetched by the client) to shared memory for the sidecar.
+  completions (with the call's small outputs inline when the launch asks for
+  them), and writes values that leave the host (routed to another slice, or
+  fetched by the client) to shared memory for the sidecar.
+
+JAX dispatch is asynchronous, so on a single-process slice the executor does
+not wait for a computation before dispatching the next: it hands the finisher
+its dispatched computations in batches — whenever it would otherwise wait (no
+grant queued, inputs or store room missing), after a computation whose
+outputs leave the host, and every `FINISH_BATCH` computations — so a chain of
+small computations costs one thread hand-off and one completion message per
+batch, not per computation.
 
 On a multi-process slice the executor waits for each computation before
-dispatching the next: with gloo CPU collectives, several collective
-computations in flight at once deadlock (seen on jax 0.10.2).
+dispatching the next, and reports each at once: with gloo CPU collectives,
+several collective computations in flight at once deadlock (seen on jax
+0.10.2).
 """
 
 from __future__ import annotations
@@ -41,7 +52,16 @@ from jax.sharding import Sharding
 from pathways.transfer import Piece, parse_spec, value_pieces
 from pathways.wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
-from pathways_worker.call_plan import CallPlan, LocalComputation, Ref, plan_call, ref_name, ref_of
+from pathways_worker.call_plan import (
+    CallPlan,
+    LocalComputation,
+    ProgramLayout,
+    Ref,
+    layout_program,
+    plan_call,
+    ref_name,
+    ref_of,
+)
 from pathways_worker.executables import Executable, ExecutableCache, LoadError
 from pathways_worker.object_store import ObjectStore, Slot
 from pathways_worker.shared_memory import ShmDir, map_value, remove
@@ -50,11 +70,14 @@ log = logging.getLogger(__name__)
 
 RELEASED_MEMORY = 4096  # released call ids remembered, to drop late messages
 EVENT_LINGER_S = float(os.environ.get("PATHWAYS_EVENT_LINGER_S", "0.001"))
+FINISH_BATCH = 32
+"""Dispatched computations handed to the finisher at once, at most."""
 
 
 @dataclass(frozen=True)
 class LoadedProgram:
     host_program: pb.HostProgram
+    layout: ProgramLayout
     executables: dict[int, Executable]
     errors: dict[int, str]
     output_specs: dict[int, tuple[pb.TensorSpec, ...]]
@@ -69,6 +92,7 @@ class CallState:
     freed: set[Ref] = field(default_factory=set)
     computations: int = 0
     busy_s: float = 0.0
+    inline_output_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,7 @@ class CompletionJob:
     outputs: tuple[Any, ...]           # dispatched jax.Arrays; () when it did not run
     error: str
     routed: tuple[tuple[Ref, Any, pb.TensorSpec], ...]  # (value, array or None, spec)
+    inline: tuple[tuple[int, pb.TensorSpec], ...] = ()   # (output index, spec) sent inline
 
 
 @dataclass(frozen=True)
@@ -106,8 +131,8 @@ class WorkerOutbox:
         self._store_limit = store_limit
         self._busy = busy
 
-    def completion(self, done: pb.Completion) -> None:
-        self._queue.put(done)
+    def completions(self, done: list[pb.Completion]) -> None:
+        self._queue.put_many(list(done))
 
     def exported(self, exported: pb.Exported) -> None:
         self._queue.put(exported)
@@ -154,7 +179,10 @@ class Executor:
         self._released: set[str] = set()
         self._released_order: deque[str] = deque()
         self._run_queue: deque[pb.Grant] = deque()
-        self._finish_queue: queue.SimpleQueue[CompletionJob | ExportJob | None] = queue.SimpleQueue()
+        self._finish_queue: queue.SimpleQueue[
+            tuple[CompletionJob, ...] | ExportJob | None
+        ] = queue.SimpleQueue()
+        self._dispatched: list[CompletionJob] = []  # the executor thread's, not yet handed over
         self._stopping = False
         self.outbox = WorkerOutbox(
             lambda: self._store.used, store_limit_bytes, lambda: len(self._run_queue) > 1
@@ -219,7 +247,7 @@ class Executor:
                     f"program '{program.name}' computation '{comp.name}' (index {comp.index}) "
                     f"cannot be loaded on host {self.host_name}: {type(err).__name__}: {err}"
                 )
-        loaded = LoadedProgram(host_program, executables, errors, specs)
+        loaded = LoadedProgram(host_program, layout_program(host_program), executables, errors, specs)
         with self._cv:
             self._programs[host_program.program_id] = loaded
         for error in errors.values():
@@ -239,11 +267,14 @@ class Executor:
                     f"on host {self.host_name}"
                 )
                 return
-            call.plan = plan_call(loaded.host_program, launch)
+            call.plan = plan_call(loaded.layout, launch)
             call.readers = dict(call.plan.readers)
+            call.inline_output_bytes = launch.inline_output_bytes
             for comp in call.plan.computations.values():
                 for ref in comp.outputs:
                     self._store.slot(call.call_id, ref)  # the output futures
+            for inline in launch.inputs:
+                self._settle_inline(call.call_id, inline)
             for ref, slot in list(self._store.slots_of(call.call_id).items()):
                 if slot.settled:
                     self._maybe_free(call, ref)
@@ -357,6 +388,20 @@ class Executor:
         slot = self._store.set_ready(call_id, ref, value, nbytes, prepaid)
         self._flush_exports(slot)
 
+    def _settle_inline(self, call_id: str, inline: pb.InlineValue) -> None:
+        """A program input that came with the launch: settled like an arrival."""
+        ref = ref_of(inline.value)
+        try:
+            shape, dtype = parse_spec(inline.spec)
+            value = np.frombuffer(inline.data, dtype).reshape(shape)
+        except Exception as err:
+            self._settle_failed(
+                call_id, ref,
+                f"cannot load inline {ref_name(ref)} on host {self.host_name}: {err}",
+            )
+            return
+        self._settle_ready(call_id, ref, value, int(value.nbytes), prepaid=False)
+
     def _settle_failed(self, call_id: str, ref: Ref, error: str) -> None:
         slot = self._store.set_failed(call_id, ref, error)
         self._flush_exports(slot)
@@ -401,6 +446,7 @@ class Executor:
         while True:
             with self._cv:
                 while not self._run_queue and not self._stopping:
+                    self._hand_over()
                     self._cv.wait()
                 if self._stopping:
                     return
@@ -417,15 +463,31 @@ class Executor:
                         for ref in comp.outputs:
                             self._settle_failed(call.call_id, ref, error)
                     self._cv.notify_all()
-                self._finish_queue.put(CompletionJob(grant, (), error, self._routed_failures(grant)))
+                self._finished(CompletionJob(grant, (), error, self._routed_failures(grant)))
             with self._cv:
                 self._run_queue.popleft()
+
+    def _finished(self, job: CompletionJob) -> None:
+        """Executor thread: a grant was dispatched (or failed); the finisher takes it over.
+
+        Jobs wait for company unless someone needs them now: a multi-process
+        slice reports each computation, routed outputs go out at once, and
+        failures are not held back."""
+        self._dispatched.append(job)
+        if self._block_each or job.routed or job.error or len(self._dispatched) >= FINISH_BATCH:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Executor thread: give the finisher what was dispatched (before any wait)."""
+        if self._dispatched:
+            self._finish_queue.put(tuple(self._dispatched))
+            self._dispatched = []
 
     def _run(self, grant: pb.Grant) -> None:
         started = time.perf_counter()
         prepared = self._wait_until_runnable(grant)
         if isinstance(prepared, str):
-            self._finish_queue.put(CompletionJob(grant, (), prepared, self._routed_failures(grant)))
+            self._finished(CompletionJob(grant, (), prepared, self._routed_failures(grant)))
             return
         call, comp, exe, values, where = prepared
         outputs: tuple[Any, ...] = ()
@@ -444,10 +506,11 @@ class Executor:
             error = f"{where} failed: {type(err).__name__}: {err}"
             outputs = ()
         routed: list[tuple[Ref, Any, pb.TensorSpec]] = []
+        inline: list[tuple[int, pb.TensorSpec]] = []
         with self._cv:
             if self._calls.get(call.call_id) is not call:
                 self._store.unreserve(exe.total_out_bytes)  # released while running
-                self._finish_queue.put(CompletionJob(grant, outputs, error, ()))
+                self._finished(CompletionJob(grant, outputs, error, ()))
                 return
             if error:
                 self._store.unreserve(exe.total_out_bytes)
@@ -460,7 +523,13 @@ class Executor:
                 if ref in call.plan.routes:
                     value = None if error else outputs[i]
                     routed.append((ref, value, self._spec_of(call.call_id, ref, value)))
-            for ref in set(comp.inputs):
+                if (
+                    not error
+                    and ref in call.plan.outputs
+                    and 0 < exe.out_bytes[i] <= call.inline_output_bytes
+                ):
+                    inline.append((i, self._spec_of(call.call_id, ref, outputs[i])))
+            for ref in comp.distinct_inputs:
                 call.readers[ref] = call.readers.get(ref, 1) - 1
                 self._maybe_free(call, ref)
             for ref in comp.outputs:
@@ -468,7 +537,7 @@ class Executor:
             call.computations += 1
             call.busy_s += time.perf_counter() - started
             self._cv.notify_all()
-        self._finish_queue.put(CompletionJob(grant, outputs, error, tuple(routed)))
+        self._finished(CompletionJob(grant, outputs, error, tuple(routed), tuple(inline)))
 
     def _routed_failures(self, grant: pb.Grant) -> tuple[tuple[Ref, Any, pb.TensorSpec], ...]:
         """A computation that failed before running: its routed outputs fail downstream."""
@@ -536,6 +605,7 @@ class Executor:
                         f"{where}: timed out after {self.input_timeout_s:g} s waiting for "
                         f"{ref_name(missing)} from {plan.origin(missing)}",
                     )
+                self._hand_over()
                 self._cv.wait(min(left, 1.0))
             need = exe.total_out_bytes
             if need > self._store.limit:
@@ -556,6 +626,7 @@ class Executor:
                         f"{where}: object store full for {self.input_timeout_s:g} s: "
                         + self._store.describe_full(need),
                     )
+                self._hand_over()
                 self._cv.wait(min(left, 1.0))
             self._store.reserve(need)
             values = [self._store.slot(call.call_id, ref).value for ref in comp.inputs]
@@ -579,7 +650,7 @@ class Executor:
         """The computation cannot run: its outputs fail, so consumers fail at once."""
         for ref in comp.outputs:
             self._settle_failed(call.call_id, ref, error)
-        for ref in set(comp.inputs):
+        for ref in comp.distinct_inputs:
             call.readers[ref] = call.readers.get(ref, 1) - 1
             self._maybe_free(call, ref)
         self._cv.notify_all()
@@ -612,31 +683,45 @@ class Executor:
             if job is None:
                 return
             try:
-                if isinstance(job, CompletionJob):
-                    self._finish_computation(job)
+                if isinstance(job, tuple):
+                    self._finish_computations(job)
                 else:
                     self._write_export(job)
             except Exception:
                 log.exception("finisher failed on %s", job)
 
-    def _finish_computation(self, job: CompletionJob) -> None:
-        error = job.error
-        if not error and job.outputs and not self._block_each:
-            try:
-                jax.block_until_ready(job.outputs)
-            except Exception as err:
-                error = f"computation {job.grant.node} of call {job.grant.call_id} failed on host {self.host_name}: {type(err).__name__}: {err}"
-                self._fail_late(job, error)
-        self.outbox.completion(
-            pb.Completion(
+    def _finish_computations(self, jobs: tuple[CompletionJob, ...]) -> None:
+        """One batch of dispatched computations: wait for each, report them together."""
+        done: list[pb.Completion] = []
+        for job in jobs:
+            error = job.error
+            if not error and job.outputs and not self._block_each:
+                try:
+                    jax.block_until_ready(job.outputs)
+                except Exception as err:
+                    error = f"computation {job.grant.node} of call {job.grant.call_id} failed on host {self.host_name}: {type(err).__name__}: {err}"
+                    self._fail_late(job, error)
+            completion = pb.Completion(
                 seq=job.grant.seq, call_id=job.grant.call_id, node=job.grant.node,
                 ok=not error, error=error,
             )
-        )
-        for ref, value, spec in job.routed:
-            self._write_export(
-                ExportJob(job.grant.call_id, ref, 0, None if error else value, error if error else "", spec, False)
-            )
+            if not error:
+                for i, spec in job.inline:
+                    completion.outputs.add(
+                        value=pb.ValueRef(node=job.grant.node, index=i),
+                        spec=spec,
+                        data=np.ascontiguousarray(np.asarray(job.outputs[i])).tobytes(),
+                    )
+            done.append(completion)
+            if job.routed:
+                self.outbox.completions(done)
+                done = []
+            for ref, value, spec in job.routed:
+                self._write_export(
+                    ExportJob(job.grant.call_id, ref, 0, None if error else value, error if error else "", spec, False)
+                )
+        if done:
+            self.outbox.completions(done)
 
     def _fail_late(self, job: CompletionJob, error: str) -> None:
         """Execution failed after dispatch: replace the outputs that were published."""
