@@ -7,11 +7,16 @@ host commands:
 * `create_slice` places a whole gang on one island (`core.placement`) before
   any host exists, then starts all of its hosts; a slice that does not fit
   waits, holding nothing, until room appears or its timeout passes.
-* `run` computes, once per call, each host's launch (which values it sends
-  where, which it expects and from how many hosts), submits the call's
-  computations to the island scheduler and streams every host its grants.
-  From then on hosts run on their own; the controller only counts the
-  batched completions that come back and hands out more grants.
+* `run` computes each host's launch (which values it sends where, which it
+  expects and from how many hosts — once per program and set of gangs, then
+  stamped with each call's id), adds the call's small inputs to it, submits
+  the call's computations to the island scheduler and streams every host its
+  grants. From then on hosts run on their own; the controller only counts the
+  batched completions that come back, keeps the small outputs they carry
+  inline, and hands out more grants.
+* `run_to_end` is the whole call in one round trip for a client whose inputs
+  and outputs are small: it answers when the call ended, with the outputs,
+  and frees the call itself.
 * A host that dies fails the calls on its slice at once (every other host of
   those calls is told, so nothing waits forever) and the whole gang is
   relaunched, as JobSet recreates a job's pods.
@@ -112,6 +117,10 @@ class ProgramRecord:
     program_id: str
     program: ir.Program
     bindings: dict[str, str]
+    schedule: list[ScheduledComputation] | None = None
+    """The scheduler's view of a call, the same for every call."""
+    launch_plan: tuple[tuple[tuple[str, str, int], ...], pb.RunReply, dict[str, list[pb.Launch]]] | None = None
+    """Launches for the gangs (virtual slice, slice id, generation) they were planned for."""
 
 
 @dataclass
@@ -125,6 +134,8 @@ class CallRecord:
     message: str = ""
     waiting: dict[tuple[str, int], int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
+    """Outputs that came back inline with their completions."""
 
 
 def _gang_requests(record: SliceRecord) -> list[HostRequest]:
@@ -139,6 +150,10 @@ def _gang_requests(record: SliceRecord) -> list[HostRequest]:
         )
         for a in record.placement.hosts
     ]
+
+
+INLINE_OUTPUT_BYTES = 64 << 10
+"""Outputs up to this size come back inline with their completion (single-host slices)."""
 
 
 class Controller:
@@ -393,7 +408,13 @@ class Controller:
             self._programs[program_id] = ProgramRecord(program_id, program, dict(bindings))
             return program_id
 
-    def run(self, program_id: str, call_id: str, weight: float) -> pb.RunReply:
+    def run(
+        self,
+        program_id: str,
+        call_id: str,
+        weight: float,
+        inputs: Sequence[pb.InlineValue] = (),
+    ) -> pb.RunReply:
         with self._changed:
             prec = self._programs.get(program_id)
             if prec is None:
@@ -411,7 +432,7 @@ class Controller:
                     )
                 self._wait_ready(rec, time.monotonic() + 120)
                 slices[vid] = rec
-            reply, launches = _plan_call(program, call_id, program_id, slices)
+            reply, launches = self._launches(prec, slices, call_id, inputs)
             record = CallRecord(
                 call_id=call_id,
                 program=prec,
@@ -427,20 +448,90 @@ class Controller:
                     rec.loaded.add(program_id)
                 for link, launch in zip(rec.links, launches[vid]):
                     link.send(pb.HostCommand(launch=launch))
-            self._scheduler.submit(
-                call_id,
-                weight if weight > 0 else 1.0,
-                [
+            if prec.schedule is None:
+                prec.schedule = [
                     ScheduledComputation(
                         node=c.index,
                         slice_id=prec.bindings[c.slice],
                         deps=tuple(sorted({v.node for v in c.inputs if not v.is_program_input})),
                     )
                     for c in program.computations
-                ],
-            )
+                ]
+            self._scheduler.submit(call_id, weight if weight > 0 else 1.0, prec.schedule)
             self._dispatch_grants()
             return reply
+
+    def _launches(
+        self,
+        prec: ProgramRecord,
+        slices: dict[str, SliceRecord],
+        call_id: str,
+        inputs: Sequence[pb.InlineValue],
+    ) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
+        """The call's launches: the program's plan for these gangs, stamped with the call."""
+        gangs = tuple(sorted((vid, rec.slice_id, rec.generation) for vid, rec in slices.items()))
+        if prec.launch_plan is None or prec.launch_plan[0] != gangs:
+            reply, launches = _plan_call(prec.program, "", prec.program_id, slices)
+            for vid, rec in slices.items():
+                if len(rec.hosts) == 1:
+                    for launch in launches[vid]:
+                        launch.inline_output_bytes = INLINE_OUTPUT_BYTES
+            prec.launch_plan = (gangs, reply, launches)
+        _, template, planned = prec.launch_plan
+        consumers: dict[int, set[str]] = defaultdict(set)
+        if inputs:
+            for c in prec.program.computations:
+                for v in c.inputs:
+                    if v.is_program_input:
+                        consumers[v.index].add(c.slice)
+        stamped: dict[str, list[pb.Launch]] = {}
+        for vid, per_host in planned.items():
+            launch = pb.Launch()
+            launch.CopyFrom(per_host[0])
+            launch.call_id = call_id
+            launch.inputs.extend(x for x in inputs if vid in consumers[x.value.index])
+            stamped[vid] = [launch] * len(per_host)
+        reply = pb.RunReply()
+        reply.CopyFrom(template)
+        for x in inputs:
+            if 0 <= x.value.index < len(reply.inputs):
+                del reply.inputs[x.value.index].hosts[:]  # it came with the call
+        return reply, stamped
+
+    def run_to_end(
+        self,
+        program_id: str,
+        call_id: str,
+        weight: float,
+        inputs: Sequence[pb.InlineValue],
+        wait_s: float,
+    ) -> pb.RunReply:
+        """Runs the call and answers when it ended, with its inline outputs.
+
+        A call that ended with every output inline (or failed) is freed here,
+        so the client owes no FinishCall (`released`)."""
+        reply = self.run(program_id, call_id, weight, inputs)
+        status = self.wait_call(call_id, wait_s)
+        reply.status.CopyFrom(status)
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None:
+                return reply
+            complete = True
+            for ref in call.program.program.outputs:
+                if ref.is_program_input:
+                    continue  # the client has it
+                value = call.values.get((ref.node, ref.index))
+                if value is None:
+                    complete = False  # the client fetches it from the hosts
+                else:
+                    reply.values.append(value)
+        if status.state == pb.CallStatus.FAILED or (
+            complete and status.state == pb.CallStatus.SUCCEEDED
+        ):
+            self.finish_call(call_id)
+            reply.released = True
+        return reply
 
     def _dispatch_grants(self) -> None:
         grants = self._scheduler.grants()
@@ -485,6 +576,8 @@ class Controller:
                 if call is None:
                     self._scheduler_complete(rec.slice_id, done.seq)
                     continue
+                for value in done.outputs:
+                    call.values[(value.value.node, value.value.index)] = value
                 left = call.waiting.get(key)
                 if left is None:
                     continue

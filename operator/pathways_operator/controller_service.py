@@ -50,7 +50,14 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     def Run(self, request: pb.RunRequest, context: grpc.ServicerContext) -> pb.RunReply:
         try:
-            return self.controller.run(request.program_id, request.call_id, request.weight)
+            if request.wait:
+                return self.controller.run_to_end(
+                    request.program_id, request.call_id, request.weight, request.inputs,
+                    request.wait_s,
+                )
+            return self.controller.run(
+                request.program_id, request.call_id, request.weight, request.inputs
+            )
         except ControllerError as err:
             self._abort(context, err)
             raise
