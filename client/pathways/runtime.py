@@ -13,6 +13,12 @@ call is:
    call to end, fetch the outputs straight from the hosts holding them, and
    tell the controller to free the call's buffers.
 
+Small values need none of step 4's round trips: inputs of at most
+`INLINE_BYTES` ride in the `Run` request (the controller hands them to the
+hosts with the launch), and when every input and output is that small, `Run`
+answers only once the call ended — with its status, its outputs inline and
+the call already freed. A small call is one round trip.
+
 `connect()` with no address starts the embedded local cluster: the controller
 as a separate process (`python -m pathways_operator.local`), which starts
 hosts as processes when slices are placed — the same processes that run in
@@ -42,6 +48,8 @@ from pathways.wire import pathways_pb2_grpc as pb_grpc
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
+INLINE_BYTES = int(os.environ.get("PATHWAYS_INLINE_BYTES", str(64 << 10)))
+"""Inputs and outputs up to this size travel in the call's own messages."""
 _GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
@@ -131,17 +139,31 @@ class Runtime:
         """Run one call of `program`; returns its flat outputs as numpy arrays."""
         program_id = self.load(program)
         call_id = f"{program.name}-{uuid.uuid4().hex[:12]}"
+        arrays = [np.asarray(a) for a in inputs]
+        request = pb.RunRequest(program_id=program_id, call_id=call_id, weight=weight)
+        for i, array in enumerate(arrays):
+            if array.nbytes <= INLINE_BYTES:
+                request.inputs.add(
+                    value=pb.ValueRef(node=ir.PROGRAM_INPUT, index=i),
+                    spec=transfer.spec_of(array),
+                    data=np.ascontiguousarray(array).tobytes(),
+                )
+        small_outputs = all(
+            ref.is_program_input or program.spec_of(ref).nbytes <= INLINE_BYTES
+            for ref in program.outputs
+        )
+        if small_outputs and len(request.inputs) == len(arrays):
+            return self._run_to_end(program, request, arrays)
         try:
-            reply = self.controller.Run(
-                pb.RunRequest(program_id=program_id, call_id=call_id, weight=weight), timeout=60
-            )
+            reply = self.controller.Run(request, timeout=60)
         except grpc.RpcError as err:
             raise _translate(err, f"starting program '{program.name}'") from None
         self.calls += 1
         try:
             puts = [
                 self._pool.submit(self._put, host, call_id, ir.ValueRef(ir.PROGRAM_INPUT, i), array)
-                for i, array in enumerate(inputs)
+                for i, array in enumerate(arrays)
+                if array.nbytes > INLINE_BYTES
                 for host in reply.inputs[i].hosts
             ]
             for fut in puts:
@@ -173,6 +195,41 @@ class Runtime:
             # next call, in order, and `close` waits for it.
             self._finisher.submit(self._finish, call_id)
 
+    def _run_to_end(
+        self, program: ir.Program, request: pb.RunRequest, inputs: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """A call whose values are all small: one round trip (see the module docstring)."""
+        request.wait, request.wait_s = True, CALL_TIMEOUT_S
+        call_id = request.call_id
+        try:
+            reply = self.controller.Run(request, timeout=CALL_TIMEOUT_S + 30)
+        except grpc.RpcError as err:
+            raise _translate(err, f"running program '{program.name}'") from None
+        self.calls += 1
+        try:
+            status = reply.status
+            if status.state == pb.CallStatus.RUNNING:
+                raise self._timed_out(call_id, program.name, status)
+            if status.state != pb.CallStatus.SUCCEEDED:
+                raise ExecutionError(status.message or f"program '{program.name}' failed")
+            inline = {(v.value.node, v.value.index): v for v in reply.values}
+            results: list[np.ndarray] = []
+            for j, ref in enumerate(program.outputs):
+                value = inline.get((ref.node, ref.index))
+                if ref.is_program_input:
+                    results.append(np.asarray(inputs[ref.index]))
+                elif value is not None:
+                    shape, dtype = transfer.parse_spec(value.spec)
+                    results.append(np.frombuffer(value.data, dtype).reshape(shape).copy())
+                else:  # on a multi-host slice: fetched from its hosts
+                    results.append(
+                        self._fetch(list(reply.outputs[j].hosts), call_id, ref, program.spec_of(ref))
+                    )
+            return results
+        finally:
+            if not reply.released:
+                self._finisher.submit(self._finish, call_id)
+
     def _finish(self, call_id: str) -> None:
         try:
             self.controller.FinishCall(pb.ReleaseCall(call_id=call_id), timeout=30)
@@ -188,12 +245,16 @@ class Runtime:
         except grpc.RpcError as err:
             raise _translate(err, f"waiting for program '{name}'") from None
         if status.state == pb.CallStatus.RUNNING:
-            raise ExecutionError(
-                f"program '{name}' call {call_id} did not finish within {CALL_TIMEOUT_S:.0f} s "
-                f"({status.completed}/{status.total} computations done); "
-                "raise PATHWAYS_CALL_TIMEOUT_S if it needs longer"
-            )
+            raise self._timed_out(call_id, name, status)
         return status
+
+    @staticmethod
+    def _timed_out(call_id: str, name: str, status: pb.CallStatus) -> ExecutionError:
+        return ExecutionError(
+            f"program '{name}' call {call_id} did not finish within {CALL_TIMEOUT_S:.0f} s "
+            f"({status.completed}/{status.total} computations done); "
+            "raise PATHWAYS_CALL_TIMEOUT_S if it needs longer"
+        )
 
     # ------------------------------------------------------------ hosts
 
