@@ -29,7 +29,9 @@ Command line (all written by the operator)::
 
 Exit status: 0 success; 75 (EX_TEMPFAIL) when the program lost a host or a
 slice was unavailable, so running it again from ``stepsCompleted`` can
-succeed; 2 for a bad entrypoint or arguments; 1 for any other failure.
+succeed; 2 for a bad entrypoint or arguments; 1 for any other failure; 143
+when stopped by SIGTERM (calls in flight are finished first, freeing their
+buffers on the hosts; no results file is written).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -134,6 +137,10 @@ def _exit_with(parent: int) -> None:
             os._exit(EXIT_RETRYABLE)
 
 
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _retryable(err: Exception) -> bool:
     from pathways.errors import ExecutionError, RuntimeUnavailableError
 
@@ -199,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-file", required=True)
     parser.add_argument("--exit-with-parent", action="store_true")
     args = parser.parse_args(argv)
+    # SIGTERM (the operator stopping the program) unwinds like an exception, so calls in
+    # flight are finished and their buffers freed on the hosts, and no outcome is written.
+    signal.signal(signal.SIGTERM, _stop_on_signal)
     if args.exit_with_parent:
         threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     code = run(args)

@@ -309,7 +309,7 @@ class ProgramReconciler:
             return
 
         waiting = [
-            f"{n} ({names[n]}: {s.status.phase or 'Pending'})" if s is not None else f"{n} ({names[n]}: being created)"
+            _slice_summary(n, names[n], s)
             for n, s in slices.items()
             if s is None or s.status.phase is not SlicePhase.READY
         ]
@@ -496,3 +496,17 @@ class ProgramReconciler:
                 self._api.post_event(program.reference(), type_, reason, message)
             except KubeError as err:
                 log.warning("%s: %s", program.key, err)
+
+
+def _slice_summary(name: str, virtual_slice: str, found: VirtualSliceObject | None) -> str:
+    """"main (VirtualSlice x: Pending, <why it is not admitted>)" for the program's message."""
+    if found is None:
+        return f"{name} (VirtualSlice {virtual_slice}: being created)"
+    phase = found.status.phase or SlicePhase.PENDING
+    why = ""
+    for type_ in ("Admitted", "Ready"):
+        cond = find_condition(found.status.conditions, type_)
+        if cond is not None and cond.status != "True" and cond.message:
+            why = f", {cond.message}"
+            break
+    return f"{name} (VirtualSlice {virtual_slice}: {phase}{why})"
