@@ -242,6 +242,90 @@ def test_window_must_be_positive() -> None:
         IslandScheduler(window=0)
 
 
+def test_shared_window_must_fit_in_the_window() -> None:
+    with pytest.raises(ValueError, match="between 1 and the window"):
+        IslandScheduler(window=4, shared_window=8)
+    with pytest.raises(ValueError, match="got 0"):
+        IslandScheduler(window=4, shared_window=0)
+
+
+def test_a_call_alone_on_a_slice_gets_the_whole_window() -> None:
+    sched = IslandScheduler(window=16, shared_window=2)
+    sched.submit("alone", 1.0, chain("x", 20))
+    assert len(sched.grants()) == 16
+    assert sched.outstanding("x") == 16
+
+
+def test_competing_calls_get_only_the_shared_window() -> None:
+    sched = IslandScheduler(window=16, shared_window=2)
+    sched.submit("a", 1.0, chain("x", 20))
+    sched.submit("b", 1.0, chain("x", 20))
+    sched.submit("c", 1.0, chain("y", 20))  # alone on its slice
+    sched.grants()
+    assert sched.outstanding("x") == 2
+    assert sched.outstanding("y") == 16
+
+
+def run_until_done(sched: IslandScheduler, call_id: str, granted: deque[Grant]) -> list[str]:
+    """Grants and completes (oldest first, like a host) until ``call_id`` is finished."""
+    order: list[str] = []
+    while True:
+        got = sched.grants()
+        order += [g.call_id for g in got]
+        granted.extend(got)
+        if not sched.pending(call_id) and all(g.call_id != call_id for g in granted):
+            return order
+        oldest = granted.popleft()
+        sched.complete(oldest.slice_id, oldest.seq)
+
+
+def test_a_tenant_reentering_a_contended_slice_waits_only_behind_the_shared_window() -> None:
+    """A tenant whose call ended re-submits; even though the other tenant was
+    alone on the slice in between, stride order — not what was granted in the
+    gap — decides what runs next."""
+    sched = IslandScheduler(window=64, shared_window=2)
+    granted: deque[Grant] = deque()
+    sched.submit("light", 1.0, chain("s", 500))
+    sched.submit("heavy-1", 8.0, chain("s", 16))
+    run_until_done(sched, "heavy-1", granted)
+    granted.extend(sched.grants())  # the gap: light alone on the slice
+    assert sched.outstanding("s") <= 2
+    sched.submit("heavy-2", 8.0, chain("s", 16))
+    order = run_until_done(sched, "heavy-2", granted)
+    assert Counter(order[:18]) == {"heavy-2": 16, "light": 2}, order
+
+
+def test_a_slice_calm_for_a_whole_window_gets_the_whole_window_again() -> None:
+    sched = IslandScheduler(window=8, shared_window=2)
+    granted: deque[Grant] = deque()
+    sched.submit("a", 1.0, chain("s", 3))
+    sched.submit("b", 1.0, chain("s", 3))
+    run_until_done(sched, "a", granted)
+    run_until_done(sched, "b", granted)
+    sched.submit("c", 1.0, chain("s", 100))
+    assert len(sched.grants()) == 2  # lately contended
+    rounds = 0
+    while sched.outstanding("s") == 2:  # one grant per completion, held to the shared window
+        sched.complete("s", min(sched_granted_seqs(sched, "s")))
+        sched.grants()
+        rounds += 1
+        assert rounds <= 8, "calm for a whole window, yet still held to the shared window"
+    assert sched.outstanding("s") == 8
+
+
+def sched_granted_seqs(sched: IslandScheduler, slice_id: str) -> list[int]:
+    return sorted(sched._granted.get(slice_id, {}))
+
+
+def test_without_a_shared_window_every_call_gets_the_window() -> None:
+    sched = IslandScheduler(window=16)
+    assert sched.shared_window == 16
+    sched.submit("a", 1.0, chain("x", 20))
+    sched.submit("b", 1.0, chain("x", 20))
+    sched.grants()
+    assert sched.outstanding("x") == 16
+
+
 # --- property: simulated hosts never deadlock -------------------------------------------
 
 

@@ -27,6 +27,16 @@ The window (at most ``window`` granted-but-not-completed computations per
 slice) only delays granting; it never withholds the lowest unfinished grant,
 so it bounds host queues and memory without affecting the argument.
 
+The window adapts to contention. A call alone on a slice gets the whole
+``window`` granted ahead, so its hosts never wait for the scheduler. Once
+several calls have had ungranted work on a slice at the same time, only
+``shared_window`` grants may be outstanding there, until ``window`` grants in a
+row went to the slice without contention: whatever is granted runs first, so a
+large window turns the stride order into first-come-first-served — a tenant
+that re-enters after its previous call ended (and in the gap left the others
+alone on the slice) would start behind everything they were granted
+meanwhile, and the shares drift towards equal.
+
 Sharing between calls: stride scheduling
 ----------------------------------------
 Programs sharing slices receive grants in proportion to their ``weight``
@@ -113,10 +123,18 @@ class _Call:
 class IslandScheduler:
     """Grants computations of concurrent program calls in one global order, shared by weight."""
 
-    def __init__(self, window: int = 256) -> None:
+    def __init__(self, window: int = 256, shared_window: int | None = None) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1 computation per slice, got {window}")
+        shared = window if shared_window is None else shared_window
+        if not 1 <= shared <= window:
+            raise ValueError(
+                f"shared_window must be between 1 and the window ({window}), got {shared_window}"
+            )
         self._window = window
+        self._shared_window = shared
+        self._calm: dict[str, int] = {}
+        """Contended slices -> grants made there since they were last contended."""
         self._next_seq = 0
         self._global_pass = 0.0
         self._submissions = 0
@@ -127,6 +145,10 @@ class IslandScheduler:
     @property
     def window(self) -> int:
         return self._window
+
+    @property
+    def shared_window(self) -> int:
+        return self._shared_window
 
     def submit(
         self, call_id: str, weight: float, computations: Sequence[ScheduledComputation]
@@ -179,14 +201,16 @@ class IslandScheduler:
         """Grant everything grantable now, in seq order; each computation is granted once."""
         ready = [(c.pass_, c.order, c.call_id) for c in self._calls.values() if c.todo]
         heapq.heapify(ready)
+        limit = self._limits()
         issued: list[Grant] = []
         while ready:
             _, _, call_id = heapq.heappop(ready)
             call = self._calls[call_id]
             comp = call.todo[0]
             on_slice = self._granted.setdefault(comp.slice_id, {})
-            if len(on_slice) >= self._window:
+            if len(on_slice) >= limit.get(comp.slice_id, self._window):
                 continue  # skipped until complete() frees room on that slice
+            self._count_calm(comp.slice_id)
             call.todo.popleft()
             seq = self._next_seq
             self._next_seq += 1
@@ -198,6 +222,29 @@ class IslandScheduler:
             if call.todo:
                 heapq.heappush(ready, (call.pass_, call.order, call_id))
         return issued
+
+    def _limits(self) -> dict[str, int]:
+        """The window of each slice that is, or lately was, contended."""
+        if self._shared_window == self._window:
+            return {}
+        wanting: dict[str, int] = {}
+        for call in self._calls.values():
+            if call.todo:
+                for slice_id in call.slices:
+                    wanting[slice_id] = wanting.get(slice_id, 0) + 1
+        for slice_id, n in wanting.items():
+            if n > 1:
+                self._calm[slice_id] = 0
+        return {s: self._shared_window for s in self._calm}
+
+    def _count_calm(self, slice_id: str) -> None:
+        calm = self._calm.get(slice_id)
+        if calm is None:
+            return
+        if calm + 1 >= self._window:
+            del self._calm[slice_id]  # calm for a whole window: back to the full window
+        else:
+            self._calm[slice_id] = calm + 1
 
     def complete(self, slice_id: str, seq: int) -> None:
         """Record that every host of ``slice_id`` finished grant ``seq``; frees window room."""
@@ -230,6 +277,7 @@ class IslandScheduler:
         those hosts report them (as failed) through :meth:`complete`.
         """
         affected = {cid for cid, call in self._calls.items() if slice_id in call.slices}
+        self._calm.pop(slice_id, None)
         for call_id, _ in self._granted.pop(slice_id, {}).values():
             affected.add(call_id)
             self._calls[call_id].outstanding -= 1
