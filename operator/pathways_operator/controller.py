@@ -152,6 +152,11 @@ def _gang_requests(record: SliceRecord) -> list[HostRequest]:
     ]
 
 
+SHARED_WINDOW = 8
+"""Grants outstanding per slice while several calls compete for it: few enough
+that a call re-entering after its previous call ended waits behind little, so
+stride order (not grant-time FIFO) decides the shares."""
+
 INLINE_OUTPUT_BYTES = 64 << 10
 """Outputs up to this size come back inline with their completion (single-host slices)."""
 
@@ -162,6 +167,7 @@ class Controller:
         machines: Callable[[], list[Machine]],
         launcher: HostLauncher | None,
         window: int = 256,
+        shared_window: int = SHARED_WINDOW,
         explain_missing: Callable[[str], str] | None = None,
     ) -> None:
         self._machines = machines
@@ -171,7 +177,7 @@ class Controller:
         self._slices: dict[str, SliceRecord] = {}
         self._programs: dict[str, ProgramRecord] = {}
         self._calls: dict[str, CallRecord] = {}
-        self._scheduler = IslandScheduler(window=window)
+        self._scheduler = IslandScheduler(window=window, shared_window=min(window, shared_window))
         self._next_slice = 0
         self._explain_missing = explain_missing
         self.computations_dispatched = 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 
 from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways_operator.controller import Controller
+from pathways_operator.controller import SHARED_WINDOW, Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.core.placement import Machine
 from pathways_operator.host_link import GRPC_OPTIONS
@@ -57,7 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--parent-pid", type=int, default=0)
-    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument(
+        "--window", type=int, default=int(os.environ.get("PATHWAYS_WINDOW", "256")),
+        help="grants outstanding per slice while one call has work for it",
+    )
+    parser.add_argument(
+        "--shared-window", type=int,
+        default=int(os.environ.get("PATHWAYS_SHARED_WINDOW", str(SHARED_WINDOW))),
+        help="grants outstanding per slice while several calls compete for it",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"),
@@ -71,7 +79,9 @@ def main(argv: list[str] | None = None) -> None:
             controller.host_failed(host.request.slice_id, host.name, reason)
 
     launcher = LocalHostLauncher(args.state_dir, host_died)
-    controller = Controller(lambda: list(machines), launcher, window=args.window)
+    controller = Controller(
+        lambda: list(machines), launcher, window=args.window, shared_window=args.shared_window
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
     pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
     port = server.add_insecure_port(args.listen)
