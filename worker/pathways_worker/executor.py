@@ -691,11 +691,18 @@ class Executor:
                 log.exception("finisher failed on %s", job)
 
     def _finish_computations(self, jobs: tuple[CompletionJob, ...]) -> None:
-        """One batch of dispatched computations: wait for each, report them together."""
+        """One batch of dispatched computations: wait for each, report them together.
+
+        What finished is reported before waiting on a computation still
+        running, so a long computation never holds back the completions (and
+        the window room) of those before it."""
         done: list[pb.Completion] = []
         for job in jobs:
             error = job.error
             if not error and job.outputs and not self._block_each:
+                if done and not all(_is_ready(x) for x in job.outputs):
+                    self.outbox.completions(done)
+                    done = []
                 try:
                     jax.block_until_ready(job.outputs)
                 except Exception as err:
@@ -771,3 +778,8 @@ class Executor:
         if isinstance(value, np.ndarray) and self.host_index != 0:
             return []  # every host of the slice holds it whole; host 0 answers for all
         return value_pieces(value)
+
+
+def _is_ready(value: Any) -> bool:
+    is_ready = getattr(value, "is_ready", None)
+    return bool(is_ready()) if is_ready is not None else True
