@@ -158,7 +158,8 @@ def register(
 
     # ---------------------------------------------------------------- VirtualSlice
 
-    @kopf.daemon(GROUP, VERSION, SLICE_PLURAL, id="gang", registry=registry, cancellation_timeout=10.0)
+    @kopf.daemon(GROUP, VERSION, SLICE_PLURAL, id="gang", registry=registry,
+                 cancellation_backoff=5.0, cancellation_timeout=10.0)
     async def slice_daemon(
         name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
     ) -> None:
@@ -188,7 +189,8 @@ def register(
 
     # ---------------------------------------------------------------- PathwaysProgram
 
-    @kopf.daemon(GROUP, VERSION, PROGRAM_PLURAL, id="run", registry=registry, cancellation_timeout=10.0)
+    @kopf.daemon(GROUP, VERSION, PROGRAM_PLURAL, id="run", registry=registry,
+                 cancellation_backoff=5.0, cancellation_timeout=10.0)
     async def program_daemon(
         name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
     ) -> None:
