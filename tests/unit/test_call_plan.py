@@ -82,3 +82,37 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
     (launch,) = launches["a"]
     assert not launch.routes and not launch.expects
     assert [o.node for o in launch.outputs] == [1]
+
+
+def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> None:
+    from pathways.wire import pathways_pb2 as pb
+    from pathways_operator.controller import INLINE_OUTPUT_BYTES, Controller, ProgramRecord
+
+    inp0, inp1 = ir.ValueRef(ir.PROGRAM_INPUT, 0), ir.ValueRef(ir.PROGRAM_INPUT, 1)
+    program = ir.Program(
+        name="p",
+        inputs=(F32, F32),
+        computations=(comp(0, "a", inp0), comp(1, "b", ir.ValueRef(0, 0), inp1)),
+        outputs=(ir.ValueRef(1, 0),),
+        slices=(ir.SliceDecl("a", "a", 8), ir.SliceDecl("b", "b", 4)),
+    )
+    prec = ProgramRecord("prog", program, {"a": "a-phys", "b": "b-phys"})
+    slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
+    controller = Controller(lambda: [], None)
+    small = [
+        pb.InlineValue(value=inp.to_proto(), spec=F32.to_proto(), data=bytes(16))
+        for inp in (inp0, inp1)
+    ]
+    reply, launches = controller._launches(prec, slices, "c1", small)
+    assert [list(i.hosts) for i in reply.inputs] == [[], []]  # nothing left to Put
+    assert {launch.call_id for per_host in launches.values() for launch in per_host} == {"c1"}
+    assert [v.value.index for v in launches["a"][0].inputs] == [0]
+    assert [v.value.index for v in launches["b"][0].inputs] == [1]
+    # only a single-host slice sends outputs back inline
+    assert launches["a"][0].inline_output_bytes == 0
+    assert launches["b"][0].inline_output_bytes == INLINE_OUTPUT_BYTES
+
+    # the plan is kept per program and gangs; the next call gets its own launches
+    _, again = controller._launches(prec, slices, "c2", [])
+    assert again["a"][0].call_id == "c2" and not again["a"][0].inputs
+    assert launches["a"][0].call_id == "c1"
