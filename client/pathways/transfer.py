@@ -391,7 +391,7 @@ class PieceAssembler:
     """
 
     def __init__(
-        self, target: np.ndarray, write_at: Callable[[int, bytes], None] | None = None
+        self, target: np.ndarray, write_at: Callable[[int, bytes | memoryview], None] | None = None
     ) -> None:
         """`write_at(byte_offset, data)`, if given, receives contiguous runs instead
         of the target's memory (e.g. `os.pwrite` to the file behind a memmap, about
@@ -490,6 +490,59 @@ class PieceWriter:
             self._finish()
             return True
         return False
+
+    def fill(self, read_into: Callable[[memoryview], int], bounce: memoryview | None = None) -> None:
+        """Receives the rest of the piece in place: `read_into(view)` (e.g. a
+        socket's `recv_into`) writes up to len(view) bytes and returns how many;
+        0 means the source ended early. With the assembler's `write_at` and a
+        `bounce` buffer, runs land in the buffer and go on by `write_at` (into a
+        fresh shared-memory file that is about twice as fast as faulting in the
+        pages of its mapping); otherwise straight into the target's memory."""
+        if self._offset >= 0 and self.assembler.write_at is not None and bounce is not None:
+            while self.received < self.info.nbytes:
+                n = read_into(bounce[: min(len(bounce), self.info.nbytes - self.received)])
+                if n <= 0:
+                    raise self._short()
+                self.assembler.write_at(self._offset + self.received, bounce[:n])
+                self.received += n
+            self._finish()
+            return
+        dest = self._direct if self._direct is not None else self._buffer
+        if dest is None and self._offset >= 0 and self.assembler._flat is not None:
+            lo = self._offset
+            dest = self.assembler._flat[lo : lo + self.info.nbytes]
+        if dest is None:
+            if self.info.nbytes:
+                raise TransferError("data", "this piece's destination takes no in-place writes")
+            return
+        view = memoryview(dest)  # type: ignore[arg-type]
+        while self.received < self.info.nbytes:
+            n = read_into(view[self.received :])
+            if n <= 0:
+                raise self._short()
+            self.received += n
+        self._finish()
+
+    def _short(self) -> TransferError:
+        return TransferError(
+            "data",
+            f"the source ended {self.info.nbytes - self.received} bytes before the end "
+            f"of piece {list(self.info.start)}..{list(self.info.stop)}",
+        )
+
+    @property
+    def file_offset(self) -> int | None:
+        """Where the piece's bytes start in the target's file, if they are one run
+        there and the target is written through `write_at` (a file)."""
+        return self._offset if self._offset >= 0 else None
+
+    def placed(self) -> None:
+        """The piece's bytes were put at `file_offset` by other means (a kernel
+        copy between files, or the piece's file became the value's file)."""
+        if self._offset < 0 and self.info.nbytes:
+            raise TransferError("header.path", "this piece is not one run of the value's file")
+        self.received = self.info.nbytes
+        self._finish()
 
     def _finish(self) -> None:
         block = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -221,3 +221,65 @@ def test_fetch_value_reports_missing_pieces_and_errors() -> None:
     failing = FakeStub([transfer.error_chunk("c", ref(), spec, "h0", "boom")])
     with pytest.raises(RuntimeError, match="boom"):
         transfer.fetch_value([failing], "c", ref(), 5.0)  # type: ignore[list-item]
+
+
+def _reader(data: bytes, step: int) -> tuple[list[int], Callable[[memoryview], int]]:
+    """A read_into over `data` that hands out at most `step` bytes per call."""
+    pos = [0]
+
+    def read_into(view: memoryview) -> int:
+        n = min(len(view), step, len(data) - pos[0])
+        view[:n] = data[pos[0] : pos[0] + n]
+        pos[0] += n
+        return n
+
+    return pos, read_into
+
+
+@pytest.mark.parametrize("through_file", [False, True])
+def test_fill_receives_pieces_in_place(through_file: bool) -> None:
+    value = np.arange(48, dtype=np.float32).reshape(6, 8)
+    target = np.zeros_like(value)
+    flat = target.reshape(-1).view(np.uint8)
+
+    def write_at(offset: int, data: bytes | memoryview) -> None:
+        flat[offset : offset + len(data)] = np.frombuffer(data, np.uint8)
+
+    assembler = transfer.PieceAssembler(target, write_at if through_file else None)
+    for piece in transfer.value_pieces(shards_of(value, 2, 2)):  # column blocks: not one run
+        header = transfer.piece_header("c", ref(), transfer.spec_of(value), piece, "h0", False)
+        writer = assembler.open(transfer.check_header(header))
+        _, read_into = _reader(piece.data.tobytes(), 7)
+        writer.fill(read_into, memoryview(bytearray(5)))
+        assert writer.done
+    assert assembler.complete
+    np.testing.assert_array_equal(target, value)
+
+
+def test_fill_names_a_source_that_ends_early() -> None:
+    value = np.arange(16, dtype=np.int32)
+    assembler = transfer.PieceAssembler(np.zeros_like(value))
+    header = transfer.piece_header("c", ref(), transfer.spec_of(value), transfer.value_pieces(value)[0], "h", True)
+    writer = assembler.open(transfer.check_header(header))
+    _, read_into = _reader(value.tobytes()[:10], 4)
+    with pytest.raises(transfer.TransferError, match="ended 54 bytes before the end"):
+        writer.fill(read_into)
+    assert not assembler.complete
+
+
+def test_placed_counts_a_run_written_by_other_means() -> None:
+    value = np.arange(12, dtype=np.float64).reshape(4, 3)
+    target = np.zeros_like(value)
+    assembler = transfer.PieceAssembler(target, lambda offset, data: None)
+    for piece in transfer.value_pieces(shards_of(value, 2, 1)):  # row blocks: one run each
+        header = transfer.piece_header("c", ref(), transfer.spec_of(value), piece, "h", False)
+        writer = assembler.open(transfer.check_header(header))
+        assert writer.file_offset == piece.start[0] * 3 * 8
+        writer.placed()
+    assert assembler.complete
+    column = transfer.value_pieces(shards_of(value, 1, 3))[1]
+    header = transfer.piece_header("c", ref(), transfer.spec_of(value), column, "h", False)
+    writer = transfer.PieceAssembler(np.zeros_like(value), lambda o, d: None).open(transfer.check_header(header))
+    assert writer.file_offset is None
+    with pytest.raises(transfer.TransferError, match="header.path"):
+        writer.placed()
