@@ -14,6 +14,7 @@ as failed, go to the worker as an `Arrival`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,13 +35,42 @@ Key = tuple[str, Ref]
 RELEASED_MEMORY = 4096
 
 
+ReadInto = Callable[[memoryview], int]
+
+
 class Sink(Protocol):
-    """Where the data chunks of one piece go."""
+    """Where the bytes of one piece go: chunks from a Put stream (`write`), a
+    data channel's socket reading in place (`fill`), or a file on this machine
+    (`take_file`)."""
 
     @property
     def done(self) -> bool: ...
 
     def write(self, data: bytes) -> bool: ...
+
+    def fill(self, read_into: ReadInto, bounce: memoryview) -> None: ...
+
+    def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
+        """The piece from the file at `path` (checked to be device:inode);
+        True if the file itself became the value's (moved, not copied)."""
+        ...
+
+
+def open_checked(path: str, device: int, inode: int, nbytes: int) -> int:
+    """A read descriptor on a sender's piece file, if it is the file it claims to be."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise TransferError("header.path", f"cannot open {path}: {err.strerror}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (device, inode) or st.st_size < nbytes:
+        os.close(fd)
+        raise TransferError(
+            "header.path",
+            f"{path} is {st.st_dev}:{st.st_ino} of {st.st_size} B here, the sender "
+            f"means {device}:{inode} of {nbytes} B (not the same filesystem)",
+        )
+    return fd
 
 
 class DiscardSink:
@@ -58,6 +88,17 @@ class DiscardSink:
             raise TransferError("data", f"{len(data)} bytes beyond the piece's end")
         self.remaining -= len(data)
         return self.done
+
+    def fill(self, read_into: ReadInto, bounce: memoryview) -> None:
+        while self.remaining:
+            n = read_into(bounce[: min(len(bounce), self.remaining)])
+            if n <= 0:
+                raise TransferError("data", f"the source ended {self.remaining} bytes early")
+            self.remaining -= n
+
+    def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
+        self.remaining = 0
+        return False
 
 
 @dataclass
@@ -96,6 +137,30 @@ class InboxPiece:
             self._inbox._piece_done(self._entry, self._info)
             return True
         return False
+
+    def fill(self, read_into: ReadInto, bounce: memoryview) -> None:
+        self._writer.fill(read_into, bounce)
+        self._inbox._piece_done(self._entry, self._info)
+
+    def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
+        fd = open_checked(path, device, inode, self._info.nbytes)
+        moved = False
+        try:
+            offset = self._writer.file_offset
+            file = self._entry.file
+            if movable and self._info.nbytes == self._entry.reserved and self._entry.path:
+                os.rename(path, self._entry.path)  # replaces the empty file made for the value
+                moved = True
+                self._writer.placed()
+            elif offset is not None and file is not None:
+                file.copy_from(fd, self._info.nbytes, offset)
+                self._writer.placed()
+            else:
+                self._writer.fill(lambda view: os.readv(fd, [view]))
+        finally:
+            os.close(fd)
+        self._inbox._piece_done(self._entry, self._info)
+        return moved
 
 
 class Inbox:

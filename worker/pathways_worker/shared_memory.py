@@ -79,11 +79,21 @@ class FileWriter:
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_RDWR)
 
-    def write_at(self, offset: int, data: bytes) -> None:
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             written = os.pwrite(self._fd, view, offset)
             view, offset = view[written:], offset + written
+
+    def copy_from(self, source_fd: int, nbytes: int, offset: int) -> None:
+        """`nbytes` from the start of another file to `offset`, copied by the
+        kernel (no pages of either file mapped here)."""
+        done = 0
+        while done < nbytes:
+            n = os.copy_file_range(source_fd, self._fd, nbytes - done, done, offset + done)
+            if n <= 0:
+                raise ValueError(f"the source file ended {nbytes - done} bytes early")
+            done += n
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -1,0 +1,182 @@
+"""The sidecars' raw TCP data channel over real loopback sockets and shared-memory files.
+
+A receiving side (a `DataChannelServer` feeding a real `Inbox` over a shm
+directory, with a byte budget) and a sending side (`DataLink` with piece files
+written the way the worker writes them). Checked: bytes arrive whole, files
+are handed over on one machine (copied, or moved when movable), and malformed
+frames, wrong tokens, files that are not what they claim and values beyond the
+budget are refused naming the field, with the connection closed while the
+server keeps serving.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pathways import transfer
+from pathways.wire import pathways_pb2 as pb
+from pathways_worker.byte_budget import ByteBudget
+from pathways_worker.data_channel import (
+    HELLO,
+    PIECE,
+    REPLY,
+    DataChannelError,
+    DataChannelServer,
+    DataLink,
+    read_frame,
+    send_frame,
+)
+from pathways_worker.inbox import Inbox
+from pathways_worker.shared_memory import ShmDir, map_value
+
+TOKEN = "slice-token"
+BUDGET = 1 << 20
+
+
+@dataclass
+class Receiver:
+    server: DataChannelServer
+    shm: ShmDir
+    arrivals: list[pb.Arrival]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def link(self, token: str = TOKEN) -> DataLink:
+        return DataLink(self.address, "sender-host", token, timeout_s=30.0)
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Receiver]:
+    shm = ShmDir(str(tmp_path / "receiver"), "s")
+    arrivals: list[pb.Arrival] = []
+    inbox = Inbox(shm, ByteBudget(BUDGET), deliver=arrivals.append, host_name="receiver", wait_s=0.2)
+    for call_id in ("call-1", "call-2"):  # what each call's Launch would say: one sender
+        inbox.expect(call_id, [pb.Expect(value=pb.ValueRef(node=3, index=0), senders=1)])
+    server = DataChannelServer("127.0.0.1", 0, inbox, "receiver", TOKEN)
+    yield Receiver(server, shm, arrivals)
+    server.close()
+
+
+def exported_value(tmp_path: Path, value: np.ndarray, shards: int, call_id: str = "call-1") -> pb.Exported:
+    """A value split into `shards` row blocks, written as piece files like the worker's."""
+    shm = ShmDir(str(tmp_path / "sender"), "w")
+    exported = pb.Exported(call_id=call_id, spec=transfer.spec_of(value))
+    exported.value.node, exported.value.index = 3, 0
+    rows = value.shape[0] // shards
+    for i in range(shards):
+        piece = transfer.Piece((i * rows, 0), ((i + 1) * rows, value.shape[1]), value[i * rows : (i + 1) * rows])
+        path = shm.write_piece(piece)
+        exported.pieces.add(start=piece.start, stop=piece.stop, path=path, nbytes=piece.data.nbytes)
+    return exported
+
+
+def arrived(receiver: Receiver, value: np.ndarray) -> np.ndarray:
+    assert len(receiver.arrivals) == 1 and not receiver.arrivals[0].error, receiver.arrivals
+    arrival = receiver.arrivals[0]
+    return map_value(arrival.path, tuple(arrival.spec.shape), np.dtype(arrival.spec.dtype))
+
+
+VALUE = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
+
+
+def test_bytes_arrive_whole(receiver: Receiver, tmp_path: Path) -> None:
+    link = receiver.link()
+    assert link.send(exported_value(tmp_path, VALUE, 4), handover=False, movable=False) == 4
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+    link.send(exported_value(tmp_path, VALUE, 2, call_id="call-2"), handover=False, movable=False)
+    assert len(receiver.arrivals) == 2  # one connection carries many values
+
+
+def test_files_are_copied_on_one_machine(receiver: Receiver, tmp_path: Path) -> None:
+    exported = exported_value(tmp_path, VALUE, 4)
+    receiver.link().send(exported, handover=True, movable=True)  # several pieces: copied
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+    assert all(os.path.exists(p.path) for p in exported.pieces)  # the sender still owns them
+
+
+def test_a_whole_movable_piece_is_moved(receiver: Receiver, tmp_path: Path) -> None:
+    exported = exported_value(tmp_path, VALUE, 1)
+    receiver.link().send(exported, handover=True, movable=True)
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+    assert not os.path.exists(exported.pieces[0].path)
+    assert os.path.dirname(receiver.arrivals[0].path) == receiver.shm.path
+
+
+def test_a_failed_value_reaches_the_consumer_as_an_error(receiver: Receiver) -> None:
+    exported = pb.Exported(call_id="call-1", error="producer exploded")
+    exported.value.node = 3
+    receiver.link().send(exported, handover=False, movable=False)
+    assert receiver.arrivals and "producer exploded" in receiver.arrivals[0].error
+
+
+def test_a_file_that_is_not_what_it_claims_is_refused(receiver: Receiver, tmp_path: Path) -> None:
+    exported = exported_value(tmp_path, VALUE, 1)
+    link = receiver.link()
+    header = transfer.piece_header("call-1", exported.value, exported.spec, None, "sender-host", True)
+    header.start[:] = [0, 0]
+    header.stop[:] = list(VALUE.shape)
+    header.nbytes = VALUE.nbytes
+    header.path, header.file_device, header.file_inode = exported.pieces[0].path, 1, 2
+    send_frame(link._sock, PIECE, header)
+    reply = pb.PutReply()
+    read_frame(link._sock, REPLY, reply)
+    assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error
+
+
+def raw_connection(receiver: Receiver, token: str = TOKEN) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", receiver.server.port), timeout=30)
+    send_frame(sock, HELLO, pb.DataHello(sender="raw", token=token))
+    return sock
+
+
+def refusal(sock: socket.socket) -> pb.PutReply:
+    reply = pb.PutReply()
+    read_frame(sock, REPLY, reply)
+    assert sock.recv(1) == b""  # and the connection is closed
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("frame", "field"),
+    [
+        (struct.pack("!BI", ord("X"), 0), "frame.kind"),
+        (struct.pack("!BI", PIECE, 1 << 30), "frame.length"),
+        (struct.pack("!BI", PIECE, 3) + b"\xff\xff\xff", "frame"),
+        (struct.pack("!BI", PIECE, 0), "header.call_id"),
+    ],
+)
+def test_malformed_frames_are_refused_and_the_server_keeps_serving(
+    receiver: Receiver, tmp_path: Path, frame: bytes, field: str
+) -> None:
+    with raw_connection(receiver) as sock:
+        sock.sendall(frame)
+        reply = refusal(sock)
+    assert reply.code == "INVALID_ARGUMENT" and f"{field}:" in reply.error, reply.error
+    receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False)
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+
+
+def test_a_wrong_token_is_refused(receiver: Receiver, tmp_path: Path) -> None:
+    with pytest.raises(DataChannelError, match="hello.token") as err:
+        receiver.link(token="guess").send(exported_value(tmp_path, VALUE, 1), handover=False, movable=False)
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert not receiver.arrivals
+
+
+def test_a_value_beyond_the_budget_is_refused_as_exhausted(receiver: Receiver, tmp_path: Path) -> None:
+    big = np.zeros((1024, 512), np.float32)  # 2 MiB, over the 1 MiB budget
+    with pytest.raises(DataChannelError) as err:
+        receiver.link().send(exported_value(tmp_path, big, 2), handover=False, movable=False)
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    receiver.link().send(exported_value(tmp_path, VALUE, 2, call_id="call-2"), handover=False, movable=False)
+    assert len(receiver.arrivals) == 1 and not receiver.arrivals[0].error
