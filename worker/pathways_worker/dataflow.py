@@ -6,6 +6,9 @@
   completions from the worker go back up, batched.
 * Put: pieces from clients and peer sidecars are assembled by the inbox and
   handed to the worker as arrivals.
+* Data channel: peer sidecars send routed values over raw TCP
+  (`pathways_worker.data_channel`), or on the same machine hand over the
+  files; its pieces go to the same inbox as Put's.
 * Exports: a routed value the worker wrote to shared memory is pushed to its
   destinations; a fetched one is streamed back to the client.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +32,7 @@ from pathways.wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
 from pathways_worker.byte_budget import BudgetError, ByteBudget
 from pathways_worker.call_plan import Ref, ref_of
+from pathways_worker.data_channel import DataChannelServer, boot_id
 from pathways_worker.inbox import Inbox, Sink
 from pathways_worker.peers import PeerPusher
 from pathways_worker.settings import SidecarSettings
@@ -64,7 +69,13 @@ class Dataflow:
         self.shm = ShmDir(settings.shm_dir, "s")
         self.budget = ByteBudget(settings.store_limit_bytes)
         self.upstream: BatchQueue[pb.Completion] = BatchQueue()
-        self.pusher = PeerPusher(sender=settings.host_name)
+        self.pusher = PeerPusher(
+            sender=settings.host_name,
+            shm_dir=self.shm.path,
+            token=settings.data_token,
+            data_channel=settings.data_channel,
+            file_handover=settings.file_handover,
+        )
         self._lock = threading.Lock()
         self._routes: dict[tuple[str, Ref], tuple[str, ...]] = {}
         self._released: set[str] = set()
@@ -79,8 +90,15 @@ class Dataflow:
             host_name=settings.host_name,
             wait_s=settings.put_wait_s,
         )
+        self._node = boot_id()
+        self._shm_device = os.stat(self.shm.path).st_dev
+        self.data_server = DataChannelServer(
+            settings.listen.rpartition(":")[0].strip("[]"), settings.data_port, self.inbox,
+            settings.host_name, settings.data_token,
+        )
 
     def close(self) -> None:
+        self.data_server.close()
         self.link.stop()
         self.pusher.close()
         self.shm.cleanup()
@@ -234,6 +252,9 @@ class Dataflow:
             store_limit=self.budget.limit,
             worker_store_bytes=self.link.store_bytes,
             worker_store_limit=self.link.store_limit,
+            data_address=f"{self.advertise.rpartition(':')[0]}:{self.data_server.port}",
+            node=self._node,
+            shm_device=self._shm_device,
         )
 
     def routes_of(self, call_id: str) -> Sequence[tuple[Ref, tuple[str, ...]]]:

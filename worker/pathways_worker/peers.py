@@ -1,10 +1,15 @@
 """Pushing values that leave the slice to the sidecars of the slices consuming them.
 
 When the worker has written a routed value's pieces to shared memory, the
-sidecar streams them (`Dataflow.Put`, 1 MiB chunks) to every destination at
-once, each over a long-lived channel to that peer, and deletes the files when
-all destinations are done. A failed value travels as a header with `error`, so
-the consumers fail instead of waiting.
+sidecar sends them to every destination at once and deletes the files when all
+destinations are done. A failed value travels as a header with `error`, so the
+consumers fail instead of waiting.
+
+The first push to a peer asks its `Health` for its data channel
+(`pathways_worker.data_channel`): if it has one, values go there, the bytes
+sent straight from the piece files, or on the same machine (same boot id and
+shared-memory device) the files themselves handed over. Otherwise, and for a
+peer that refuses a handover, they stream over `Dataflow.Put` in 1 MiB chunks.
 
 A destination that cannot be reached is retried a bounded number of times with
 backoff; after that the failure is logged naming the value and destination,
@@ -15,6 +20,7 @@ value is lost (so its consumers fail with this reason rather than time out).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +31,7 @@ import grpc
 from pathways.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, value_name
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_worker.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.shared_memory import exported_chunks, remove_pieces
 
 log = logging.getLogger(__name__)
@@ -50,8 +57,21 @@ class PeerPusher:
         backoff_s: float = 0.25,
         timeout_s: float = 600.0,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        shm_dir: str = "",
+        token: str = "",
+        data_channel: bool = True,
+        file_handover: bool = True,
     ) -> None:
+        """`shm_dir`: where the worker writes pieces (its device decides whether a
+        peer can take files); `token`: presented to peers' data channels."""
         self.sender = sender
+        self.token = token
+        self.data_channel = data_channel
+        self.file_handover = file_handover and bool(shm_dir)
+        self._node = boot_id()
+        self._shm_device = os.stat(shm_dir).st_dev if shm_dir else -1
+        self._peers: dict[str, PeerData] = {}
+        self._idle: dict[str, list[DataLink]] = {}
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
@@ -78,10 +98,11 @@ class PeerPusher:
             remove_pieces(exported)
             return
         left = [len(destinations)]
+        movable = len(destinations) == 1
 
         def one(address: str) -> None:
             try:
-                self._push_one(exported, address)
+                self._push_one(exported, address, movable)
             finally:
                 with self._lock:
                     left[0] -= 1
@@ -92,15 +113,23 @@ class PeerPusher:
         for address in destinations:
             self._pool.submit(one, address)
 
-    def _push_one(self, exported: pb.Exported, address: str) -> None:
+    def _push_one(self, exported: pb.Exported, address: str, movable: bool) -> None:
         what = f"{value_name(exported.value)} of call {exported.call_id}"
         for attempt in range(1, self.attempts + 1):
             try:
-                self.stub(address).Put(self._chunks(exported), timeout=self.timeout_s)
+                peer = self._peer(address)
+                if peer is not None and peer.address:
+                    self._send_data(exported, address, peer, movable)
+                else:
+                    self.stub(address).Put(self._chunks(exported), timeout=self.timeout_s)
                 return
-            except grpc.RpcError as err:
-                code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
-                details = err.details() if isinstance(err, grpc.Call) else str(err)
+            except (grpc.RpcError, DataChannelError, OSError) as err:
+                code, details = _status(err)
+                if code == grpc.StatusCode.INVALID_ARGUMENT and "header.path" in details:
+                    log.warning("%s takes no files from %s (%s); sending bytes", address, self.sender, details)
+                    with self._lock:
+                        self._peers[address] = PeerData(self._peers[address].address, same_node=False)
+                    continue
                 if code not in _RETRYABLE or attempt == self.attempts:
                     message = (
                         f"pushing {what} from {self.sender} to {address} failed after "
@@ -113,6 +142,43 @@ class PeerPusher:
                     return
                 log.warning("pushing %s to %s: %s (attempt %d), retrying", what, address, code.name, attempt)
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
+
+    def _peer(self, address: str) -> PeerData | None:
+        """The peer's data channel, asked once (None: ask again next time)."""
+        if not self.data_channel:
+            return PeerData("", same_node=False)
+        with self._lock:
+            known = self._peers.get(address)
+        if known is not None:
+            return known
+        try:
+            health: pb.HealthReply = self.stub(address).Health(pb.HealthRequest(), timeout=5.0)
+        except grpc.RpcError as err:
+            log.info("%s did not say where its data channel is (%s); using Put", address, _status(err)[0].name)
+            return None
+        same_node = (
+            self.file_handover and bool(self._node) and health.node == self._node
+            and health.shm_device == self._shm_device
+        )
+        peer = PeerData(health.data_address, same_node)
+        with self._lock:
+            self._peers[address] = peer
+        log.info("peer %s: data channel %r, same machine: %s", address, peer.address or None, same_node)
+        return peer
+
+    def _send_data(self, exported: pb.Exported, address: str, peer: PeerData, movable: bool) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(address, [])
+            link = idle.pop() if idle else None
+        if link is None:
+            link = DataLink(peer.address, self.sender, self.token, self.timeout_s)
+        try:
+            link.send(exported, handover=peer.same_node, movable=movable)
+        except BaseException:
+            link.close()
+            raise
+        with self._lock:
+            self._idle.setdefault(address, []).append(link)
 
     def _tell_lost(self, exported: pb.Exported, address: str, message: str) -> None:
         try:
@@ -127,6 +193,21 @@ class PeerPusher:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
+            for links in self._idle.values():
+                for link in links:
+                    link.close()
+            self._idle.clear()
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+def _status(err: BaseException) -> tuple[grpc.StatusCode, str]:
+    """A gRPC-style status for any way a push can fail."""
+    if isinstance(err, grpc.Call):
+        return err.code(), err.details() or ""
+    if isinstance(err, DataChannelError):
+        return getattr(grpc.StatusCode, err.code, grpc.StatusCode.UNKNOWN), str(err)
+    if isinstance(err, OSError):
+        return grpc.StatusCode.UNAVAILABLE, f"data channel: {err}"
+    return grpc.StatusCode.UNKNOWN, str(err)

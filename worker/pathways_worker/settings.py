@@ -40,6 +40,10 @@ class SidecarSettings:
     store_limit_bytes: int
     put_wait_s: float
     advertise: str
+    data_port: int = 0
+    data_token: str = ""
+    data_channel: bool = True
+    file_handover: bool = True
 
 
 def _default_shm_dir() -> str:
@@ -127,9 +131,25 @@ def parse_sidecar_args(
                    help="longest wait of a Put for store space (PATHWAYS_SIDECAR_PUT_WAIT_S)")
     p.add_argument("--advertise", default=env.get("PATHWAYS_SIDECAR_ADVERTISE", ""),
                    help="address announced to the controller; default: the listen address")
+    p.add_argument("--data-port", type=int, default=int(env.get("PATHWAYS_SIDECAR_DATA_PORT", "0")),
+                   help="port of the raw TCP data channel, on the listen address "
+                        "(PATHWAYS_SIDECAR_DATA_PORT); 0 picks one")
+    p.add_argument("--data-token", default=env.get("PATHWAYS_SIDECAR_DATA_TOKEN", ""),
+                   help="token peers must present on the data channel, and this sidecar presents "
+                        "to theirs (PATHWAYS_SIDECAR_DATA_TOKEN); empty: none checked")
+    p.add_argument("--data-channel", choices=("on", "off"),
+                   default=env.get("PATHWAYS_SIDECAR_DATA_CHANNEL", "on"),
+                   help="send routed values over peers' data channels; off: gRPC Put only "
+                        "(PATHWAYS_SIDECAR_DATA_CHANNEL)")
+    p.add_argument("--file-handover", choices=("on", "off"),
+                   default=env.get("PATHWAYS_SIDECAR_FILE_HANDOVER", "on"),
+                   help="hand piece files to peers on the same machine instead of sending bytes "
+                        "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
     _split_address("--worker", a.worker)
+    if not 0 <= a.data_port < 65536:
+        raise SystemExit(f"--data-port must be in [0, 65535], got {a.data_port}")
     if a.store_limit_bytes < 1:
         raise SystemExit(f"--store-limit-bytes must be >= 1, got {a.store_limit_bytes}")
     return SidecarSettings(
@@ -140,4 +160,8 @@ def parse_sidecar_args(
         store_limit_bytes=a.store_limit_bytes,
         put_wait_s=a.put_wait_s,
         advertise=a.advertise,
+        data_port=a.data_port,
+        data_token=a.data_token,
+        data_channel=a.data_channel == "on",
+        file_handover=a.file_handover == "on",
     )
