@@ -78,9 +78,12 @@ def _regression_data(n: int, features: int, seed: int) -> tuple[np.ndarray, np.n
 def train_regression(ctx: ProgramContext) -> dict[str, Any]:
     """Least squares by gradient descent, batch sharded over the slice, weights replicated.
 
-    ``args``: ``features`` (8), ``batch_per_device`` (16), ``learning_rate`` (0.1), ``seed`` (0).
-    A restarted run (``ctx.start_step > 0``) starts again from the initial weights for the
-    steps that are left: this example keeps no checkpoint.
+    ``args``: ``features`` (8), ``batch_per_device`` (16), ``learning_rate`` (0.1), ``seed`` (0),
+    ``step_seconds`` (0: a pause after each step, so tests can act mid-run).
+    The weights and the loss curve are the program's persistent state (``ctx.restore``,
+    ``step_done(state=...)``): with ``spec.checkpoint`` a suspended, preempted or recovered
+    run continues from its last snapshot and ends with the same weights and losses as an
+    uninterrupted one.
     """
     vslice = _main_slice(ctx)
     features = int(ctx.args.get("features", 8))
@@ -104,12 +107,18 @@ def train_regression(ctx: ProgramContext) -> dict[str, Any]:
     def train(w: Any, xb: Any, yb: Any) -> Any:
         return step_fn(w, xb, yb)
 
-    w = np.zeros((features,), np.float32)
-    losses: list[float] = []
+    pause = float(ctx.args.get("step_seconds", 0.0))
+    state = ctx.restore(
+        default={"w": np.zeros((features,), np.float32), "losses": np.zeros((0,), np.float32)}
+    )
+    w, losses = state["w"], list(np.asarray(state["losses"], np.float32))
     for step in range(ctx.start_step, ctx.steps):
         w, loss = train(w, x, y)
-        losses.append(float(np.asarray(loss)))
-        ctx.step_done(step, {"loss": losses[-1]})
+        losses.append(np.float32(np.asarray(loss)))
+        ctx.step_done(step, {"loss": float(losses[-1])},
+                      state={"w": w, "losses": np.asarray(losses, np.float32)})
+        if pause:
+            time.sleep(pause)
     error = float(np.linalg.norm(np.asarray(w) - w_true))
     return {"weights": w, "losses": np.asarray(losses), "weight_error": np.asarray(error)}
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         RuntimeUnavailableError,
     )
     from pathways.functions import SliceFunction, jit, pmap
+    from pathways.runs import Run, launch
     from pathways.tracing import ProgramFunction, TracedProgram, program
     from pathways.runtime import Runtime, connect, default_runtime, shutdown
 
@@ -55,6 +56,8 @@ _LAZY = {
     "SliceFunction": "pathways.functions",
     "jit": "pathways.functions",
     "pmap": "pathways.functions",
+    "Run": "pathways.runs",
+    "launch": "pathways.runs",
     "ProgramFunction": "pathways.tracing",
     "TracedProgram": "pathways.tracing",
     "program": "pathways.tracing",
@@ -81,6 +84,7 @@ __all__ = [
     "PathwaysError",
     "PlacementError",
     "ProgramFunction",
+    "Run",
     "Runtime",
     "RuntimeUnavailableError",
     "SliceFunction",
@@ -91,6 +95,7 @@ __all__ = [
     "connect",
     "default_runtime",
     "jit",
+    "launch",
     "make_virtual_device_set",
     "pmap",
     "program",

@@ -19,9 +19,24 @@ once all of the program's VirtualSlices are Ready. ``ctx`` is a
     ``spec.slices``: a *named* slice, so the controller runs it on that
     VirtualSlice's gang of worker pods. Use ``.devices`` with ``pw.pmap`` or the
     slice itself with ``pw.jit``, exactly as with ``add_slice`` locally.
-``ctx.step_done(step, metrics)``
+``ctx.step_done(step, metrics, state=None)``
     records that ``step`` finished (one JSON line in the progress file); the
-    operator turns it into ``status.stepsCompleted``.
+    operator turns it into ``status.stepsCompleted``. It is also where a
+    program is *suspended*: when a suspend was asked for (``spec.suspend``, a
+    preemption, ``run.suspend()`` locally), ``step_done`` snapshots ``state``
+    and raises :class:`ProgramSuspended`, which unwinds the entrypoint.
+``ctx.restore(default)``
+    the program's persistent state: the pytree of the latest snapshot, or
+    ``default`` on a fresh start. With checkpoints configured
+    (``spec.checkpoint``: a volume and ``everySteps``), ``step_done`` snapshots
+    the ``state`` it is given every ``everySteps`` steps, asynchronously, with
+    orbax-checkpoint (:mod:`pathways.checkpoint`), and ``start_step`` is the
+    step of the snapshot ``restore`` returns, so state and step always agree::
+
+        params = ctx.restore(default=init_params())
+        for step in range(ctx.start_step, ctx.steps):
+            params, loss = train_step(params, batch(step))
+            ctx.step_done(step, {"loss": loss}, state=params)
 
 The function returns ``dict[str, array-like]``: the program's results, which
 the operator stores as JSON in the ConfigMap named by ``status.results``, so
@@ -31,14 +46,41 @@ keep them small (metrics, a few parameters).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways.devices import VirtualSlice, make_virtual_device_set
 from pathways.errors import InvalidProgramError
+
+if TYPE_CHECKING:
+    from pathways.checkpoint import Checkpointer
+
+
+class ProgramSuspended(Exception):
+    """Raised by ``ctx.step_done`` once a suspend was asked for and the state is saved.
+
+    ``steps_completed`` is where the program continues when it is resumed.
+    """
+
+    def __init__(self, steps_completed: int) -> None:
+        super().__init__(f"suspended after {steps_completed} steps")
+        self.steps_completed = steps_completed
+
+
+@dataclass
+class CheckpointStats:
+    """What snapshots cost the step loop (for ``bench/checkpoints.py`` and logs)."""
+
+    snapshots: int = 0
+    held_s: float = 0.0
+    """Seconds ``step_done`` blocked in orbax's save (copying, and waiting for the previous write)."""
+    bytes: int = 0
+    """Bytes of state snapshotted, all snapshots together."""
+    steps: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,9 +103,22 @@ class ProgramContext:
         slices: Mapping[str, SliceBinding],
         progress_file: Path | None = None,
         weight: float = 1.0,
+        checkpointer: Checkpointer | None = None,
+        every_steps: int = 0,
+        suspend_event: threading.Event | None = None,
     ) -> None:
+        self._checkpointer = checkpointer
+        self._restored: tuple[int, Any] | None = None
+        if checkpointer is not None:
+            self._restored = checkpointer.restore()
+            if self._restored is not None:
+                start_step = self._restored[0]
         if not 0 <= start_step <= steps:
             raise ValueError(f"start_step {start_step} is outside 0..steps ({steps})")
+        self.every_steps = every_steps
+        self.suspend_event = suspend_event or threading.Event()
+        """Set it (from any thread) to suspend the program at its next ``step_done``."""
+        self.checkpoint_stats = CheckpointStats()
         self.args: dict[str, Any] = dict(args)
         self.steps = steps
         self.start_step = start_step
@@ -94,8 +149,54 @@ class ProgramContext:
         self._slices[name] = found
         return found
 
-    def step_done(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-        """Record that ``step`` completed, with scalar ``metrics`` (e.g. loss)."""
+    def restore(self, default: Any = None) -> Any:
+        """The state of the latest snapshot (the one ``start_step`` continues), else ``default``."""
+        if self._restored is None or self._restored[1] is None:
+            return default
+        return self._restored[1]
+
+    def step_done(
+        self, step: int, metrics: Mapping[str, Any] | None = None, *, state: Any = None
+    ) -> None:
+        """Record that ``step`` completed, with scalar ``metrics`` (e.g. loss).
+
+        ``state`` is the program's persistent state after the step: snapshotted every
+        ``every_steps`` steps, and always before a suspend. Raises
+        :class:`ProgramSuspended` when a suspend was asked for.
+        """
+        self._record(step, metrics)
+        done = int(step) + 1
+        suspending = self.suspend_event.is_set()
+        if self._checkpointer is not None:
+            periodic = state is not None and self.every_steps > 0 and done % self.every_steps == 0
+            if periodic or suspending:
+                self._snapshot(done, state)
+        if suspending:
+            if self._checkpointer is not None:
+                self._checkpointer.wait()
+            raise ProgramSuspended(done)
+
+    def _snapshot(self, done: int, state: Any) -> None:
+        assert self._checkpointer is not None
+        stats = self.checkpoint_stats
+        stats.held_s += self._checkpointer.save(done, state)
+        stats.snapshots += 1
+        stats.steps.append(done)
+        stats.bytes += _tree_bytes(state)
+
+    def release_slices(self) -> None:
+        """Give back the hosts of every slice the program used (a suspended program holds none)."""
+        for vslice in self._slices.values():
+            vslice.release()
+        self._slices.clear()
+
+    def close(self) -> None:
+        """Wait for snapshots still being written (call before the process exits)."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+
+    def _record(self, step: int, metrics: Mapping[str, Any] | None) -> None:
         if self._progress_file is None:
             return
         line = {
@@ -106,6 +207,15 @@ class ProgramContext:
         with open(self._progress_file, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
             out.flush()
+
+
+def _tree_bytes(state: Any) -> int:
+    if state is None:
+        return 0
+    import jax
+    import numpy as np
+
+    return sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree_util.tree_leaves(state))
 
 
 def _scalar(value: Any) -> float | int | str:

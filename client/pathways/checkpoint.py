@@ -1,0 +1,102 @@
+"""Snapshots of a program's persistent state, written with orbax-checkpoint.
+
+Parameters live in the client between program calls (each training step is a
+call: params in, params out), so a program's *state* is whatever pytree of
+arrays its entrypoint holds between steps. :class:`Checkpointer` keeps
+snapshots of that pytree in a directory, one orbax checkpoint per snapshot::
+
+    <directory>/<step>/state      the pytree (orbax StandardSave: OCDBT + tensorstore)
+    <directory>/<step>/meta       JSON: {"step": <step>, "time": ...}
+
+``<step>`` is the number of steps completed when the snapshot was taken, i.e.
+the step a resumed run starts from. Nothing here is specific to Pathways: any
+orbax user can read a snapshot with ``ocp.CheckpointManager(directory)`` and
+``ocp.args.Composite(state=ocp.args.StandardRestore())``.
+
+Writes are asynchronous: :meth:`Checkpointer.save` copies the arrays to host
+memory and returns, and orbax commits the files on a background thread (a
+snapshot is visible only once committed, so a crash mid-write leaves the
+previous one as the latest). The step loop waits only when a second snapshot
+is asked for while the first is still being written, and at :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_KEEP = 2
+"""Committed snapshots kept: the latest, and one before it in case the latest is cut short."""
+
+
+class Checkpointer:
+    """Asynchronous orbax snapshots of one program's state under ``directory``."""
+
+    def __init__(self, directory: str | Path, *, keep: int = _KEEP) -> None:
+        import orbax.checkpoint as ocp
+
+        self.directory = Path(directory).absolute()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._ocp = ocp
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, enable_async_checkpointing=True, create=True
+            ),
+        )
+
+    def latest_step(self) -> int | None:
+        """The step of the newest committed snapshot, or None when there is none."""
+        step = self._manager.latest_step()
+        return None if step is None else int(step)
+
+    def restore(self, step: int | None = None) -> tuple[int, Any] | None:
+        """``(step, state)`` of the newest snapshot (or of ``step``), or None when there is none.
+
+        Arrays come back as numpy arrays; a snapshot taken without state gives ``None``.
+        """
+        ocp = self._ocp
+        step = self.latest_step() if step is None else step
+        if step is None:
+            return None
+        args: dict[str, Any] = {"meta": ocp.args.JsonRestore()}
+        has_state = (self.directory / str(step) / "state").exists()
+        if has_state:
+            args["state"] = ocp.args.StandardRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+        meta = restored["meta"] or {}
+        state = _host_tree(restored["state"]) if has_state else None
+        return int(meta.get("step", step)), state
+
+    def save(self, step: int, state: Any) -> float:
+        """Start writing ``state`` as the snapshot of ``step``; returns seconds the caller was held.
+
+        Returns as soon as the arrays are copied off the caller's buffers; the
+        files are committed in the background.
+        """
+        ocp = self._ocp
+        start = time.perf_counter()
+        args: dict[str, Any] = {"meta": ocp.args.JsonSave({"step": int(step), "time": time.time()})}
+        if state is not None:
+            args["state"] = ocp.args.StandardSave(_host_tree(state))
+        self._manager.save(int(step), args=ocp.args.Composite(**args), force=True)
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Block until every snapshot started so far is committed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Commit what is in flight and stop orbax's background threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def _host_tree(state: Any) -> Any:
+    """The pytree with every leaf a numpy array (orbax saves them as-is; scalars become 0-d)."""
+    import jax
+
+    return jax.tree_util.tree_map(np.asarray, state)
