@@ -26,6 +26,12 @@ Command line (all written by the operator)::
     --results-file R          written at exit: {"results": {key: nested list}} or
                               {"error": text, "retryable": bool}
     [--exit-with-parent]      exit when the process that started us exits
+    [--checkpoint-dir D]      orbax snapshots of ctx's state; start from the newest one
+    [--checkpoint-every N]    snapshot every N steps (and always before a suspend)
+
+SIGUSR1 asks for a suspend: the current step finishes, ``ctx.step_done`` snapshots the
+state and unwinds, and the results file says ``{"suspended": true, "stepsCompleted": N}``
+(exit status 0).
 
 Exit status: 0 success; 75 (EX_TEMPFAIL) when the program lost a host or a
 slice was unavailable, so running it again from ``stepsCompleted`` can
@@ -49,7 +55,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pathways.context import ProgramContext, SliceBinding, steps_completed
+from pathways.context import ProgramContext, ProgramSuspended, SliceBinding, steps_completed
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -137,6 +143,14 @@ def _exit_with(parent: int) -> None:
             os._exit(EXIT_RETRYABLE)
 
 
+_SUSPEND = threading.Event()
+"""Set by SIGUSR1: the program stops at its next ``ctx.step_done``, after snapshotting its state."""
+
+
+def _suspend_on_signal(_signum: int, _frame: object) -> None:
+    _SUSPEND.set()
+
+
 def _stop_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -168,6 +182,11 @@ def run(args: argparse.Namespace) -> int:
         import pathways as pw
 
         pw.connect(args.controller)
+        checkpointer = None
+        if args.checkpoint_dir:
+            from pathways.checkpoint import Checkpointer
+
+            checkpointer = Checkpointer(args.checkpoint_dir)
         ctx = ProgramContext(
             args=program_args,
             steps=args.steps,
@@ -175,8 +194,17 @@ def run(args: argparse.Namespace) -> int:
             slices=bindings,
             progress_file=progress_file,
             weight=args.weight,
+            checkpointer=checkpointer,
+            every_steps=args.checkpoint_every,
+            suspend_event=_SUSPEND,
         )
-        results = results_json(fn(ctx))
+        try:
+            results = results_json(fn(ctx))
+        finally:
+            ctx.close()
+    except ProgramSuspended as stop:
+        _write_json(results_file, {"suspended": True, "stepsCompleted": stop.steps_completed})
+        return EXIT_OK
     except DriverError as err:
         _write_json(results_file, {"error": str(err), "retryable": False})
         print(f"pathways.driver: {err}", file=sys.stderr)
@@ -205,10 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress-file", required=True)
     parser.add_argument("--results-file", required=True)
     parser.add_argument("--exit-with-parent", action="store_true")
+    parser.add_argument("--checkpoint-dir", default="",
+                        help="orbax snapshots of the program's state (spec.checkpoint.volume)")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="snapshot every N steps (spec.checkpoint.everySteps); 0: only on suspend")
     args = parser.parse_args(argv)
     # SIGTERM (the operator stopping the program) unwinds like an exception, so calls in
     # flight are finished and their buffers freed on the hosts, and no outcome is written.
     signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGUSR1, _suspend_on_signal)
     if args.exit_with_parent:
         threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     code = run(args)
