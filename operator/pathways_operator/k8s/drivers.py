@@ -62,6 +62,8 @@ class DriverStatus:
     error: str = ""
     retryable: bool = False
     log_tail: str = ""
+    suspended: bool = False
+    """It stopped at a step boundary because a suspend was asked for (state snapshotted)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +80,9 @@ class DriverLaunch:
     weight: float
     slices: dict[str, dict[str, Any]]
     """Program slice name -> {"virtualSlice": name, "devices": n}."""
+    checkpoint_dir: str = ""
+    """Where the driver keeps orbax snapshots of the program's state ("" = none)."""
+    checkpoint_every: int = 0
 
 
 @dataclasses.dataclass
@@ -124,6 +129,8 @@ class DriverSupervisor:
             payload = json.loads((workdir / "results.json").read_text())
         except (OSError, ValueError):
             payload = None
+        if isinstance(payload, dict) and payload.get("suspended") is True:
+            return DriverStatus(DriverState.EXITED, code, suspended=True, log_tail=tail)
         if isinstance(payload, dict) and isinstance(payload.get("results"), dict) and code in (0, None):
             return DriverStatus(DriverState.EXITED, code, results=payload["results"], log_tail=tail)
         if isinstance(payload, dict) and "error" in payload:
@@ -165,6 +172,9 @@ class DriverSupervisor:
             "--results-file", str(workdir / "results.json"),
             "--exit-with-parent",
         ]
+        if launch.checkpoint_dir:
+            argv += ["--checkpoint-dir", launch.checkpoint_dir,
+                     "--checkpoint-every", str(launch.checkpoint_every)]
         with open(workdir / "driver.log", "ab") as out:
             out.write(f"--- starting at step {launch.start_step}: {' '.join(argv[1:3])}\n".encode())
             out.flush()
@@ -190,6 +200,16 @@ class DriverSupervisor:
                 _kill_group(child.process.pid)
                 child.process.wait(STOP_GRACE_S)
         self._kill_leftover(self.workdir(namespace, name, uid))
+
+    def request_suspend(self, namespace: str, name: str) -> bool:
+        """Ask the running driver to stop at its next step boundary (SIGUSR1); False if none runs."""
+        with self._lock:
+            child = self._children.get(f"{namespace}/{name}")
+        if child is None or child.process.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child.process.pid, signal.SIGUSR1)
+        return True
 
     def discard_outcome(self, namespace: str, name: str, uid: str) -> None:
         """Forget how the last run ended, so the next look starts a new one."""
