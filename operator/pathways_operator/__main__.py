@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-dir", type=Path,
                         default=Path(os.environ.get("PATHWAYS_OPERATOR_STATE_DIR", "/tmp/pathways-operator")),
                         help="where program drivers keep progress, results and logs")
+    parser.add_argument("--checkpoint-root", type=Path,
+                        default=Path(os.environ["PATHWAYS_CHECKPOINT_ROOT"])
+                        if os.environ.get("PATHWAYS_CHECKPOINT_ROOT") else None,
+                        help="where PersistentVolumeClaims named by spec.checkpoint.volume are mounted: "
+                        "snapshots go to ROOT/<namespace>/<claim>/<program>-<uid>/ "
+                        "(PATHWAYS_CHECKPOINT_ROOT; default <state-dir>/checkpoints)")
     parser.add_argument("--worker-image", default=os.environ.get("PATHWAYS_WORKER_IMAGE") or WorkerDefaults.image,
                         help="image of worker pods when a VirtualSlice gives none (PATHWAYS_WORKER_IMAGE)")
     parser.add_argument("--worker-image-pull-policy",
@@ -152,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     drivers = DriverSupervisor(args.state_dir, address)
     allowed = tuple(p.strip() for p in args.allowed_entrypoints.split(",") if p.strip())
-    programs = ProgramReconciler(api, drivers, allowed_entrypoints=allowed, metrics=metrics)
+    programs = ProgramReconciler(
+        api, drivers, allowed_entrypoints=allowed, metrics=metrics,
+        checkpoint_root=args.checkpoint_root or args.state_dir / "checkpoints",
+    )
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, slices, programs, wakeups)

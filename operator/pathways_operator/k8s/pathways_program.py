@@ -29,6 +29,14 @@ class ProgramSlice:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+    """``spec.checkpoint``: snapshot the program's state every ``every_steps`` steps to ``volume``."""
+
+    every_steps: int
+    volume: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ProgramSpec:
     """``PathwaysProgram.spec`` with defaults applied."""
 
@@ -40,6 +48,7 @@ class ProgramSpec:
     weight: float = 1.0
     suspend: bool = False
     priority_class: str = ""
+    checkpoint: CheckpointSpec | None = None
 
     @classmethod
     def from_manifest(cls, raw: Mapping[str, Any]) -> ProgramSpec:
@@ -56,6 +65,8 @@ class ProgramSpec:
         source = raw.get("source") or {}
         steps = raw.get("steps", 1)
         weight = raw.get("weight", 1.0)
+        checkpoint = raw.get("checkpoint")
+        every = checkpoint.get("everySteps") if isinstance(checkpoint, Mapping) else None
         return cls(
             slices=tuple(slices),
             entrypoint=str(source["entrypoint"]) if source.get("entrypoint") else None,
@@ -65,6 +76,8 @@ class ProgramSpec:
             weight=float(weight) if isinstance(weight, (int, float)) else 1.0,
             suspend=bool(raw.get("suspend", False)),
             priority_class=str(raw.get("priorityClassName") or ""),
+            checkpoint=CheckpointSpec(every, str(checkpoint.get("volume") or ""))
+            if isinstance(checkpoint, Mapping) and isinstance(every, int) else None,
         )
 
 

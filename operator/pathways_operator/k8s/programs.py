@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.reasons import (
@@ -62,6 +63,8 @@ MAX_DRIVER_ATTEMPTS = 20
 
 _SOON = 1.0
 _IDLE = 15.0
+SUSPEND_GRACE_S = 60.0
+"""How long a driver asked to suspend may take to reach a step boundary before it is stopped."""
 
 _P = ProgramPhase
 _C = ProgramConditionType
@@ -103,9 +106,13 @@ class ProgramReconciler:
         allowed_entrypoints: Sequence[str] = DEFAULT_ALLOWED_ENTRYPOINTS,
         metrics: OperatorMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        checkpoint_root: Path | None = None,
     ) -> None:
         self._api = api
         self._drivers = drivers
+        self._checkpoint_root = checkpoint_root
+        self._suspending: dict[str, float] = {}
+        """Program key -> when its driver was asked to stop at a step boundary."""
         self._allowed = tuple(allowed_entrypoints)
         self._attempts: dict[str, _Attempt] = {}
         self._metrics = metrics or OperatorMetrics()
@@ -219,7 +226,8 @@ class ProgramReconciler:
             name = program.inline_slice_name(entry.name)
             raw = self._api.get_slice(program.namespace, name)
             if raw is None:
-                self._create_inline_slice(program, name, i)
+                if not program.spec.suspend:  # a suspended program holds no slices of its own
+                    self._create_inline_slice(program, name, i)
                 found[entry.name] = None
                 continue
             vslice = VirtualSliceObject.from_manifest(raw)
@@ -281,13 +289,9 @@ class ProgramReconciler:
             progress=f"{done}/{spec.steps}",
         )
         if spec.suspend:
-            self._drivers.stop(program.namespace, program.name, program.uid)
-            message = "spec.suspend is true: no computations of the program are scheduled"
-            self._move(program, outcome, _P.SUSPENDED)
-            self._condition(program, outcome, _C.SUSPENDED, "True", Reason.SUSPENDED, message)
-            self._condition(program, outcome, _C.RUNNING, "False", Reason.SUSPENDED, message)
-            outcome.delay = _IDLE
+            self._suspend(program, outcome, done)
             return
+        self._suspending.pop(program.key, None)
         if outcome.phase is _P.SUSPENDED:
             self._move(program, outcome, _P.PENDING)
             self._condition(program, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
@@ -342,6 +346,8 @@ class ProgramReconciler:
                     args=dict(spec.args),
                     steps=spec.steps,
                     start_step=done,
+                    checkpoint_dir=str(self.checkpoint_dir(program) or ""),
+                    checkpoint_every=spec.checkpoint.every_steps if spec.checkpoint else 0,
                     weight=spec.weight,
                     slices={
                         n: {"virtualSlice": names[n], "devices": s.spec.devices}
@@ -364,6 +370,51 @@ class ProgramReconciler:
         )
         outcome.delay = _SOON
 
+    def checkpoint_dir(self, program: ProgramObject) -> Path | None:
+        """``<checkpoint-root>/<namespace>/<spec.checkpoint.volume>/<program>-<uid8>``, or None."""
+        checkpoint = program.spec.checkpoint
+        if checkpoint is None or self._checkpoint_root is None:
+            return None
+        return self._checkpoint_root / program.namespace / checkpoint.volume / f"{program.name}-{program.uid[:8]}"
+
+    def _suspend(self, program: ProgramObject, outcome: _Outcome, done: int) -> None:
+        """spec.suspend: let the driver finish its step and snapshot, then release the slices.
+
+        Kueue's contract: a suspended workload holds nothing. The driver gets SIGUSR1 and
+        stops at its next ``ctx.step_done`` (after writing a checkpoint); one that does not
+        get there within SUSPEND_GRACE_S is stopped, and resumes from its last snapshot.
+        """
+        key = program.key
+        driver = self._drivers.status(program.namespace, program.name, program.uid)
+        if driver.state is DriverState.RUNNING:
+            asked = self._suspending.setdefault(key, self._clock())
+            if self._clock() - asked < SUSPEND_GRACE_S:
+                self._drivers.request_suspend(program.namespace, program.name)
+                message = (f"suspending: the driver finishes its current step (after {done}) "
+                           "and writes its state, then the program's slices are released")
+                self._condition(program, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED, message)
+                outcome.status = dataclasses.replace(outcome.status, message=message)
+                outcome.delay = _SOON / 2
+                return
+        elif driver.state is DriverState.EXITED and driver.results is not None:
+            self._succeed(program, outcome, driver.results)  # it ended before it could stop
+            return
+        self._suspending.pop(key, None)
+        self._drivers.discard_outcome(program.namespace, program.name, program.uid)
+        self._delete_inline_slices(program.namespace, program.name, program.uid)
+        where = self.checkpoint_dir(program)
+        message = (f"spec.suspend is true: stopped after {done} of {program.spec.steps} steps; "
+                   "it holds no slices of its own and continues from "
+                   + (f"its last checkpoint in {where}" if where else f"step {done}")
+                   + " when spec.suspend is false")
+        if outcome.phase is not _P.SUSPENDED:
+            outcome.events.append(("Normal", str(Reason.SUSPENDED), message))
+        self._move(program, outcome, _P.SUSPENDED)
+        self._condition(program, outcome, _C.SUSPENDED, "True", Reason.SUSPENDED, message)
+        self._condition(program, outcome, _C.RUNNING, "False", Reason.SUSPENDED, message)
+        outcome.status = dataclasses.replace(outcome.status, message=message)
+        outcome.delay = _IDLE
+
     def _observe_steps(self, key: str, done: int) -> None:
         """Feed the step-time histogram from progress seen between two looks."""
         now = self._clock()
@@ -385,6 +436,11 @@ class ProgramReconciler:
         """Act on a finished driver: succeed, fail, or wait to run it again from the last step."""
         if driver.results is not None:
             self._succeed(program, outcome, driver.results)
+            return
+        if driver.suspended:  # asked to suspend, then resumed before we saw it stop: run again
+            self._drivers.discard_outcome(program.namespace, program.name, program.uid)
+            self._move(program, outcome, _P.PENDING)
+            outcome.delay = _SOON
             return
         attempt = self._attempts.get(program.key)
         recreated = attempt is not None and any(
