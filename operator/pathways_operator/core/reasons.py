@@ -77,6 +77,10 @@ class Reason(enum.StrEnum):
     """A host was lost after ``failurePolicy.maxRestarts`` recreations."""
     SUSPENDED = "Suspended"
     """``spec.suspend`` is true."""
+    PREEMPTED = "Preempted"
+    """The gang was evicted to make room for a slice of higher priority; it is queued again."""
+    PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
+    """``spec.priorityClassName`` names no PriorityClass; the slice waits until one exists."""
     # Programs.
     WAITING_FOR_SLICES = "WaitingForSlices"
     """A slice the program uses is not Ready yet."""
