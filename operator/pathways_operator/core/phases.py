@@ -12,6 +12,7 @@ A VirtualSlice lives like this::
        ▲                     │  ▲                       │
        │                     │  └──── re-placed ────┐   │ host lost
        └── no room now ──────┴──────────────────── Recovering ◀┘
+       └────────── preempted by a higher priority (Launching or Ready) ─────────
     (any live phase) ──▶ Suspended ──resume──▶ Pending
     (any live phase) ──▶ Failed  (restarts exhausted or invalid spec; terminal)
 
@@ -69,7 +70,8 @@ SLICE_TRANSITIONS: Mapping[SlicePhase, frozenset[SlicePhase]] = {
     _S.PENDING: frozenset({_S.LAUNCHING, _S.SUSPENDED, _S.FAILED}),
     # Back to Pending when binding lost a race for devices: release and requeue.
     _S.LAUNCHING: frozenset({_S.READY, _S.RECOVERING, _S.PENDING, _S.SUSPENDED, _S.FAILED}),
-    _S.READY: frozenset({_S.RECOVERING, _S.SUSPENDED, _S.FAILED}),
+    # Back to Pending when preempted by a slice of higher priority: evicted and requeued.
+    _S.READY: frozenset({_S.RECOVERING, _S.PENDING, _S.SUSPENDED, _S.FAILED}),
     # Recreating needs a new placement: straight to Launching when there is room,
     # back to the queue when there is not.
     _S.RECOVERING: frozenset({_S.LAUNCHING, _S.PENDING, _S.SUSPENDED, _S.FAILED}),

@@ -25,6 +25,16 @@ Ready
     every pod runs and is ready and every sidecar answers ``Dataflow.Health``
     with ``worker_ready``; then, and only then, the gang is registered with the
     controller (the island scheduler) so programs can use it.
+Preemption
+    a slice left waiting for devices asks ``core.preemption.choose_victims``
+    whether evicting running gangs of strictly lower priority (its
+    ``priorityClassName``'s value, read from the scheduling API) makes room on
+    one island. Each victim, at its next look, has its pods deleted and goes
+    back to Pending with ``Admitted=False, reason=Preempted`` and an Event
+    naming the preemptor; it is queued like any other slice and comes back
+    when room returns (its programs continue from their last checkpoint).
+    Pods still terminating count as freed for this decision only, so one
+    preemptor never evicts more than it needs while its victims drain.
 Recovering
     a pod of the gang failed or was deleted. The whole gang is torn down
     (``restarts`` + 1, the controller told with ``gang_lost``) and, once its
@@ -52,6 +62,7 @@ from pathways.wire import pathways_pb2 as pb
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.phases import SlicePhase, check_transition
 from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement, Unplaceable
+from pathways_operator.core.preemption import RunningGang, choose_victims
 from pathways_operator.core.reasons import (
     Condition,
     ConditionStatus,
@@ -61,7 +72,7 @@ from pathways_operator.core.reasons import (
     set_condition,
 )
 from pathways_operator.k8s import inventory
-from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, KubeError, now_rfc3339
+from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json, KubeError, now_rfc3339
 from pathways_operator.k8s.gang_pods import (
     PodView,
     WorkerDefaults,
@@ -153,6 +164,10 @@ class SliceReconciler:
         self._priorities: dict[str, int] = {}
         self._metrics = metrics or OperatorMetrics()
         self._queued_since: dict[str, float] = {}
+        self._evicting: dict[str, str] = {}
+        self._drained: dict[str, int] = {}
+        """Preempted slice key -> generation whose terminating pods must not be adopted again."""
+        """Victim slice key -> why it is preempted (naming the preemptor), until its next look."""
 
     # ------------------------------------------------------------ queries
 
@@ -194,6 +209,7 @@ class SliceReconciler:
             self._ledger.release(key)
             self._summaries.pop(key, None)
             self._queued_since.pop(key, None)
+            self._drained.pop(key, None)
             self._metrics.slice_phase(key, None)
             for raw in self._api.list_pods(namespace, f"{SLICE_LABEL}={name}"):
                 pod = PodView.from_manifest(raw)
@@ -224,6 +240,9 @@ class SliceReconciler:
             return outcome
         if vslice.spec.suspend:
             return self._suspend(vslice, pods, outcome)
+        evicted = self._evicting.pop(vslice.key, None)
+        if evicted is not None and outcome.phase in (_S.LAUNCHING, _S.READY):
+            return self._preempted(vslice, pods, outcome, evicted)
         if outcome.phase is _S.SUSPENDED:
             self._move(vslice, outcome, _S.PENDING)
             self._condition(vslice, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
@@ -269,6 +288,8 @@ class SliceReconciler:
             return held
         if held is not None:
             self._ledger.release(vslice.key)
+        if self._drained.get(vslice.key) == generation:
+            return None  # preempted: its old pods are going, it waits for a new placement
         recovered = _recorded_reservation(vslice, pods, generation)
         return None if recovered is None else self._ledger.adopt(recovered)
 
@@ -276,10 +297,18 @@ class SliceReconciler:
         return vslice.spec.devices_per_host or self._defaults.devices_per_host or None
 
     def _priority(self, name: str) -> int:
+        """The PriorityClass's value (0 for none, or for a class that does not exist yet)."""
+        found = self._priority_or_none(name)
+        return 0 if found is None else found
+
+    def _priority_or_none(self, name: str) -> int | None:
         if not name:
             return 0
         if name not in self._priorities:
-            self._priorities[name] = self._api.priority_value(name) or 0
+            value = self._api.priority_value(name)
+            if value is None:
+                return None  # not cached: it may be created later
+            self._priorities[name] = value
         return self._priorities[name]
 
     def _admit(self, vslice: VirtualSliceObject) -> Reservation | Unplaceable:
@@ -288,6 +317,13 @@ class SliceReconciler:
             held = self._ledger.get(vslice.key)
             if held is not None:
                 return held
+            wanted = vslice.spec.priority_class
+            if wanted and self._priority_or_none(wanted) is None:
+                return Unplaceable(
+                    vslice.key, Reason.PRIORITY_CLASS_NOT_FOUND,
+                    f"spec.priorityClassName {wanted!r}: no PriorityClass of that name exists; create "
+                    f"it (kubectl create priorityclass {wanted} --value=N) or remove the field",
+                )
             slices = [VirtualSliceObject.from_manifest(s) for s in self._api.list_slices()]
             all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
             nodes = self._api.list_nodes()
@@ -308,7 +344,7 @@ class SliceReconciler:
                     continue
                 mine = owned.get(other.key, [])
                 generation = max([other.status.restarts, *(p.generation or 0 for p in mine)])
-                if self._ledger.get(other.key) is None:
+                if self._ledger.get(other.key) is None and self._drained.get(other.key) != generation:
                     recorded = _recorded_reservation(other, mine, generation)
                     if recorded is not None:
                         self._ledger.adopt(recorded)
@@ -354,6 +390,7 @@ class SliceReconciler:
                 namespace, _, name = placement.slice.partition("/")
                 reservation = Reservation(namespace, name, generations[placement.slice], placement)
                 self._ledger.reserve(reservation)
+                self._drained.pop(placement.slice, None)
                 since = self._queued_since.pop(placement.slice, created.get(placement.slice, now))
                 self._metrics.admission_wait.observe(max(0.0, now - since))
                 if placement.slice == vslice.key:
@@ -368,7 +405,49 @@ class SliceReconciler:
                     mine_result = waiting
             self._metrics.queue(by_island)
             assert mine_result is not None, f"admission pass lost slice {vslice.key}"
+            if isinstance(mine_result, Unplaceable) and mine_result.reason is Reason.INSUFFICIENT_DEVICES:
+                mine_result = self._preempt_for(vslice, mine_result, slices, all_pods, nodes)
             return mine_result
+
+    def _preempt_for(
+        self,
+        vslice: VirtualSliceObject,
+        waiting: Unplaceable,
+        slices: Sequence[VirtualSliceObject],
+        all_pods: Sequence[PodView],
+        nodes: Sequence[Json],
+    ) -> Unplaceable:
+        """Evict lower-priority gangs if that makes room for ``vslice``; says so in its message."""
+        priority = self._priority(vslice.spec.priority_class)
+        by_key = {s.key: s for s in slices}
+        running = [
+            RunningGang(r.placement, self._priority(by_key[r.key].spec.priority_class), by_key[r.key].created)
+            for r in self._ledger.all()
+            if r.key != vslice.key and r.key in by_key
+        ]
+        if not any(g.priority < priority for g in running):
+            return waiting
+        draining = [p for p in all_pods if not p.deleting]
+        machines = inventory.machines(nodes, draining, self._ledger.all())
+        request = GangRequest(vslice.key, vslice.spec.devices, self._host_size(vslice), vslice.spec.island)
+        plan = choose_victims(request, priority, running, machines)
+        if plan is None or not plan.victims:
+            return waiting
+        names = ", ".join(plan.victims)
+        for victim in plan.victims:
+            if victim not in self._evicting:
+                self._evicting[victim] = (
+                    f"preempted by VirtualSlice {vslice.key} (priority {priority} > "
+                    f"{self._priority(by_key[victim].spec.priority_class)}), which needs its devices on "
+                    f"{plan.island}; the slice is queued again and resumes when room returns"
+                )
+                log.info("%s: preempting %s on %s", vslice.key, victim, plan.island)
+            self._wake(victim)
+        return Unplaceable(
+            vslice.key, Reason.INSUFFICIENT_DEVICES,
+            f"{waiting.message}; preempting {names} (lower priority) to make room on {plan.island}",
+            closest_island=plan.island,
+        )
 
     def _queued(self, vslice: VirtualSliceObject, why: Unplaceable, outcome: _Outcome) -> _Outcome:
         if why.reason is Reason.INVALID_SPEC:
@@ -598,6 +677,25 @@ class SliceReconciler:
         for pod in pods:
             if not pod.deleting:
                 self._api.delete_pod(pod.namespace, pod.name)
+
+    def _preempted(
+        self, vslice: VirtualSliceObject, pods: list[PodView], outcome: _Outcome, why: str
+    ) -> _Outcome:
+        """Evict the gang for a higher-priority slice: pods deleted, back to the queue (no restart counted)."""
+        if self._registered.pop(vslice.key, None) is not None:
+            self._registry.gang_lost(vslice.key, why)
+        self._ledger.release(vslice.key)
+        self._drained[vslice.key] = outcome.restarts
+        self._teardown(vslice, pods)
+        self._queued_since[vslice.key] = self._clock()
+        self._move(vslice, outcome, _S.PENDING)
+        self._condition(vslice, outcome, _C.ADMITTED, "False", Reason.PREEMPTED, why)
+        self._condition(vslice, outcome, _C.READY, "False", Reason.PREEMPTED, why)
+        outcome.events.append(("Warning", str(Reason.PREEMPTED), why[0].upper() + why[1:]))
+        outcome.island, outcome.hosts, outcome.ready_hosts = "", (), ""
+        outcome.delay = _SOON
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Pending: {why}"
+        return outcome
 
     def _suspend(self, vslice: VirtualSliceObject, pods: list[PodView], outcome: _Outcome) -> _Outcome:
         if self._registered.pop(vslice.key, None) is not None:
