@@ -82,7 +82,7 @@ class Dataflow:
         self._fetches: dict[int, _FetchWaiter] = {}
         self._tokens = itertools.count(1)
         self._control = 0
-        self.link = WorkerLink(settings.worker, self._on_worker_event)
+        self.link = WorkerLink(settings.worker, self._on_worker_event, settings.slice_token)
         self.inbox = Inbox(
             self.shm,
             self.budget,

@@ -31,6 +31,7 @@ import grpc
 from pathways.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, value_name
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import call_metadata
 from pathways_worker.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.shared_memory import exported_chunks, remove_pieces
 
@@ -63,7 +64,7 @@ class PeerPusher:
         file_handover: bool = True,
     ) -> None:
         """`shm_dir`: where the worker writes pieces (its device decides whether a
-        peer can take files); `token`: presented to peers' data channels."""
+        peer can take files); `token`: presented to peers (data channel and gRPC Put)."""
         self.sender = sender
         self.token = token
         self.data_channel = data_channel
@@ -121,7 +122,9 @@ class PeerPusher:
                 if peer is not None and peer.address:
                     self._send_data(exported, address, peer, movable)
                 else:
-                    self.stub(address).Put(self._chunks(exported), timeout=self.timeout_s)
+                    self.stub(address).Put(
+                        self._chunks(exported), timeout=self.timeout_s, metadata=call_metadata(self.token)
+                    )
                 return
             except (grpc.RpcError, DataChannelError, OSError) as err:
                 code, details = _status(err)
@@ -183,7 +186,7 @@ class PeerPusher:
     def _tell_lost(self, exported: pb.Exported, address: str, message: str) -> None:
         try:
             chunk = error_chunk(exported.call_id, exported.value, exported.spec, self.sender, message)
-            self.stub(address).Put(iter([chunk]), timeout=5.0)
+            self.stub(address).Put(iter([chunk]), timeout=5.0, metadata=call_metadata(self.token))
         except grpc.RpcError:
             pass
 

@@ -2,7 +2,8 @@
 
 Every flag has an environment variable so a Kubernetes pod can configure the
 containers without a command line; a flag given on the command line wins. This
-module imports nothing heavy: the worker must set XLA's flags before jax loads.
+module imports nothing heavy: the worker must set XLA's flags before jax loads
+(`pathways.wire.slice_token` is plain Python).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from pathways.wire.slice_token import read_token
 
 DEFAULT_INPUT_TIMEOUT_S = 300.0
 DEFAULT_WORKER_STORE_LIMIT = 4 << 30
@@ -29,6 +32,7 @@ class WorkerSettings:
     host_name: str
     input_timeout_s: float
     store_limit_bytes: int
+    slice_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class SidecarSettings:
     data_token: str = ""
     data_channel: bool = True
     file_handover: bool = True
+    slice_token: str = ""
 
 
 def _default_shm_dir() -> str:
@@ -85,6 +90,9 @@ def parse_worker_args(
     p.add_argument("--store-limit-bytes", type=int,
                    default=int(env.get("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT)),
                    help="object store bound (PATHWAYS_STORE_LIMIT_BYTES)")
+    p.add_argument("--slice-token-file", default="",
+                   help="file holding the slice token callers must present (default: "
+                        "$PATHWAYS_SLICE_TOKEN_FILE, else $PATHWAYS_SLICE_TOKEN; empty: none checked)")
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
     if a.num_hosts < 1 or not 0 <= a.host_index < a.num_hosts:
@@ -103,6 +111,7 @@ def parse_worker_args(
         host_name=a.host_name or f"host-{a.host_index} ({a.listen})",
         input_timeout_s=a.input_timeout_s,
         store_limit_bytes=a.store_limit_bytes,
+        slice_token=read_token(env, a.slice_token_file),
     )
 
 
@@ -145,6 +154,9 @@ def parse_sidecar_args(
                    default=env.get("PATHWAYS_SIDECAR_FILE_HANDOVER", "on"),
                    help="hand piece files to peers on the same machine instead of sending bytes "
                         "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
+    p.add_argument("--slice-token-file", default="",
+                   help="file holding the slice token callers must present (default: "
+                        "$PATHWAYS_SLICE_TOKEN_FILE, else $PATHWAYS_SLICE_TOKEN; empty: none checked)")
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
     _split_address("--worker", a.worker)
@@ -161,7 +173,8 @@ def parse_sidecar_args(
         put_wait_s=a.put_wait_s,
         advertise=a.advertise,
         data_port=a.data_port,
-        data_token=a.data_token,
+        data_token=a.data_token or read_token(env, a.slice_token_file),
         data_channel=a.data_channel == "on",
         file_handover=a.file_handover == "on",
+        slice_token=read_token(env, a.slice_token_file),
     )

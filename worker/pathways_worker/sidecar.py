@@ -2,7 +2,8 @@
 
 It serves `Dataflow` to the controller (the Control stream), to clients (Put
 inputs, Fetch outputs) and to peer sidecars (Put routed values), and keeps one
-stream to its own worker. Flags also come from PATHWAYS_* environment
+stream to its own worker. Every call but Health must present the slice's token
+(`pathways_worker.slice_auth`). Flags also come from PATHWAYS_* environment
 variables (see `pathways_worker.settings`). With port 0 it picks a free port
 and prints `pathways-sidecar listening on HOST:PORT`.
 """
@@ -22,6 +23,7 @@ from pathways_worker.dataflow import Dataflow
 from pathways_worker.dataflow_service import DataflowService
 from pathways_worker.lifecycle import configure_logging, wait_for_signal
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
+from pathways_worker.slice_auth import SliceTokenInterceptor
 
 log = logging.getLogger("pathways_worker.sidecar")
 
@@ -37,6 +39,7 @@ def serve(settings: SidecarSettings) -> None:
             ("grpc.max_receive_message_length", CONTROL_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
+        interceptors=[SliceTokenInterceptor(settings.slice_token, settings.host_name)],
     )
     port = server.add_insecure_port(settings.listen)
     if port == 0:

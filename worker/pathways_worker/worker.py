@@ -4,8 +4,8 @@ It owns the host's JAX devices (`--devices` CPU devices standing in for a TPU
 host's chips), joins its slice's multi-process JAX job when the slice has
 several hosts, and serves `Executor.Session` to its sidecar: one long-lived
 stream of commands in (programs, launches, grants, arrivals, fetches) and
-batched events out. Flags also come from PATHWAYS_* environment variables (see
-`pathways_worker.settings`).
+batched events out; only callers presenting the slice's token get in. Flags
+also come from PATHWAYS_* environment variables (see `pathways_worker.settings`).
 
 XLA reads its flags when jax is imported, so nothing here imports jax (or the
 client package, which does) before `_prepare_jax` has set them.
@@ -58,6 +58,7 @@ def serve(settings: WorkerSettings) -> None:
     from pathways_worker.executor import Executor
     from pathways_worker.executor_service import ExecutorService
     from pathways_worker.shared_memory import ShmDir
+    from pathways_worker.slice_auth import SliceTokenInterceptor
 
     shm = ShmDir(settings.shm_dir, "w")
     executor = Executor(
@@ -71,7 +72,11 @@ def serve(settings: WorkerSettings) -> None:
         ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
     ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        options=options,
+        interceptors=[SliceTokenInterceptor(settings.slice_token, settings.host_name)],
+    )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(executor, settings.host_name), server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:

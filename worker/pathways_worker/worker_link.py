@@ -18,6 +18,7 @@ import grpc
 
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,11 @@ MAX_BACKOFF_S = 1.0
 
 
 class WorkerLink:
-    def __init__(self, address: str, on_event: Callable[[pb.WorkerEvent], None]) -> None:
+    def __init__(
+        self, address: str, on_event: Callable[[pb.WorkerEvent], None], token: str = ""
+    ) -> None:
         self.address = address
+        self._metadata = call_metadata(token)
         self._on_event = on_event
         self._commands: queue.Queue[pb.WorkerCommand] = queue.Queue()
         self._ready = threading.Event()
@@ -62,7 +66,9 @@ class WorkerLink:
             opened = threading.Event()
             ended = threading.Event()
             try:
-                events = pb_grpc.ExecutorStub(channel).Session(self._requests(opened, ended))
+                events = pb_grpc.ExecutorStub(channel).Session(
+                    self._requests(opened, ended), metadata=self._metadata
+                )
                 for event in events:
                     if event.ready and not opened.is_set():
                         self.worker_host = event.host

@@ -1,0 +1,76 @@
+"""The host's door: gRPC calls without this slice's token are refused.
+
+Both host processes install `SliceTokenInterceptor` on their servers. It looks at the
+call's metadata before any request message is read, so a caller without the token
+(another slice's pod, a stray client) learns nothing but ``UNAUTHENTICATED`` and a
+message saying which metadata entry it lacked; the servicer never sees the call. The
+comparison is constant-time. Methods in `slice_token.OPEN_METHODS` (Health) stay open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from pathways.wire.slice_token import METADATA_KEY, OPEN_METHODS
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # generic only in the stubs
+    _Interceptor = grpc.ServerInterceptor[Any, Any]
+else:
+    _Interceptor = grpc.ServerInterceptor
+
+
+class SliceTokenInterceptor(_Interceptor):
+    """Refuses every call except `OPEN_METHODS` unless it presents ``token``."""
+
+    def __init__(self, token: str, host_name: str) -> None:
+        self._token = token.encode()
+        self._host = host_name
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method = str(handler_call_details.method)
+        if handler is None or not self._token or method in OPEN_METHODS:
+            return handler
+        presented = ""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == METADATA_KEY:
+                presented = value if isinstance(value, str) else value.decode(errors="replace")
+        if hmac.compare_digest(presented.encode(), self._token):
+            return handler
+        what = "presented another slice's token" if presented else f"presented no {METADATA_KEY} metadata"
+        message = (
+            f"host {self._host}: {method} refused: the caller {what}; only holders of this "
+            "slice's token (its Secret, PATHWAYS_SLICE_TOKEN) may call it"
+        )
+        log.warning("%s", message)
+        return _refusal(handler, message)
+
+
+def _refusal(handler: grpc.RpcMethodHandler[Any, Any], message: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape as ``handler`` that aborts with ``message``."""
+
+    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **codec)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **codec)
+    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
