@@ -1,0 +1,133 @@
+"""A host started with a slice token lets in only callers that hold it; garbage bounces.
+
+One one-host slice (127.0.0.24) whose worker and sidecar read ``PATHWAYS_SLICE_TOKEN``.
+Checked: Health is open; every other sidecar method, and the worker's Session, refuse
+a caller with no token or another slice's token (UNAUTHENTICATED, naming the metadata
+entry); the sidecar itself got into its worker (the worker is ready) and a caller with
+the token is served. Then undecodable and oversized messages to the sidecar's methods
+are refused and it keeps serving.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from pathways import transfer
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import ENV_TOKEN, METADATA_KEY, call_metadata, new_token
+from tests.integration.test_host import HostProcs, start_slice, stop_hosts, vref
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = new_token()
+OTHER_SLICE_TOKEN = new_token()
+RPC_TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcs]:
+    saved = os.environ.get(ENV_TOKEN)
+    os.environ[ENV_TOKEN] = TOKEN
+    try:
+        hosts = start_slice("guarded", ["127.0.0.24"], 1, Path(tmp_path_factory.mktemp("guarded")))
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_TOKEN, None)
+        else:
+            os.environ[ENV_TOKEN] = saved
+    try:
+        yield hosts[0]
+    finally:
+        stop_hosts(hosts)
+
+
+def _channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", transfer.MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", 512 << 20),
+    ])
+
+
+def _put(address: str, call_id: str, token: str) -> int:
+    chunks = transfer.whole_value_chunks(call_id, vref(-1, 0), np.ones(4, np.float32), "test")
+    reply = pb_grpc.DataflowStub(_channel(address)).Put(
+        chunks, timeout=RPC_TIMEOUT_S, metadata=call_metadata(token)
+    )
+    return int(reply.pieces)
+
+
+@pytest.mark.parametrize("token", ["", OTHER_SLICE_TOKEN], ids=["no-token", "other-slice-token"])
+def test_callers_without_the_slice_token_are_refused(guarded: HostProcs, token: str) -> None:
+    sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
+    assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).worker_ready, "Health stays open"
+    attempts = {
+        "Put": lambda: _put(guarded.address, "intruder", token),
+        "Fetch": lambda: list(sidecar.Fetch(pb.FetchRequest(call_id="intruder", value=vref(0, 0)),
+                                            timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))),
+        "Control": lambda: list(sidecar.Control(iter([pb.HostCommand()]), timeout=RPC_TIMEOUT_S,
+                                                metadata=call_metadata(token))),
+        "worker Session": lambda: list(
+            pb_grpc.ExecutorStub(_channel(guarded.worker_address)).Session(
+                iter([pb.WorkerCommand()]), timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))
+        ),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises(grpc.RpcError) as err:
+            attempt()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, (what, err.value)
+        details = err.value.details() or ""
+        assert "refused" in details and guarded.name in details, (what, details)
+        if not token:
+            assert METADATA_KEY in details, details
+
+
+def test_the_slice_token_is_let_in(guarded: HostProcs) -> None:
+    assert _put(guarded.address, "member", TOKEN) == 1
+    sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
+    assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).store_bytes > 0
+
+
+def _raw(address: str, method: str, payload: bytes, *, streaming: bool) -> grpc.RpcError:
+    channel = _channel(address)
+    identity = lambda b: b  # noqa: E731  (bytes on the wire as they are)
+    metadata = call_metadata(TOKEN)
+    with pytest.raises(grpc.RpcError) as err:
+        if streaming:
+            call = channel.stream_stream(f"/pathways.v1alpha1.Dataflow/{method}",
+                                         request_serializer=identity, response_deserializer=identity)
+            list(call(iter([payload]), timeout=RPC_TIMEOUT_S, metadata=metadata))
+        else:
+            put = channel.stream_unary(f"/pathways.v1alpha1.Dataflow/{method}",
+                                       request_serializer=identity, response_deserializer=identity)
+            put(iter([payload]), timeout=RPC_TIMEOUT_S, metadata=metadata)
+    return err.value
+
+
+@pytest.mark.parametrize(
+    ("method", "payload", "streaming", "codes"),
+    [
+        ("Put", b"\xff\xff\xff\xff garbage", False, {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}),
+        ("Put", b"\x0a\xff\xff\xff\xff\x0f", False, {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}),
+        ("Put", b"\x12" + b"\xff" * 10 + b"\x01", False, {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}),
+        ("Put", b"\x12\x80\x80\x80\x80\x02" + b"x" * ((300 << 20)), False, {grpc.StatusCode.RESOURCE_EXHAUSTED}),
+        ("Control", b"\xff\x00 not a HostCommand", True, {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}),
+        ("Control", b"\x0a" + b"\x80" * 12, True, {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT}),
+    ],
+    ids=["put-garbage", "put-truncated-header", "put-bad-varint", "put-300MiB", "control-garbage",
+         "control-overlong-varint"],
+)
+def test_malformed_and_oversized_messages_bounce(
+    guarded: HostProcs, method: str, payload: bytes, streaming: bool, codes: set[grpc.StatusCode]
+) -> None:
+    refused = _raw(guarded.address, method, payload, streaming=streaming)
+    assert refused.code() in codes, refused
+    sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
+    assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).worker_ready
+    assert _put(guarded.address, f"after-{method}", TOKEN) == 1
