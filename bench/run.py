@@ -21,7 +21,7 @@ from bench.measure import Figure  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="1,2,3,4,5,6")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
     only = {int(x) for x in args.only.split(",")}
@@ -89,6 +89,14 @@ def main() -> int:
         return control_plane.run(3 if quick else 5)
 
     attempt(6, "control plane", six)
+
+    def seven() -> list[Figure]:
+        from bench import checkpoints
+
+        return checkpoints.run((1, 16) if quick else (1, 16, 64), 2 if quick else 4,
+                               4 if quick else 16, 30 if quick else 60, 5)
+
+    attempt(7, "checkpoints", seven)
     mode = "quick" if quick else "full"
     title = args.title or f"This machine ({os.cpu_count()} cores), {mode}"
     out = report.write(figures, mode, title)
