@@ -613,7 +613,8 @@ def cmd_compile(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         Path(args.output).write_text(text)
         err.write(
             f"{summary}\nwrote {args.output}: ConfigMap {config_map['metadata']['name']} and "
-            f"PathwaysProgram {program['metadata']['name']}; apply with `kubectl apply -f {args.output}`\n"
+            f"PathwaysProgram {program['metadata']['name']}; apply with `kubectl apply --server-side -f {args.output}`\n"
+            "(server-side: a client-side apply copies the ConfigMap into an annotation limited to 256 KiB)\n"
         )
     return EXIT_OK
 

@@ -23,11 +23,17 @@ The PathwaysProgram names each slice by the IR's slice id (``spec.slices[].name`
 a runner maps IR slices to VirtualSlices without guessing: a slice the program named
 (``add_slice(name=...)``, shared) becomes ``ref: <name>``, an unnamed one an inline
 ``template`` with the same devices, devices per host and island.
+
+Running it (the operator and ``python -m pathways.driver --compiled-program``):
+:meth:`CompiledProgram.from_config_map` refuses anything edited since compile time (the
+IR's fingerprint covers every artifact; inputs must match the IR's input specs), and
+:meth:`CompiledProgram.bound_to` renames each IR slice to its VirtualSlice, keeping ids.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import re
@@ -182,10 +188,48 @@ class CompiledProgram:
             inputs = tuple(npz[f"arr_{i}"] for i in range(len(npz.files)))
         if len(inputs) != len(program.inputs):
             raise InvalidProgramError(
-                f"{where}: {len(inputs)} inputs for a program of {len(program.inputs)}: compile it again"
+                f"{where}: binaryData {INPUTS_KEY} holds {len(inputs)} inputs for a program of "
+                f"{len(program.inputs)}: compile it again"
             )
+        for i, (array, spec) in enumerate(zip(inputs, program.inputs)):
+            got = ir.TensorSpec.of(array.shape, array.dtype)
+            if got != spec:
+                raise InvalidProgramError(
+                    f"{where}: binaryData {INPUTS_KEY} input {i} is {got} ({array.nbytes} bytes) "
+                    f"but the program takes {spec} ({spec.nbytes} bytes): compile it again"
+                )
         summary = json.loads((obj.get("data") or {}).get(SUMMARY_KEY) or "{}")
         return cls(program, inputs, float(summary.get("weight", 1.0)))
+
+    # -- running it ----------------------------------------------------------------------
+
+    def bound_to(self, slices: Mapping[str, tuple[str, int]]) -> ir.Program:
+        """The program with each IR slice bound to a VirtualSlice: id -> (name, devices).
+
+        Binding keeps each slice's id (computations name it) and gives it the VirtualSlice's
+        name, which is what the controller attaches to on Kubernetes.
+        """
+        bound = []
+        for decl in self.program.slices:
+            found = slices.get(decl.id)
+            if found is None:
+                given = ", ".join(sorted(slices)) or "none"
+                raise InvalidProgramError(
+                    f"the compiled program runs on slice {decl.id!r}, which spec.slices does not "
+                    f"name (it names: {given}); add an entry with name: {decl.id}"
+                )
+            name, devices = found
+            if devices != decl.devices:
+                raise InvalidProgramError(
+                    f"spec.slices {decl.id!r}: VirtualSlice {name} has {devices} devices; the "
+                    f"compiled program needs {decl.devices}; give it {decl.devices} devices"
+                )
+            bound.append(dataclasses.replace(decl, name=name))
+        return dataclasses.replace(self.program, slices=tuple(bound))
+
+    def output_names(self) -> list[str]:
+        """Result keys of the program's flat outputs: ``output_0``, ``output_1``, ..."""
+        return [f"output_{i}" for i in range(len(self.program.outputs))]
 
     # -- the PathwaysProgram -------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -141,6 +142,8 @@ class VirtualDeviceSet:
 
 
 def _release(slice_id: str, wait: bool = False) -> None:
+    if "pathways.runtime" not in sys.modules:
+        return  # no runtime was ever started (e.g. `pathways compile`): nothing was placed
     from pathways.runtime import release_virtual_slice
 
     release_virtual_slice(slice_id, wait=wait)

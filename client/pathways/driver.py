@@ -1,4 +1,4 @@
-"""``python -m pathways.driver``: run one PathwaysProgram's entrypoint against a controller.
+"""``python -m pathways.driver``: run one PathwaysProgram against a controller.
 
 The Kubernetes operator starts this process when every slice of a
 PathwaysProgram is Ready. It is an ordinary Pathways *client* — it imports
@@ -17,9 +17,19 @@ Entrypoint contract (see also :mod:`pathways.context`)::
 
 The entrypoint is ``package.module:function`` importable where the driver runs.
 
+A program compiled by ``pathways compile`` (``spec.source.configMapRef``) needs no
+Python of the user's: the operator reads its ConfigMap, checks it, and writes it as JSON
+to the program's work directory; the driver (``--compiled-program FILE``) loads it with
+:meth:`pathways.compiled.CompiledProgram.from_config_map`, binds each IR slice to the
+VirtualSlice that ``spec.slices`` gives the same name, and runs it ``steps`` times on the
+inputs stored with it. Its results are its flat outputs, ``output_0``, ``output_1``, ...
+of the last step. The driver never talks to the API server: only the operator holds
+credentials, and the driver runs exactly the version of the ConfigMap the operator checked.
+
 Command line (all written by the operator)::
 
-    --entrypoint pkg.mod:fn   --args JSON   --steps N   [--start-step N]   [--weight W]
+    --entrypoint pkg.mod:fn | --compiled-program FILE
+    --args JSON   --steps N   [--start-step N]   [--weight W]
     --controller HOST:PORT    --namespace NS
     --slices JSON             slice name -> {"virtualSlice": NAME, "devices": N}
     --progress-file F         JSON lines, one per ctx.step_done
@@ -53,9 +63,12 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathways.context import ProgramContext, ProgramSuspended, SliceBinding, steps_completed
+
+if TYPE_CHECKING:
+    from pathways.compiled import CompiledProgram
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -84,6 +97,47 @@ def load_entrypoint(text: str) -> Callable[..., Any]:
     if not callable(fn):
         raise DriverError(f"entrypoint {text!r}: module {module_name!r} has no function {attr!r}")
     return fn  # type: ignore[no-any-return]
+
+
+def load_compiled(path: str) -> Callable[[ProgramContext], dict[str, Any]]:
+    """A compiled program (ConfigMap JSON in ``path``) as an entrypoint, or a DriverError."""
+    from pathways.compiled import CompiledProgram
+    from pathways.errors import InvalidProgramError
+
+    try:
+        compiled = CompiledProgram.from_config_map(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, InvalidProgramError) as err:
+        raise DriverError(f"compiled program {path}: {err}") from None
+
+    def entrypoint(ctx: ProgramContext) -> dict[str, Any]:
+        return run_compiled(ctx, compiled)
+
+    return entrypoint
+
+
+def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, Any]:
+    """Runs steps ``ctx.start_step .. ctx.steps`` of a CompiledProgram; the last step's outputs.
+
+    A program whose steps are all done (the operator restarted before recording its
+    results) runs once more, so it still has results to give.
+    """
+    from pathways.errors import InvalidProgramError
+    from pathways.runtime import default_runtime
+
+    try:
+        held = {s.id: ctx.slice(s.id) for s in compiled.program.slices}
+        program = compiled.bound_to({k: (v.name, v.devices_count) for k, v in held.items()})
+    except InvalidProgramError as err:
+        raise DriverError(str(err)) from None
+    runtime = default_runtime()
+    inputs = list(compiled.inputs)
+    outputs: list[Any] | None = None
+    for step in range(ctx.start_step, ctx.steps):
+        outputs = runtime.run(program, inputs, ctx.weight)
+        ctx.step_done(step)
+    if outputs is None:
+        outputs = runtime.run(program, inputs, ctx.weight)
+    return dict(zip(compiled.output_names(), outputs))
 
 
 def parse_slices(text: str) -> dict[str, SliceBinding]:
@@ -174,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(program_args, dict):
             raise DriverError(f"--args must be a JSON object, got {program_args!r}")
         bindings = parse_slices(args.slices)
-        fn = load_entrypoint(args.entrypoint)
+        fn = load_compiled(args.compiled_program) if args.compiled_program else load_entrypoint(args.entrypoint)
         start = args.start_step if args.start_step is not None else steps_completed(progress_file)
         start = min(start, args.steps)
         if args.namespace:
@@ -221,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pathways.driver", description=__doc__.split("\n")[0])
-    parser.add_argument("--entrypoint", required=True, help="package.module:function")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--entrypoint", help="package.module:function")
+    source.add_argument("--compiled-program", help="a ConfigMap written by `pathways compile`, as JSON")
     parser.add_argument("--args", default="{}", help="JSON object passed as ctx.args")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--start-step", type=int, default=None,

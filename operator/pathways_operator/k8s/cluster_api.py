@@ -230,6 +230,13 @@ class ClusterApi:
 
     # ------------------------------------------------------------ other objects
 
+    def get_configmap(self, namespace: str, name: str) -> Json | None:
+        """The ConfigMap as served (``binaryData`` base64), or None when it does not exist."""
+        return self._get_or_none(
+            f"reading ConfigMap {namespace}/{name}",
+            lambda: _decode(self.core.read_namespaced_config_map(name, namespace, _preload_content=False)),
+        )
+
     def apply_configmap(self, namespace: str, body: Json) -> None:
         """Create the ConfigMap, or replace its data if it exists."""
         name = body["metadata"]["name"]

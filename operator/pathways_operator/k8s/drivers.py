@@ -14,6 +14,10 @@ directory ``<state-dir>/<namespace>/<name>-<uid>/``:
     running again can help;
 ``driver.log``
     the driver's stdout and stderr, quoted in failure messages;
+``compiled-program.json``
+    for a ``spec.source.configMapRef`` program, the ConfigMap the operator read and
+    checked, handed to the driver as ``--compiled-program`` (drivers hold no API
+    credentials, and run exactly the version that was checked);
 ``driver.pid``
     the running driver, so a restarted operator can stop a leftover one before
     starting another (there is never more than one driver per program).
@@ -83,6 +87,8 @@ class DriverLaunch:
     checkpoint_dir: str = ""
     """Where the driver keeps orbax snapshots of the program's state ("" = none)."""
     checkpoint_every: int = 0
+    compiled_program: dict[str, Any] | None = None
+    """The ConfigMap of a ``spec.source.configMapRef`` program (then ``entrypoint`` is unused)."""
 
 
 @dataclasses.dataclass
@@ -158,9 +164,14 @@ class DriverSupervisor:
         workdir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             (workdir / "results.json").unlink()
+        source = ["--entrypoint", launch.entrypoint]
+        if launch.compiled_program is not None:
+            compiled = workdir / "compiled-program.json"
+            compiled.write_text(json.dumps(launch.compiled_program))
+            source = ["--compiled-program", str(compiled)]
         argv = [
             self._python, "-m", "pathways.driver",
-            "--entrypoint", launch.entrypoint,
+            *source,
             "--args", json.dumps(launch.args),
             "--steps", str(launch.steps),
             "--start-step", str(launch.start_step),

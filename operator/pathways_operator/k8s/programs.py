@@ -5,8 +5,12 @@ Each look at a program:
 
 1. checks what the schema cannot: the entrypoint is allowed
    (``--allowed-entrypoints`` prefixes) and importable, every ``ref`` names an
-   existing VirtualSlice. A bad spec makes the program Failed with a message
-   naming the field (``spec.source.entrypoint``, ``spec.slices[0].ref``).
+   existing VirtualSlice. A ``spec.source.configMapRef`` program instead has its
+   ConfigMap read and checked whole (:class:`pathways.compiled.CompiledProgram`:
+   format, IR fingerprint, artifacts, inputs' shapes), and its IR slices must be
+   exactly ``spec.slices``' names, with the devices it was compiled for. A bad spec
+   makes the program Failed with a message naming the field
+   (``spec.source.entrypoint``, ``spec.source.configMapRef``, ``spec.slices[0].ref``).
 2. makes sure every ``template`` slice exists as VirtualSlice
    ``<program>-<name>``, owned by the program (garbage-collected with it).
 3. waits (Pending) until every slice is Ready; a Failed slice fails the program.
@@ -33,6 +37,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pathways.compiled import CompiledProgram
+from pathways.errors import InvalidProgramError
+
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.reasons import (
     Condition,
@@ -42,7 +49,7 @@ from pathways_operator.core.reasons import (
     find_condition,
     set_condition,
 )
-from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, KubeError, now_rfc3339
+from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json, KubeError, now_rfc3339
 from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverStatus, DriverSupervisor
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
@@ -118,6 +125,8 @@ class ProgramReconciler:
         self._metrics = metrics or OperatorMetrics()
         self._clock = clock
         self._progress: dict[str, tuple[int, float]] = {}
+        self._compiled: dict[str, tuple[str, Json, CompiledProgram]] = {}
+        """Program key -> (resourceVersion, ConfigMap, parsed) of its checked compiled program."""
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -150,6 +159,7 @@ class ProgramReconciler:
         try:
             self._check_source(program)
             slices = self._slices(program)
+            self._check_compiled_slices(program, slices)
         except InvalidProgram as err:
             self._fail(program, outcome, err.reason, str(err))
         else:
@@ -166,6 +176,7 @@ class ProgramReconciler:
             self._drivers.forget(namespace, name, uid)
             self._attempts.pop(key, None)
             self._progress.pop(key, None)
+            self._compiled.pop(key, None)
             self._metrics.program_phase(key, None)
             self._delete_inline_slices(namespace, name, uid)
         with self._locks_guard:
@@ -176,12 +187,8 @@ class ProgramReconciler:
     def _check_source(self, program: ProgramObject) -> None:
         spec = program.spec
         if spec.config_map is not None:
-            raise InvalidProgram(
-                Reason.INVALID_SPEC,
-                f"spec.source.configMapRef ({spec.config_map}): programs compiled into a ConfigMap "
-                "are not supported by this operator yet; use spec.source.entrypoint "
-                "(package.module:function)",
-            )
+            self._check_compiled(program, spec.config_map)
+            return
         entrypoint = spec.entrypoint
         if not entrypoint:
             raise InvalidProgram(
@@ -206,6 +213,63 @@ class ProgramReconciler:
                 f"spec.source.entrypoint {entrypoint!r}: module {module!r} is not importable where "
                 "the operator runs its drivers; install the package in the operator's image",
             )
+
+    def _check_compiled(self, program: ProgramObject, config_map: str) -> None:
+        """Reads and checks the program's ConfigMap (parsed once per resourceVersion)."""
+        raw = self._api.get_configmap(program.namespace, config_map)
+        if raw is None:
+            self._compiled.pop(program.key, None)
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                f"spec.source.configMapRef.name: ConfigMap {config_map!r} does not exist in namespace "
+                f"{program.namespace}; create it with `pathways compile` (or `pathways submit`)",
+            )
+        version = str((raw.get("metadata") or {}).get("resourceVersion") or "")
+        cached = self._compiled.get(program.key)
+        if cached is None or cached[0] != version or not version:
+            try:
+                compiled = CompiledProgram.from_config_map(raw)
+            except (InvalidProgramError, ValueError, TypeError) as err:
+                self._compiled.pop(program.key, None)
+                raise InvalidProgram(
+                    Reason.INVALID_SPEC, f"spec.source.configMapRef: {err}"
+                ) from None
+            self._compiled[program.key] = (version, raw, compiled)
+        if program.spec.args:
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                "spec.args: a compiled program runs on the inputs stored in its ConfigMap and "
+                "takes no args; remove spec.args, or compile it again with other example_args()",
+            )
+        ids = {d.id for d in self._compiled[program.key][2].program.slices}
+        names = [e.name for e in program.spec.slices]
+        for i, entry in enumerate(program.spec.slices):
+            if entry.name not in ids:
+                raise InvalidProgram(
+                    Reason.INVALID_SPEC,
+                    f"spec.slices[{i}].name: the compiled program has no slice {entry.name!r} "
+                    f"(its slices: {', '.join(sorted(ids))}); use the names `pathways compile` wrote",
+                )
+        missing = sorted(ids - set(names))
+        if missing:
+            raise InvalidProgram(
+                Reason.INVALID_SPEC,
+                f"spec.slices: the compiled program runs on slice {missing[0]!r}, which spec.slices "
+                f"does not name; add an entry with name: {missing[0]}",
+            )
+
+    def _check_compiled_slices(
+        self, program: ProgramObject, slices: dict[str, VirtualSliceObject | None]
+    ) -> None:
+        """A compiled program's slices must have the devices it was compiled for."""
+        if program.spec.config_map is None:
+            return
+        compiled = self._compiled[program.key][2]
+        bound = {n: (s.name, s.spec.devices) for n, s in slices.items() if s is not None}
+        try:
+            compiled.bound_to({d.id: bound.get(d.id, ("", d.devices)) for d in compiled.program.slices})
+        except InvalidProgramError as err:
+            raise InvalidProgram(Reason.INVALID_SPEC, str(err)) from None
 
     def _slices(self, program: ProgramObject) -> dict[str, VirtualSliceObject | None]:
         """Each slice name of the program -> its VirtualSlice (None: just created from the template)."""
@@ -349,6 +413,9 @@ class ProgramReconciler:
                     checkpoint_dir=str(self.checkpoint_dir(program) or ""),
                     checkpoint_every=spec.checkpoint.every_steps if spec.checkpoint else 0,
                     weight=spec.weight,
+                    compiled_program=(
+                        self._compiled[program.key][1] if spec.config_map is not None else None
+                    ),
                     slices={
                         n: {"virtualSlice": names[n], "devices": s.spec.devices}
                         for n, s in slices.items()
@@ -360,8 +427,9 @@ class ProgramReconciler:
                 number, {n: s.status.restarts for n, s in slices.items() if s is not None}
             )
             what = "Started" if done == 0 else f"Restarted from step {done}:"
+            source = spec.entrypoint or f"ConfigMap {spec.config_map}"
             outcome.events.append(("Normal", str(Reason.STEPS_RUNNING),
-                                   f"{what} driver for {spec.entrypoint} ({spec.steps} steps)"))
+                                   f"{what} driver for {source} ({spec.steps} steps)"))
         self._move(program, outcome, _P.RUNNING)
         message = f"{done}/{spec.steps} steps completed"
         self._condition(program, outcome, _C.RUNNING, "True", Reason.STEPS_RUNNING, message)
@@ -449,7 +517,8 @@ class ProgramReconciler:
             for n, s in slices.items()
         )
         if not (driver.retryable or recreated):
-            field = "spec.source.entrypoint: " if driver.exit_code == 2 else ""
+            source = "configMapRef" if program.spec.config_map is not None else "entrypoint"
+            field = f"spec.source.{source}: " if driver.exit_code == 2 else ""
             detail = driver.error
             if driver.log_tail and driver.exit_code != 2:
                 detail += f"\n--- driver log (tail) ---\n{driver.log_tail}"
@@ -514,6 +583,7 @@ class ProgramReconciler:
         """A program that ended holds nothing: no driver, no slices of its own."""
         self._drivers.stop(program.namespace, program.name, program.uid)
         self._attempts.pop(program.key, None)
+        self._compiled.pop(program.key, None)
         self._delete_inline_slices(program.namespace, program.name, program.uid)
 
     # ------------------------------------------------------------ status
