@@ -295,6 +295,9 @@ class ProgramReconciler:
                 found[entry.name] = None
                 continue
             vslice = VirtualSliceObject.from_manifest(raw)
+            if vslice.labels.get(PROGRAM_LABEL) == program.name and vslice.deleting:
+                found[entry.name] = None  # ours, going away (suspended or ended): made again on resume
+                continue
             if vslice.labels.get(PROGRAM_LABEL) != program.name or vslice.deleting:
                 raise InvalidProgram(
                     Reason.INVALID_SPEC,
