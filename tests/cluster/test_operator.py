@@ -329,3 +329,57 @@ def test_invalid_programs_fail_naming_the_field(
     message = condition(failed, "Failed")["message"]
     assert field in message and words in message, message
     assert failed["status"]["message"] == message
+
+
+def _container_pid(pod_ip: str, module: str) -> int | None:
+    """The node agent's process for one container: ``python -m <module>`` with the pod's IP in its env."""
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if module.encode() not in (entry / "cmdline").read_bytes():
+                continue
+            if f"{pod_ip}:".encode() in (entry / "environ").read_bytes():
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.timeout(400, func_only=True)
+@pytest.mark.parametrize("module", ["pathways_worker.sidecar", "pathways_worker.worker"])
+def test_program_survives_a_killed_host_process(
+    objects: Objects, operator: OperatorProcess, module: str
+) -> None:
+    import os
+    import signal
+
+    objects.apply(virtual_slice("victim", 8))
+    objects.wait_slice("victim", "Ready", SLICE_READY_S, operator)
+    objects.apply(program("enduring", "examples.programs:paper_example", ref_slice("main", "victim"),
+                          steps=8, args={"step_seconds": 0.5}))
+
+    def progressed() -> bool:
+        status = objects.program("enduring").get("status") or {}
+        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
+
+    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    host = objects.slice("victim")["status"]["hosts"][1]
+    pid = _container_pid(host["podIP"], module)
+    assert pid is not None, f"no {module} process for {host['pod']}"
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+
+    def recovered() -> bool:
+        status = objects.slice("victim").get("status") or {}
+        return status.get("phase") == "Ready" and status.get("restarts") == 1
+
+    objects.cluster.poll(recovered, timeout=SLICE_READY_S, interval=0.5, what="gang recreated")
+    print(f"\n{module} killed: slice Ready again after {time.monotonic() - killed:.1f} s")
+    done = objects.wait_program("enduring", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["stepsCompleted"] == 8
+    v = [float(i) for i in range(1, 9)]
+    assert results(objects, done) == {"y": [2 * x + 1 for x in v], "z": [2 * x for x in v]}
