@@ -252,6 +252,7 @@ class SliceInfo(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     HOSTS_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
     slice_id: _builtins.str
     """physical slice id (controller-wide)"""
     name: _builtins.str
@@ -259,6 +260,10 @@ class SliceInfo(_message.Message):
     devices: _builtins.int
     generation: _builtins.int
     """bumps each time the gang is (re)launched"""
+    token: _builtins.str
+    """The slice token its hosts demand (gRPC metadata x-pathways-slice-token):
+    given only to the controller's clients in CreateSlice, never in Describe.
+    """
     @_builtins.property
     def hosts(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostInfo]: ...
     def __init__(
@@ -270,10 +275,11 @@ class SliceInfo(_message.Message):
         devices: _builtins.int = ...,
         hosts: _abc.Iterable[Global___HostInfo] | None = ...,
         generation: _builtins.int = ...,
+        token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "generation", b"generation", "hosts", b"hosts", "island", b"island", "name", b"name", "slice_id", b"slice_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "generation", b"generation", "hosts", b"hosts", "island", b"island", "name", b"name", "slice_id", b"slice_id", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -475,11 +481,32 @@ Global___InlineValue: _TypeAlias = InlineValue  # noqa: Y015
 class RunReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class HostTokensEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     OUTPUTS_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
     RELEASED_FIELD_NUMBER: _builtins.int
+    HOST_TOKENS_FIELD_NUMBER: _builtins.int
     released: _builtins.bool
     """... and whether the controller already freed the call (every output came
     back inline, or the call failed): no FinishCall needed.
@@ -502,6 +529,12 @@ class RunReply(_message.Message):
         the client fetches the others from OutputLocation.hosts) ...
         """
 
+    @_builtins.property
+    def host_tokens(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """host address -> the token its slice demands, for every host named above
+        (the client presents it on Put and Fetch).
+        """
+
     def __init__(
         self,
         *,
@@ -510,10 +543,11 @@ class RunReply(_message.Message):
         status: Global___CallStatus | None = ...,
         values: _abc.Iterable[Global___InlineValue] | None = ...,
         released: _builtins.bool = ...,
+        host_tokens: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs", "outputs", b"outputs", "released", b"released", "status", b"status", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_tokens", b"host_tokens", "inputs", b"inputs", "outputs", b"outputs", "released", b"released", "status", b"status", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -811,19 +845,27 @@ class Route(_message.Message):
 
     VALUE_FIELD_NUMBER: _builtins.int
     DESTINATIONS_FIELD_NUMBER: _builtins.int
+    DESTINATION_TOKENS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
     @_builtins.property
     def destinations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def destination_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The receiving slice's token for each destination (same order): the sidecar
+        presents it on the push (data channel hello or Put metadata).
+        """
+
     def __init__(
         self,
         *,
         value: Global___ValueRef | None = ...,
         destinations: _abc.Iterable[_builtins.str] | None = ...,
+        destination_tokens: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["destinations", b"destinations", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_tokens", b"destination_tokens", "destinations", b"destinations", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
