@@ -5,7 +5,8 @@ first piece shows up, and keeps it until the controller releases the call (the
 worker holds the value until then). A Put that does not fit waits — while it
 waits the gRPC stream is not read, so flow control slows the sender and
 nothing is dropped — and gives up after a bounded time with an error naming
-the sizes. A value bigger than the whole limit is refused at once.
+the sizes. A value bigger than the whole limit is refused at once. ``waits`` and
+``wait_seconds`` count the back-pressure (the sidecar's metrics export them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class ByteBudget:
         self._cv = threading.Condition()
         self._used = 0
         self._by_call: dict[str, int] = {}
+        self.waits = 0
+        """Reservations that had to wait for room (back-pressure), and their total wait."""
+        self.wait_seconds = 0.0
 
     @property
     def used(self) -> int:
@@ -45,18 +49,25 @@ class ByteBudget:
                 "(PATHWAYS_SIDECAR_STORE_LIMIT_BYTES)",
                 too_large=True,
             )
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         with self._cv:
-            while self._used + nbytes > self.limit:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BudgetError(
-                        f"{what} needs {nbytes} B; {self.limit - self._used} B free of limit "
-                        f"{self.limit} B after waiting {timeout_s:g} s for calls to be released "
-                        f"(held by {self._holders()})",
-                        too_large=False,
-                    )
-                self._cv.wait(left)
+            waited = self._used + nbytes > self.limit
+            self.waits += int(waited)
+            try:
+                while self._used + nbytes > self.limit:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BudgetError(
+                            f"{what} needs {nbytes} B; {self.limit - self._used} B free of limit "
+                            f"{self.limit} B after waiting {timeout_s:g} s for calls to be released "
+                            f"(held by {self._holders()})",
+                            too_large=False,
+                        )
+                    self._cv.wait(left)
+            finally:
+                if waited:
+                    self.wait_seconds += time.monotonic() - started
             self._used += nbytes
             self._by_call[call_id] = self._by_call.get(call_id, 0) + nbytes
 

@@ -45,6 +45,7 @@ from pathways.transfer import TransferError, check_header, piece_header
 from pathways.wire import pathways_pb2 as pb
 from pathways_worker.byte_budget import BudgetError
 from pathways_worker.inbox import Inbox, Sink
+from pathways_worker.sidecar_metrics import TransferStats
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,12 @@ def read_frame(sock: socket.socket, kind: int, message: Message) -> None:
 class DataChannelServer:
     """Accepts data connections and feeds their pieces to the inbox."""
 
-    def __init__(self, host: str, port: int, inbox: Inbox, host_name: str, token: str = "") -> None:
+    def __init__(
+        self, host: str, port: int, inbox: Inbox, host_name: str, token: str = "",
+        transfers: TransferStats | None = None,
+    ) -> None:
         self._inbox = inbox
+        self._transfers = transfers or TransferStats()
         self._host_name = host_name
         self._token = token
         self._listener = socket.create_server((host, port), backlog=64)
@@ -184,6 +189,7 @@ class DataChannelServer:
             pieces += int(info.has_piece)
             if sink is not None:
                 self._receive(conn, sink, header, bounce)
+                self._transfers.add("in", "handover" if header.path else "data-channel", header.nbytes)
             if info.last_from_sender or info.whole or info.error:
                 send_frame(conn, REPLY, pb.PutReply(pieces=pieces))
                 return True

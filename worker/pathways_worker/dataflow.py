@@ -37,6 +37,7 @@ from pathways_worker.inbox import Inbox, Sink
 from pathways_worker.peers import PeerPusher
 from pathways_worker.settings import SidecarSettings
 from pathways_worker.shared_memory import ShmDir, exported_chunks, remove_pieces
+from pathways_worker.sidecar_metrics import TransferStats
 from pathways_worker.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Dataflow:
         self.advertise = settings.advertise or settings.listen
         self.shm = ShmDir(settings.shm_dir, "s")
         self.budget = ByteBudget(settings.store_limit_bytes)
+        self.transfers = TransferStats()
         self.upstream: BatchQueue[pb.Completion] = BatchQueue()
         self.pusher = PeerPusher(
             sender=settings.host_name,
@@ -75,6 +77,7 @@ class Dataflow:
             token=settings.data_token,
             data_channel=settings.data_channel,
             file_handover=settings.file_handover,
+            transfers=self.transfers,
         )
         self._lock = threading.Lock()
         self._routes: dict[tuple[str, Ref], tuple[str, ...]] = {}
@@ -94,7 +97,7 @@ class Dataflow:
         self._shm_device = os.stat(self.shm.path).st_dev
         self.data_server = DataChannelServer(
             settings.listen.rpartition(":")[0].strip("[]"), settings.data_port, self.inbox,
-            settings.host_name, settings.data_token,
+            settings.host_name, settings.data_token, self.transfers,
         )
 
     def close(self) -> None:
@@ -123,6 +126,7 @@ class Dataflow:
             with self._lock:
                 for route in launch.routes:
                     self._routes[(launch.call_id, ref_of(route.value))] = tuple(route.destinations)
+                    self.pusher.learn_tokens(route.destinations, route.destination_tokens)
             self.link.send(pb.WorkerCommand(launch=launch))
             self.inbox.expect(launch.call_id, launch.expects)
         elif kind == "grants":
@@ -195,6 +199,7 @@ class Dataflow:
                     if sink is None:
                         raise TransferError("data", "data chunk without a piece header before it")
                     sink.write(chunk.data)
+                    self.transfers.add("in", "grpc", len(chunk.data))
             if sink is not None and not sink.done:
                 raise TransferError("data", "the stream ended inside a piece")
         except TransferError as err:
@@ -238,7 +243,9 @@ class Dataflow:
 
     def _stream(self, exported: pb.Exported) -> Iterator[pb.BufferChunk]:
         try:
-            yield from exported_chunks(exported, self.host_name)
+            for chunk in exported_chunks(exported, self.host_name):
+                yield chunk
+                self.transfers.add("out", "grpc", len(chunk.data))
         finally:
             remove_pieces(exported)
 

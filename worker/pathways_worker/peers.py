@@ -11,6 +11,10 @@ sent straight from the piece files, or on the same machine (same boot id and
 shared-memory device) the files themselves handed over. Otherwise, and for a
 peer that refuses a handover, they stream over `Dataflow.Put` in 1 MiB chunks.
 
+Each push presents the receiving slice's token, which the controller put on
+the Launch's routes (`learn_tokens`); a peer it has none for gets this
+slice's own (a peer of the same slice).
+
 A destination that cannot be reached is retried a bounded number of times with
 backoff; after that the failure is logged naming the value and destination,
 recorded in `failures`, and a last attempt is made to tell the destination the
@@ -34,6 +38,7 @@ from pathways.wire import pathways_pb2_grpc as pb_grpc
 from pathways.wire.slice_token import call_metadata
 from pathways_worker.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.shared_memory import exported_chunks, remove_pieces
+from pathways_worker.sidecar_metrics import TransferPath, TransferStats
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +67,13 @@ class PeerPusher:
         token: str = "",
         data_channel: bool = True,
         file_handover: bool = True,
+        transfers: TransferStats | None = None,
     ) -> None:
         """`shm_dir`: where the worker writes pieces (its device decides whether a
-        peer can take files); `token`: presented to peers (data channel and gRPC Put)."""
+        peer can take files); `token`: presented to peers (data channel and gRPC Put);
+        `transfers`: counts the bytes pushed, by path."""
         self.sender = sender
+        self.transfers = transfers or TransferStats()
         self.token = token
         self.data_channel = data_channel
         self.file_handover = file_handover and bool(shm_dir)
@@ -80,6 +88,7 @@ class PeerPusher:
         self.failures: list[str] = []
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._peer_tokens: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="push")
 
     def stub(self, address: str) -> pb_grpc.DataflowStub:
@@ -88,6 +97,17 @@ class PeerPusher:
             if channel is None:
                 channel = self._channels[address] = grpc.insecure_channel(address, options=PEER_OPTIONS)
             return pb_grpc.DataflowStub(channel)
+
+    def learn_tokens(self, destinations: Sequence[str], tokens: Sequence[str]) -> None:
+        """The receiving slices' tokens of a Launch's route (`Route.destination_tokens`)."""
+        with self._lock:
+            for address, token in zip(destinations, tokens):
+                if token:
+                    self._peer_tokens[address] = token
+
+    def _token_for(self, address: str) -> str:
+        with self._lock:
+            return self._peer_tokens.get(address, self.token)
 
     def push(self, exported: pb.Exported, destinations: Sequence[str]) -> None:
         """Sends the value to every destination in parallel; frees its files after."""
@@ -119,12 +139,16 @@ class PeerPusher:
         for attempt in range(1, self.attempts + 1):
             try:
                 peer = self._peer(address)
+                path: TransferPath = "grpc"
                 if peer is not None and peer.address:
                     self._send_data(exported, address, peer, movable)
+                    path = "handover" if peer.same_node else "data-channel"
                 else:
                     self.stub(address).Put(
-                        self._chunks(exported), timeout=self.timeout_s, metadata=call_metadata(self.token)
+                        self._chunks(exported), timeout=self.timeout_s,
+                        metadata=call_metadata(self._token_for(address)),
                     )
+                self.transfers.add("out", path, sum(p.nbytes for p in exported.pieces))
                 return
             except (grpc.RpcError, DataChannelError, OSError) as err:
                 code, details = _status(err)
@@ -174,7 +198,7 @@ class PeerPusher:
             idle = self._idle.setdefault(address, [])
             link = idle.pop() if idle else None
         if link is None:
-            link = DataLink(peer.address, self.sender, self.token, self.timeout_s)
+            link = DataLink(peer.address, self.sender, self._token_for(address), self.timeout_s)
         try:
             link.send(exported, handover=peer.same_node, movable=movable)
         except BaseException:
@@ -186,7 +210,9 @@ class PeerPusher:
     def _tell_lost(self, exported: pb.Exported, address: str, message: str) -> None:
         try:
             chunk = error_chunk(exported.call_id, exported.value, exported.spec, self.sender, message)
-            self.stub(address).Put(iter([chunk]), timeout=5.0, metadata=call_metadata(self.token))
+            self.stub(address).Put(
+                iter([chunk]), timeout=5.0, metadata=call_metadata(self._token_for(address))
+            )
         except grpc.RpcError:
             pass
 

@@ -49,6 +49,8 @@ class SidecarSettings:
     data_channel: bool = True
     file_handover: bool = True
     slice_token: str = ""
+    metrics_port: int | None = None
+    """Port of the Prometheus ``/metrics`` endpoint on the listen address; None: not served."""
 
 
 def _default_shm_dir() -> str:
@@ -157,9 +159,20 @@ def parse_sidecar_args(
     p.add_argument("--slice-token-file", default="",
                    help="file holding the slice token callers must present (default: "
                         "$PATHWAYS_SLICE_TOKEN_FILE, else $PATHWAYS_SLICE_TOKEN; empty: none checked)")
+    p.add_argument("--metrics-port", default=env.get("PATHWAYS_SIDECAR_METRICS_PORT", ""),
+                   help="serve Prometheus /metrics on this port of the listen address "
+                        "(PATHWAYS_SIDECAR_METRICS_PORT); 0 picks one; empty: no metrics")
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
     _split_address("--worker", a.worker)
+    metrics_port = None
+    if str(a.metrics_port).strip():
+        if not str(a.metrics_port).strip().isdigit() or not 0 <= int(a.metrics_port) < 65536:
+            raise SystemExit(
+                f"--metrics-port (PATHWAYS_SIDECAR_METRICS_PORT) must be a port in [0, 65535] "
+                f"or empty for none, got {a.metrics_port!r}"
+            )
+        metrics_port = int(a.metrics_port)
     if not 0 <= a.data_port < 65536:
         raise SystemExit(f"--data-port must be in [0, 65535], got {a.data_port}")
     if a.store_limit_bytes < 1:
@@ -177,4 +190,5 @@ def parse_sidecar_args(
         data_channel=a.data_channel == "on",
         file_handover=a.file_handover == "on",
         slice_token=read_token(env, a.slice_token_file),
+        metrics_port=metrics_port,
     )

@@ -5,7 +5,9 @@ inputs, Fetch outputs) and to peer sidecars (Put routed values), and keeps one
 stream to its own worker. Every call but Health must present the slice's token
 (`pathways_worker.slice_auth`). Flags also come from PATHWAYS_* environment
 variables (see `pathways_worker.settings`). With port 0 it picks a free port
-and prints `pathways-sidecar listening on HOST:PORT`.
+and prints `pathways-sidecar listening on HOST:PORT`. With `--metrics-port`
+(`PATHWAYS_SIDECAR_METRICS_PORT`) it also serves Prometheus `/metrics` on the listen
+address (`pathways_worker.sidecar_metrics`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathways_worker.dataflow import Dataflow
 from pathways_worker.dataflow_service import DataflowService
 from pathways_worker.lifecycle import configure_logging, wait_for_signal
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
+from pathways_worker.sidecar_metrics import SidecarMetrics
 from pathways_worker.slice_auth import SliceTokenInterceptor
 
 log = logging.getLogger("pathways_worker.sidecar")
@@ -49,7 +52,16 @@ def serve(settings: SidecarSettings) -> None:
     core.advertise = settings.advertise or bound
     pb_grpc.add_DataflowServicer_to_server(DataflowService(core), server)
     server.start()
-    print(f"pathways-sidecar listening on {bound}", flush=True)
+    metrics_port = None
+    if settings.metrics_port is not None:
+        metrics = SidecarMetrics(
+            settings.host_name, core.transfers, core.budget, lambda: core.link.store_bytes
+        )
+        metrics_host = settings.listen.rpartition(":")[0].strip("[]")
+        metrics_port = metrics.serve(settings.metrics_port, metrics_host)
+    print(f"pathways-sidecar listening on {bound}", flush=True)  # the first line: launchers read it
+    if metrics_port is not None:
+        log.info("sidecar %s metrics on http://%s:%d/metrics", settings.host_name, metrics_host, metrics_port)
     log.info("sidecar %s serving on %s, worker %s", settings.host_name, bound, settings.worker)
     wait_for_signal()
     server.stop(grace=1).wait(3)

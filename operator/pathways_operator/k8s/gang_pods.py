@@ -43,6 +43,7 @@ from pathways_operator.k8s.resources import (
     SCHEDULER_NAME,
     SHM_DIR,
     SIDECAR_CONTAINER,
+    SIDECAR_METRICS_PORT,
     SIDECAR_PORT,
     SLICE_LABEL,
     WORKER_CONTAINER,
@@ -162,9 +163,13 @@ def host_pod_manifest(
             pod_ip,
             _env("PATHWAYS_SIDECAR_LISTEN", f"$(POD_IP):{SIDECAR_PORT}"),
             _env("PATHWAYS_WORKER_ADDRESS", f"$(POD_IP):{WORKER_PORT}"),
+            _env("PATHWAYS_SIDECAR_METRICS_PORT", str(SIDECAR_METRICS_PORT)),
             *common,
         ],
-        "ports": [{"name": "dataflow", "containerPort": SIDECAR_PORT}],
+        "ports": [
+            {"name": "dataflow", "containerPort": SIDECAR_PORT},
+            {"name": "metrics", "containerPort": SIDECAR_METRICS_PORT},
+        ],
         "readinessProbe": {
             "tcpSocket": {"port": SIDECAR_PORT},
             "periodSeconds": 1,

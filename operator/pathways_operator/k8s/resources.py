@@ -46,6 +46,8 @@ SIDECAR_CONTAINER = "dataflow"
 SIDECAR_PORT = 8470
 WORKER_PORT = 8471
 COORDINATOR_PORT = 8476
+SIDECAR_METRICS_PORT = 8477
+"""The sidecar's Prometheus ``/metrics`` (container port ``metrics``)."""
 SHM_DIR = "/dev/shm/pathways"
 
 FIELD_MANAGER = "kube-pathways-operator"
