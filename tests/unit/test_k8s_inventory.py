@@ -1,0 +1,60 @@
+"""Machines and devices in use from listed Nodes and pods (``k8s/inventory.py``)."""
+
+from __future__ import annotations
+
+from pathways_operator.core.placement import Machine
+from pathways_operator.k8s.gang_pods import PodView
+from pathways_operator.k8s.inventory import Reservation, ReservationLedger, machines
+from tests.unit.k8s_builders import node, placement, pod
+
+NODES = [node("a-0", "island-a", 4), node("a-1", "island-a", 4), node("b-0", "island-b", 8)]
+
+
+def views(*pods: dict[str, object]) -> list[PodView]:
+    return [PodView.from_manifest(p) for p in pods]
+
+
+def test_only_labelled_nodes_with_devices_are_machines() -> None:
+    listed = [*NODES, node("plain", None, 4), node("empty", "island-a", 0), node("junk", "island-a", "lots")]
+    assert [m.name for m in machines(listed, [], [])] == ["a-0", "a-1", "b-0"]
+
+
+def test_not_ready_and_cordoned_nodes_are_unschedulable() -> None:
+    found = machines([node("a-0", "island-a", 4, ready=False), node("a-1", "island-a", 4, cordoned=True)], [], [])
+    assert [m.schedulable for m in found] == [False, False]
+
+
+def test_live_bound_pods_hold_devices_finished_and_unbound_ones_do_not() -> None:
+    pods = views(
+        pod("any", node="a-0", devices=3),                        # not ours: still counts
+        pod("gone", node="a-0", devices=4, phase="Succeeded"),
+        pod("failed", node="a-1", devices=4, phase="Failed"),
+        pod("unbound", devices=4, phase="Pending"),
+        pod("ending", node="b-0", devices=2, deleting=True),     # terminating: still holds
+    )
+    used = {m.name: m.used_devices for m in machines(NODES, pods, [])}
+    assert used == {"a-0": 3, "a-1": 0, "b-0": 2}
+
+
+def test_reservations_count_the_hosts_whose_pod_does_not_exist_yet() -> None:
+    gang = Reservation("ns", "train", 1, placement("train", "island-a", ("a-0", 4), ("a-1", 4)))
+    host0 = pod("train-0", node="a-0", devices=4, slice_="train", host_index=0, generation=1)
+    used = {m.name: m.used_devices for m in machines(NODES, views(host0), [gang])}
+    assert used == {"a-0": 4, "a-1": 4, "b-0": 0}, "host 0 counted once, host 1 promised"
+    stale = pod("train-0", node="a-0", devices=4, slice_="train", host_index=0, generation=0)
+    used = {m.name: m.used_devices for m in machines(NODES, views(stale), [gang])}
+    assert used["a-0"] == 8, "a pod of an older generation is not the reserved host"
+
+
+def test_machine_fields() -> None:
+    assert machines([node("b-0", "island-b", 8)], [], []) == [Machine("b-0", "island-b", 8, 0, True)]
+
+
+def test_ledger_keeps_the_first_adopted_reservation() -> None:
+    ledger = ReservationLedger()
+    first = Reservation("ns", "s", 1, placement("s", "island-a", ("a-0", 4)))
+    second = Reservation("ns", "s", 2, placement("s", "island-b", ("b-0", 4)))
+    assert ledger.adopt(first) is first and ledger.adopt(second) is first
+    ledger.reserve(second)
+    assert ledger.get("ns/s") is second and ledger.all() == [second]
+    assert ledger.release("ns/s") is second and ledger.get("ns/s") is None
