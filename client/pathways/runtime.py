@@ -19,6 +19,11 @@ hosts with the launch), and when every input and output is that small, `Run`
 answers only once the call ended — with its status, its outputs inline and
 the call already freed. A small call is one round trip.
 
+Hosts refuse callers without their slice's token. The controller is the
+authority: it gives its clients each slice's token (`SliceInfo.token`) and
+each call's hosts' tokens (`RunReply.host_tokens`), and every channel to a
+host presents the token last learned for that address.
+
 `connect()` with no address starts the embedded local cluster: the controller
 as a separate process (`python -m pathways_operator.local`), which starts
 hosts as processes when slices are placed — the same processes that run in
@@ -33,6 +38,8 @@ import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
 import grpc
 import numpy as np
 
@@ -45,6 +52,7 @@ from pathways.errors import (
 )
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import METADATA_KEY
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
@@ -68,6 +76,8 @@ class Runtime:
         self._hosts: dict[str, pb_grpc.DataflowStub] = {}
         self._host_channels: list[grpc.Channel] = []
         self._slices: dict[str, pb.SliceInfo] = {}
+        self._tokens: dict[str, str] = {}
+        """Host address -> its slice's token, as the controller last said."""
         self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pw-io")
@@ -97,6 +107,8 @@ class Runtime:
             raise _translate(err, f"placing slice '{decl.name}' ({decl.devices} devices)") from None
         with self._lock:
             self._slices[decl.id] = info
+            if info.token:
+                self._tokens.update((h.address, info.token) for h in info.hosts)
         return info
 
     def describe(self) -> pb.ClusterInfo:
@@ -158,6 +170,7 @@ class Runtime:
             reply = self.controller.Run(request, timeout=60)
         except grpc.RpcError as err:
             raise _translate(err, f"starting program '{program.name}'") from None
+        self._learn_tokens(reply)
         self.calls += 1
         try:
             puts = [
@@ -205,6 +218,7 @@ class Runtime:
             reply = self.controller.Run(request, timeout=CALL_TIMEOUT_S + 30)
         except grpc.RpcError as err:
             raise _translate(err, f"running program '{program.name}'") from None
+        self._learn_tokens(reply)
         self.calls += 1
         try:
             status = reply.status
@@ -264,9 +278,16 @@ class Runtime:
             if stub is None:
                 channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
                 self._host_channels.append(channel)
-                stub = pb_grpc.DataflowStub(channel)
+                stub = pb_grpc.DataflowStub(
+                    grpc.intercept_channel(channel, _PresentToken(self._tokens, address))
+                )
                 self._hosts[address] = stub
             return stub
+
+    def _learn_tokens(self, reply: pb.RunReply) -> None:
+        if reply.host_tokens:
+            with self._lock:
+                self._tokens.update(reply.host_tokens)
 
     def _put(self, address: str, call_id: str, ref: ir.ValueRef, array: np.ndarray) -> None:
         try:
@@ -340,6 +361,38 @@ class Runtime:
             self._channel.close()
             if self.cluster is not None:
                 self.cluster.stop()
+
+
+class _PresentToken(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    """Adds the host's slice token (looked up per call: a relaunch may change it)."""
+
+    def __init__(self, tokens: dict[str, str], address: str) -> None:
+        self._tokens = tokens
+        self._address = address
+
+    def _details(self, details: Any) -> Any:
+        token = self._tokens.get(self._address, "")
+        if not token:
+            return details
+        metadata = [*(details.metadata or ()), (METADATA_KEY, token)]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:

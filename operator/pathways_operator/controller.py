@@ -20,6 +20,12 @@ host commands:
 * A host that dies fails the calls on its slice at once (every other host of
   those calls is told, so nothing waits forever) and the whole gang is
   relaunched, as JobSet recreates a job's pods.
+* Every slice has a token (`pathways.wire.slice_token`) its hosts demand on
+  every call: the controller makes one per embedded slice (the operator reads
+  a VirtualSlice's from its Secret), presents it on its control streams, hands
+  it to its clients in `SliceInfo` and `RunReply.host_tokens`, and puts the
+  receiving slice's token on every `Route`, so a slice's hosts can push only
+  where the program sends values.
 
 The host launcher is pluggable: local processes for the embedded runtime,
 pods on Kubernetes.
@@ -38,6 +44,7 @@ from typing import Protocol
 
 from pathways import ir
 from pathways.wire import pathways_pb2 as pb
+from pathways.wire.slice_token import new_token
 from pathways_operator.core.island_scheduler import Grant, IslandScheduler, ScheduledComputation
 from pathways_operator.core.placement import GangRequest, Machine, Placement, Unplaceable, place_gang
 from pathways_operator.host_link import HostLink
@@ -71,6 +78,8 @@ class HostRequest:
     num_hosts: int
     devices: int
     machine: str
+    token: str = ""
+    """The slice token the host must demand of its callers."""
 
 
 class HostLauncher(Protocol):
@@ -92,10 +101,13 @@ class SliceRecord:
     loaded: set[str] = field(default_factory=set)
     ready: bool = False
     failed: str = ""
+    token: str = ""
 
     def info(self) -> pb.SliceInfo:
+        """What a client of the slice learns, its token included (`Describe` strips it)."""
         return pb.SliceInfo(
             slice_id=self.slice_id,
+            token=self.token,
             name=self.decl.name,
             island=self.placement.island,
             devices=self.decl.devices,
@@ -147,6 +159,7 @@ def _gang_requests(record: SliceRecord) -> list[HostRequest]:
             num_hosts=len(record.placement.hosts),
             devices=a.devices,
             machine=a.machine,
+            token=record.token,
         )
         for a in record.placement.hosts
     ]
@@ -242,6 +255,7 @@ class Controller:
                 decl=decl,
                 placement=outcome,
                 clients={client},
+                token=new_token(),
             )
             self._slices[key] = rec
         try:
@@ -292,14 +306,16 @@ class Controller:
                 self._changed.wait(min(remaining, 1.0))
 
     def register_gang(
-        self, key: str, decl: ir.SliceDecl, placement: Placement, hosts: Sequence[Host]
+        self, key: str, decl: ir.SliceDecl, placement: Placement, hosts: Sequence[Host],
+        token: str = "",
     ) -> None:
-        """The operator launched (or relaunched) the gang of VirtualSlice `key`."""
+        """The operator launched (or relaunched) the gang of VirtualSlice `key`,
+        whose hosts demand `token` (from the VirtualSlice's Secret)."""
         with self._changed:
             rec = self._slices.get(key)
             if rec is not None and [h.sidecar_address for h in rec.hosts] == [
                 h.sidecar_address for h in hosts
-            ] and rec.ready:
+            ] and rec.ready and rec.token == token:
                 return
         if rec is not None:
             self.gang_lost(key, "the gang was replaced")
@@ -313,6 +329,7 @@ class Controller:
                 self._slices[key] = rec
             rec.placement = placement
             rec.decl = decl
+            rec.token = token
         self._attach_hosts(rec, list(hosts))
 
     def gang_lost(self, key: str, reason: str) -> None:
@@ -341,7 +358,7 @@ class Controller:
 
     def _attach_hosts(self, rec: SliceRecord, hosts: list[Host]) -> None:
         links = [
-            HostLink(h.sidecar_address, h.name, self._on_host_event, self._on_link_broken)
+            HostLink(h.sidecar_address, h.name, self._on_host_event, self._on_link_broken, rec.token)
             for h in hosts
         ]
         with self._changed:
@@ -731,7 +748,7 @@ class Controller:
                     )
                     for name, ms in sorted(islands.items())
                 ],
-                slices=[rec.info() for rec in self._slices.values()],
+                slices=[_without_token(rec.info()) for rec in self._slices.values()],
             )
 
     def close(self) -> None:
@@ -744,6 +761,12 @@ class Controller:
                 link.close()
             if self._launcher is not None:
                 self._launcher.stop(rec.hosts)
+
+
+def _without_token(info: pb.SliceInfo) -> pb.SliceInfo:
+    """`Describe` answers anyone who reaches the controller: no tokens in it."""
+    info.token = ""
+    return info
 
 
 def _host_program(program: ir.Program, program_id: str, vslice: str) -> pb.HostProgram:
@@ -763,6 +786,7 @@ def _plan_call(
 ) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
     """Per-host launches for one call: routes, expected senders and outputs."""
     addresses = {vid: [h.sidecar_address for h in rec.hosts] for vid, rec in slices.items()}
+    tokens = {a: rec.token for vid, rec in slices.items() for a in addresses[vid]}
     consumers = program.consumers()
     producer_slice = {
         ir.ValueRef(c.index, i): c.slice
@@ -789,7 +813,7 @@ def _plan_call(
                     dests.append(a)
             expects[target][ref] = len(addresses[source])
     outputs_by_slice: dict[str, list[ir.ValueRef]] = defaultdict(list)
-    reply = pb.RunReply()
+    reply = pb.RunReply(host_tokens={a: t for a, t in tokens.items() if t})
     for ref in program.outputs:
         if ref.is_program_input:
             reply.outputs.add()
@@ -806,7 +830,10 @@ def _plan_call(
             call_id=call_id,
             program_id=program_id,
             routes=[
-                pb.Route(value=ref.to_proto(), destinations=dests)
+                pb.Route(
+                    value=ref.to_proto(), destinations=dests,
+                    destination_tokens=[tokens[a] for a in dests],
+                )
                 for ref, dests in sorted(routes[vid].items())
             ],
             expects=[

@@ -17,6 +17,7 @@ import grpc
 
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,11 @@ class HostLink:
         name: str,
         on_event: Callable[[HostLink, pb.HostEvent], None],
         on_broken: Callable[[HostLink, str], None],
+        token: str = "",
     ) -> None:
+        """`token`: the host's slice token, presented on the control stream."""
         self.address = address
+        self._metadata = call_metadata(token)
         self.name = name
         self._on_event = on_event
         self._on_broken = on_broken
@@ -65,7 +69,7 @@ class HostLink:
     def _run(self) -> None:
         stub = pb_grpc.DataflowStub(self._channel)
         try:
-            for event in stub.Control(self._commands()):
+            for event in stub.Control(self._commands(), metadata=self._metadata):
                 self._on_event(self, event)
         except grpc.RpcError as err:
             if not self._closed.is_set():

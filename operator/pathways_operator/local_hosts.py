@@ -2,7 +2,9 @@
 
 Each host gets its own loopback address (127.0.0.N), as each pod gets its own
 IP on Kubernetes, and runs exactly the processes a pod's `worker` and
-`dataflow` containers run. A monitor thread notices a host process that dies
+`dataflow` containers run. The slice's token reaches both processes as a
+file only this user can read (`--slice-token-file`), as a mounted Secret
+does on Kubernetes, never on a command line others can see. A monitor thread notices a host process that dies
 and reports it, so the controller can fail the calls on its slice and relaunch
 the whole gang.
 """
@@ -26,6 +28,7 @@ import grpc
 
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
 from pathways_operator.controller import Host, HostRequest
 
 log = logging.getLogger(__name__)
@@ -111,8 +114,16 @@ class LocalHostLauncher:
         shm_dir.mkdir(parents=True, exist_ok=True)
         label = f"{host.name} ({host.ip})"
         common = ["--shm-dir", str(shm_dir), "--host-name", label]
+        if req.token:
+            token_file = run_dir / "slice-token"
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(req.token)
+            common += ["--slice-token-file", str(token_file)]
         env = dict(os.environ)
         env.pop("XLA_FLAGS", None)
+        env.pop(ENV_TOKEN, None)
+        env.pop(ENV_TOKEN_FILE, None)
         worker = [
             sys.executable, "-m", "pathways_worker.worker",
             "--listen", host.worker_address,
@@ -147,7 +158,7 @@ class LocalHostLauncher:
                         f"host {host.name} ({host.ip}) exited during start-up with code "
                         f"{dead[0].returncode}; see {self.state_dir / 'hosts'}"
                     )
-                with grpc.insecure_channel(host.sidecar_address) as channel:
+                with grpc.insecure_channel(host.sidecar_address) as channel:  # Health: open
                     try:
                         reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=1)
                         if reply.worker_ready:
