@@ -33,7 +33,7 @@ from pathways.wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.host_link import GRPC_OPTIONS
-from pathways_operator.k8s import handlers
+from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.drivers import DriverSupervisor
 from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
@@ -116,10 +116,7 @@ def _local_address(listen: str, port: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_context.configure(os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
     namespace: str | None = args.namespace
     api = ClusterApi(_api_client(), namespace)

@@ -86,6 +86,7 @@ def test_submitted_program_succeeds_with_its_results(objects: Objects, operator:
     assert done["status"]["stepsCompleted"] == 3 and done["status"]["progress"] == "3/3"
     assert results(objects, done) == {"output_0": [3.0, 5.0], "output_1": [2.0, 4.0]}
     assert condition(done, "Succeeded")["status"] == "True"
+    assert f"[program:{objects.namespace}/paper-program]: " in operator.log_path.read_text(), "lines name the object"
     inline = done["spec"]["slices"][0]["name"]
     objects.cluster.poll(
         lambda: objects.get("virtualslices", f"paper-program-{inline}") is None,

@@ -31,6 +31,7 @@ from typing import Any
 
 import kopf
 
+from pathways_operator.k8s import log_context
 from pathways_operator.k8s.programs import ProgramReconciler
 from pathways_operator.k8s.resources import (
     ANNOTATION_PREFIX,
@@ -105,6 +106,12 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.background.cancellation_polling = 1.0
 
 
+def _reconcile_about(key: str, reconcile: Callable[[], float]) -> float:
+    """One reconcile in an executor thread, every line it logs naming ``key``."""
+    with log_context.about(key):
+        return reconcile()
+
+
 async def _run_loop(
     key: str,
     reconcile: Callable[[], float],
@@ -115,11 +122,12 @@ async def _run_loop(
 ) -> None:
     event = wakeups.event(key)
     loop = asyncio.get_running_loop()
+    log_context.set_for_task(key)
     try:
         while not stopped:
             event.clear()
             try:
-                delay = await loop.run_in_executor(executor, reconcile)
+                delay = await loop.run_in_executor(executor, functools.partial(_reconcile_about, key, reconcile))
             except Exception:
                 logger.exception("reconciling %s failed; looking again in %.0f s", key, ERROR_RETRY_S)
                 delay = ERROR_RETRY_S
