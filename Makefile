@@ -7,7 +7,7 @@ export KPW_CACHE ?= $(HOME)/.cache/kube-pathways
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: all venv demo test lint typecheck unit integration cluster controlplane helm proto sync-crds \
-        bench bench-quick soak kind-up kind-load helm-install kind-demo clean
+        bench bench-quick soak fault-loop kind-up kind-load helm-install kind-demo clean
 
 HELM_VERSION := v3.22.0
 HELM         := $(KPW_CACHE)/helm-$(HELM_VERSION)/bin/helm
@@ -56,6 +56,11 @@ cluster: $(STAMP) controlplane helm
 ## nothing left behind, operator RSS growth bounded (make test runs the same test with 10)
 soak: $(STAMP) controlplane helm
 	PATHWAYS_SOAK_PROGRAMS=100 $(PYTEST) tests/cluster/test_soak.py -q -s
+
+## make fault-loop: 20 host kills on the embedded runtime, recovery time median/max
+## (make test runs the same test with 3)
+fault-loop: $(STAMP)
+	PATHWAYS_FAULT_LOOPS=20 $(PYTEST) tests/integration/test_fault_loop.py -q -s
 
 ## The test control plane: etcd + kube-apiserver + controller-manager + scheduler,
 ## built from source through the Go module proxy into $(KPW_CACHE).

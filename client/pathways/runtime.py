@@ -266,8 +266,8 @@ class Runtime:
     def _timed_out(call_id: str, name: str, status: pb.CallStatus) -> ExecutionError:
         return ExecutionError(
             f"program '{name}' call {call_id} did not finish within {CALL_TIMEOUT_S:.0f} s "
-            f"({status.completed}/{status.total} computations done); "
-            "raise PATHWAYS_CALL_TIMEOUT_S if it needs longer"
+            f"({status.message or f'{status.completed}/{status.total} computations done'}); "
+            "a host named there may be hung or overloaded; raise PATHWAYS_CALL_TIMEOUT_S if it needs longer"
         )
 
     # ------------------------------------------------------------ hosts

@@ -148,6 +148,8 @@ class CallRecord:
     started: float = field(default_factory=time.monotonic)
     values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
     """Outputs that came back inline with their completions."""
+    reported: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    """Outstanding grant (slice id, seq) -> hosts that already reported it."""
 
 
 def _gang_requests(record: SliceRecord) -> list[HostRequest]:
@@ -604,12 +606,14 @@ class Controller:
                 left = call.waiting.get(key)
                 if left is None:
                     continue
+                call.reported.setdefault(key, set()).add(link.name)
                 if not done.ok and call.state == pb.CallStatus.RUNNING:
                     self._fail_call(call, done.error or f"computation {done.node} failed on {link.name}")
                 if left > 1:
                     call.waiting[key] = left - 1
                     continue
                 del call.waiting[key]
+                call.reported.pop(key, None)
                 self._scheduler_complete(rec.slice_id, done.seq)
                 if done.ok:
                     call.completed += 1
@@ -711,10 +715,29 @@ class Controller:
             return pb.CallStatus(
                 call_id=call_id,
                 state=call.state,
-                message=call.message,
+                message=call.message or (self._stragglers(call) if call.state == pb.CallStatus.RUNNING else ""),
                 completed=call.completed,
                 total=call.total,
             )
+
+    def _stragglers(self, call: CallRecord) -> str:
+        """For a call still running: which hosts owe which granted computations."""
+        owed: dict[str, list[int]] = defaultdict(list)
+        for slice_id, seq in sorted(call.waiting):
+            rec = self._by_id(slice_id)
+            if rec is None:
+                continue
+            done = call.reported.get((slice_id, seq), set())
+            for link in rec.links:
+                if link.name not in done:
+                    owed[f"{link.name} ({link.address})"].append(seq)
+        if not owed:
+            return (
+                f"{call.completed}/{call.total} computations done; the rest are not granted yet "
+                "(waiting for their inputs or behind other programs on the slice)"
+            )
+        hosts = "; ".join(f"host {h} has not completed grant(s) {seqs[:5]}" for h, seqs in sorted(owed.items()))
+        return f"{call.completed}/{call.total} computations done; waiting on {hosts}"
 
     def finish_call(self, call_id: str) -> pb.CallStatus:
         with self._changed:
