@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pathways.wire.slice_token import read_token
 
@@ -32,7 +32,7 @@ class WorkerSettings:
     host_name: str
     input_timeout_s: float
     store_limit_bytes: int
-    slice_token: str = ""
+    slice_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,10 @@ class SidecarSettings:
     put_wait_s: float
     advertise: str
     data_port: int = 0
-    data_token: str = ""
+    data_token: str = field(default="", repr=False)
     data_channel: bool = True
     file_handover: bool = True
-    slice_token: str = ""
+    slice_token: str = field(default="", repr=False)
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint on the listen address; None: not served."""
 

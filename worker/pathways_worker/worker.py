@@ -41,6 +41,10 @@ def _prepare_jax(settings: WorkerSettings) -> None:
             coordinator_address=settings.coordinator,
             num_processes=settings.num_hosts,
             process_id=settings.host_index,
+            # Host 0 serves the job's coordination service on its own address only: on
+            # [::] (the default) a terminating gang's host 0 and its replacement would
+            # share the port (SO_REUSEPORT) and a host could join the wrong job.
+            coordinator_bind_address=settings.coordinator if settings.host_index == 0 else None,
         )
     expected = settings.devices * settings.num_hosts
     if len(jax.devices()) != expected:
