@@ -253,6 +253,32 @@ class ClusterApi:
             ),
         )
 
+    def get_secret(self, namespace: str, name: str) -> Json | None:
+        """The Secret (``data`` base64), or None when it does not exist."""
+        return self._get_or_none(
+            f"reading Secret {namespace}/{name}",
+            lambda: _decode(self.core.read_namespaced_secret(name, namespace, _preload_content=False)),
+        )
+
+    def create_secret(self, namespace: str, body: Json) -> Json:
+        """Create the Secret; :class:`AlreadyExists` when one of that name exists."""
+        name = body["metadata"]["name"]
+        return _decode(
+            self._call(
+                f"creating Secret {namespace}/{name}",
+                lambda: self.core.create_namespaced_secret(
+                    namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False
+                ),
+            )
+        )
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_secret(name, namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise KubeError(f"deleting Secret {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+
     def priority_value(self, priority_class: str) -> int | None:
         """The value of a PriorityClass, or None when it does not exist."""
         found = self._get_or_none(

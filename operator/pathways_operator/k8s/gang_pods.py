@@ -14,7 +14,10 @@ Each host of a VirtualSlice is one pod with two containers, the contract with
     ``python -m pathways_worker.sidecar``: the host's dataflow sidecar, reached
     by the controller and by peer hosts on port 8470 (its readiness probe).
 
-Both share an in-memory ``emptyDir`` on ``/dev/shm`` for bulk bytes. Pods carry
+Both share an in-memory ``emptyDir`` on ``/dev/shm`` for bulk bytes, and both
+mount the slice's token Secret (``token_secret_manifest``, owned by the
+VirtualSlice) read-only at ``/var/run/pathways/slice-token``: each refuses gRPC
+callers that do not present it (``PATHWAYS_SLICE_TOKEN_FILE``). Pods carry
 ``schedulerName: pathways`` so kube-scheduler leaves them alone and the
 operator binds them itself, and ``restartPolicy: Never`` because a host that
 dies must take the whole gang down (the JAX job cannot re-admit a process).
@@ -52,6 +55,8 @@ from pathways_operator.k8s.resources import (
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 
 TERMINATION_GRACE_SECONDS = 10
+TOKEN_DIR = "/var/run/pathways/slice-token"
+TOKEN_KEY = "token"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +107,27 @@ def placement_from_json(slice_key: str, text: str) -> Placement | None:
         return None
 
 
+def token_secret_name(slice_name: str) -> str:
+    """The Secret holding the slice token of VirtualSlice ``slice_name``."""
+    return f"{slice_name}-pathways-token"
+
+
+def token_secret_manifest(vslice: VirtualSliceObject, token: str) -> Json:
+    """The slice's token Secret, owned by the VirtualSlice so it goes when the slice goes."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": token_secret_name(vslice.name),
+            "namespace": vslice.namespace,
+            "labels": {SLICE_LABEL: vslice.name, MANAGED_BY_LABEL: MANAGED_BY},
+            "ownerReferences": [vslice.owner_reference()],
+        },
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
 def _env(name: str, value: str) -> Json:
     return {"name": name, "value": value}
 
@@ -128,8 +154,12 @@ def host_pod_manifest(
     hostname = host_name(vslice.name, index)
     coordinator = f"{coordinator_ip}:{COORDINATOR_PORT}" if coordinator_ip else f"$(POD_IP):{COORDINATOR_PORT}"
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    shm_mount = [{"name": "shm", "mountPath": "/dev/shm"}]
+    shm_mount = [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "slice-token", "mountPath": TOKEN_DIR, "readOnly": True},
+    ]
     common = [
+        _env("PATHWAYS_SLICE_TOKEN_FILE", f"{TOKEN_DIR}/{TOKEN_KEY}"),
         _env("PATHWAYS_SHM_DIR", SHM_DIR),
         _env("PATHWAYS_HOST_NAME", hostname),
         _env("PATHWAYS_SLICE", vslice.name),
@@ -200,7 +230,13 @@ def host_pod_manifest(
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "enableServiceLinks": False,
             "containers": [worker, sidecar],
-            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                {
+                    "name": "slice-token",
+                    "secret": {"secretName": token_secret_name(vslice.name), "defaultMode": 0o400},
+                },
+            ],
         },
     }
 

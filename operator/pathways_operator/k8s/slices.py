@@ -46,10 +46,13 @@ Where the truth lives, so that a restart loses nothing: pods carry their
 generation (``status.restarts`` at creation) and the whole placement
 (annotation); ``status`` records the placement and the restarts. The
 reservation ledger is a cache of those, rebuilt from them on first use.
+Each slice's token (the credential its hosts demand) lives in a Secret the
+slice owns, created before its first pod and read back after a restart.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 import threading
@@ -59,6 +62,7 @@ from typing import Protocol
 
 from pathways import ir
 from pathways.wire import pathways_pb2 as pb
+from pathways.wire.slice_token import new_token
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.phases import SlicePhase, check_transition
 from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement, Unplaceable
@@ -74,12 +78,15 @@ from pathways_operator.core.reasons import (
 from pathways_operator.k8s import inventory
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json, KubeError, now_rfc3339
 from pathways_operator.k8s.gang_pods import (
+    TOKEN_KEY,
     PodView,
     WorkerDefaults,
     host_name,
     host_pod_manifest,
     placement_from_json,
     pod_name,
+    token_secret_manifest,
+    token_secret_name,
 )
 from pathways_operator.k8s.inventory import Reservation, ReservationLedger
 from pathways_operator.k8s.metrics import OperatorMetrics
@@ -112,7 +119,8 @@ class GangRegistry(Protocol):
     """What the resource manager tells the island scheduler (``pathways_operator.controller``)."""
 
     def register_gang(
-        self, key: str, decl: ir.SliceDecl, placement: Placement, hosts: Sequence[GangHost]
+        self, key: str, decl: ir.SliceDecl, placement: Placement, hosts: Sequence[GangHost],
+        token: str = "",
     ) -> None: ...
 
     def gang_lost(self, key: str, reason: str) -> None: ...
@@ -159,6 +167,8 @@ class SliceReconciler:
         self._slice_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._registered: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._tokens: dict[str, str] = {}
+        """Slice key -> its token, as read from or written to its Secret."""
         self._summaries: dict[str, str] = {}
         self._machines: list[Machine] = []
         self._priorities: dict[str, int] = {}
@@ -210,7 +220,9 @@ class SliceReconciler:
             self._summaries.pop(key, None)
             self._queued_since.pop(key, None)
             self._drained.pop(key, None)
+            self._tokens.pop(key, None)
             self._metrics.slice_phase(key, None)
+            self._api.delete_secret(namespace, token_secret_name(name))
             for raw in self._api.list_pods(namespace, f"{SLICE_LABEL}={name}"):
                 pod = PodView.from_manifest(raw)
                 if not pod.deleting:
@@ -496,6 +508,9 @@ class SliceReconciler:
             f"{placement.island} ({', '.join(h.machine for h in hosts)})",
         )
         outcome.island = placement.island
+        token, problem = self._token(vslice)
+        if not token:
+            return self._not_ready(vslice, outcome, problem)
         problem = self._ensure_pods(vslice, reservation, current)
         ready = [current[h.index] for h in hosts if h.index in current and _serving(current[h.index])]
         outcome.hosts = tuple(
@@ -535,7 +550,7 @@ class SliceReconciler:
                 for h, address in zip(hosts, addresses)
             ]
             try:
-                self._registry.register_gang(vslice.key, decl, placement, gang)
+                self._registry.register_gang(vslice.key, decl, placement, gang, token)
             except Exception as err:  # the controller refused: report and retry next look
                 log.exception("registering the gang of %s with the controller failed", vslice.key)
                 return self._not_ready(vslice, outcome, f"the controller refused the gang: {err}")
@@ -553,6 +568,32 @@ class SliceReconciler:
         self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Ready"
         outcome.delay = _STEADY
         return outcome
+
+    def _token(self, vslice: VirtualSliceObject) -> tuple[str, str]:
+        """The slice's token from its Secret, made first if missing; ("", why) when unusable."""
+        token = self._tokens.get(vslice.key)
+        if token:
+            return token, ""
+        name = token_secret_name(vslice.name)
+        secret = self._api.get_secret(vslice.namespace, name)
+        if secret is None:
+            try:
+                secret = self._api.create_secret(vslice.namespace, token_secret_manifest(vslice, new_token()))
+            except AlreadyExists:
+                return "", f"Secret {name} appeared while creating it; looking again"
+            log.info("%s: created Secret %s with the slice token", vslice.key, name)
+        owners = {ref.get("uid") for ref in secret["metadata"].get("ownerReferences") or []}
+        if vslice.uid not in owners:
+            return "", (
+                f"Secret {vslice.namespace}/{name} exists but is not owned by this VirtualSlice "
+                "(an earlier slice's, still being deleted, or someone else's): delete it or rename the slice"
+            )
+        raw = (secret.get("data") or {}).get(TOKEN_KEY, "")
+        token = base64.b64decode(raw).decode() if raw else ""
+        if not token:
+            return "", f"Secret {vslice.namespace}/{name} has no data.{TOKEN_KEY}; delete it and the operator makes a new one"
+        self._tokens[vslice.key] = token
+        return token, ""
 
     def _controller_has(self, addresses: tuple[str, ...]) -> bool:
         """Whether the controller still streams to exactly these hosts (a broken link drops a gang)."""

@@ -1,0 +1,77 @@
+"""On Kubernetes each VirtualSlice's hosts demand its token, kept in a Secret it owns.
+
+Two slices become Ready; each has a Secret ``<slice>-pathways-token`` owned by it and
+mounted into both containers of its pods. A caller at a host of slice ``b`` presenting
+slice ``a``'s token (what a pod of ``a`` holds), or none, is refused with
+``UNAUTHENTICATED`` naming the host; ``b``'s own token is let in. Deleting the slice
+deletes its Secret.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import grpc
+import numpy as np
+import pytest
+
+from pathways import transfer
+from pathways.wire import pathways_pb2 as pb
+from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import call_metadata
+from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
+    Objects,
+    OperatorProcess,
+    crds,
+    objects,
+    operator,
+    virtual_slice,
+)
+
+
+def _token(objects: Objects, slice_name: str) -> str:
+    secret = objects.cluster.core.read_namespaced_secret(f"{slice_name}-pathways-token", objects.namespace)
+    owners = [(ref.kind, ref.name) for ref in secret.metadata.owner_references or []]
+    assert owners == [("VirtualSlice", slice_name)], owners
+    return base64.b64decode(secret.data["token"]).decode()
+
+
+def _put(address: str, token: str) -> int:
+    chunks = transfer.whole_value_chunks("intruder", pb.ValueRef(node=-1, index=0), np.ones(4, np.float32), "x")
+    with grpc.insecure_channel(address) as channel:
+        reply = pb_grpc.DataflowStub(channel).Put(chunks, timeout=10, metadata=call_metadata(token))
+    return int(reply.pieces)
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_a_pod_of_another_slice_is_refused(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(virtual_slice("a", 4))
+    objects.apply(virtual_slice("b", 4))
+    objects.wait_slice("a", "Ready", 120, operator)
+    b = objects.wait_slice("b", "Ready", 120, operator)
+    token_a, token_b = _token(objects, "a"), _token(objects, "b")
+    assert token_a and token_b and token_a != token_b
+    pod = objects.pods("pathways.dev/slice=b")[0]
+    for container in pod.spec.containers:
+        env = {e.name: e.value for e in container.env or []}
+        assert env["PATHWAYS_SLICE_TOKEN_FILE"].startswith("/var/run/pathways/slice-token/"), container.name
+    address = f"{b['status']['hosts'][0]['podIP']}:8470"
+    for token, why in (("", "presented no x-pathways-slice-token"), (token_a, "another slice's")):
+        with pytest.raises(grpc.RpcError) as refused:
+            _put(address, token)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        details = refused.value.details() or ""
+        assert "host b/host-0" in details, details
+        assert why in details, details
+    assert _put(address, token_b) == 1
+
+    objects.delete("virtualslices", "b")
+
+    def secret_gone() -> bool:
+        try:
+            objects.cluster.core.read_namespaced_secret("b-pathways-token", objects.namespace)
+        except Exception:  # noqa: BLE001 - 404 once deleted
+            return True
+        return False
+
+    objects.cluster.poll(secret_gone, timeout=60, interval=0.5, what="Secret b-pathways-token deleted")
