@@ -1,0 +1,88 @@
+"""Control-plane faults under a running program: the operator rides them out.
+
+* The operator is killed twice: once while a program's inline gang is launching (pods
+  being created and bound), once mid-program. Afterwards the gang has exactly one pod
+  per host (none duplicated, none orphaned: every pod of the slice is owned by it), the
+  program finishes with the fault-free results and each step is counted once.
+* The API server is restarted mid-program (down for a few seconds): the operator's
+  watches and the driver reconnect, and the program finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
+    Objects,
+    OperatorProcess,
+    crds,
+    inline_slice,
+    objects,
+    operator,
+    program,
+)
+
+PROGRAM_DONE_S = 180.0
+
+
+def _results(objects: Objects, done: dict[str, object]) -> dict[str, object]:
+    where = done["status"]["results"]  # type: ignore[index]
+    return {k: json.loads(v) for k, v in objects.configmap(where["configMap"]).items()}
+
+
+def _one_pod_per_host(objects: Objects, slice_name: str, hosts: int) -> None:
+    pods = [p for p in objects.pods(f"pathways.dev/slice={slice_name}") if not p.metadata.deletion_timestamp]
+    names = sorted(p.metadata.name for p in pods)
+    assert len(names) == hosts == len(set(names)), f"slice {slice_name}: pods {names}, expected {hosts}"
+    owners = {ref.kind for p in pods for ref in p.metadata.owner_references or []}
+    assert owners == {"VirtualSlice"}, f"pods of {slice_name} are owned by {owners}"
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_operator_killed_during_gang_launch_and_mid_program(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(program("twice", "examples.programs:paper_example", inline_slice("main", 8),
+                          steps=8, args={"step_seconds": 0.5}))
+
+    def launching() -> bool:
+        return bool(objects.pods("pathways.dev/slice=twice-main"))
+
+    objects.cluster.poll(launching, timeout=60, interval=0.1, what="the gang's first pod")
+    operator.restart(kill=True)  # mid-launch: some pods may exist, none ready
+
+    def progressed() -> bool:
+        status = objects.program("twice").get("status") or {}
+        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
+
+    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    _one_pod_per_host(objects, "twice-main", 2)
+    pods_before = objects.pod_uids("pathways.dev/slice=twice-main")
+    operator.restart(kill=True)
+    done = objects.wait_program("twice", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["stepsCompleted"] == 8, "each step counted once"
+    after = set(objects.pod_uids("pathways.dev/slice=twice-main").values())
+    assert after <= set(pods_before.values()), "no pod created after the second restart"
+    assert _results(objects, done)["y"] == [2.0 * i + 1 for i in range(1, 9)]
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_api_server_restart_mid_program(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(program("outage", "examples.programs:paper_example", inline_slice("main", 4),
+                          steps=10, args={"step_seconds": 0.5}))
+
+    def progressed() -> bool:
+        status = objects.program("outage").get("status") or {}
+        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
+
+    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    down = time.monotonic()
+    objects.cluster.control_plane.restart("kube-apiserver", down_seconds=3.0)
+    print(f"\nkube-apiserver back after {time.monotonic() - down:.1f} s")
+    done = objects.wait_program("outage", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["stepsCompleted"] == 10
+    assert operator.alive(), "the operator rode out the outage without exiting"
+    print(f"program finished {time.monotonic() - down:.1f} s after the API server went down")
