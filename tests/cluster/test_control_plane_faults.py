@@ -6,6 +6,10 @@
   program finishes with the fault-free results and each step is counted once.
 * The API server is restarted mid-program (down for a few seconds): the operator's
   watches and the driver reconnect, and the program finishes.
+* The Node under a Ready slice is deleted (its node agent stops: the Node object and the
+  pods' processes go): the gang is torn down at once (its pods force-deleted, since no
+  kubelet is left to confirm), the slice waits with a reason naming the devices it needs
+  while the other islands are full, and is re-placed on another island once one has room.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ import time
 
 import pytest
 
+from tests.cluster.node_agent import NodeSpec
 from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
     Objects,
     OperatorProcess,
+    condition,
     crds,
     inline_slice,
     objects,
     operator,
     program,
+    virtual_slice,
 )
 
 PROGRAM_DONE_S = 180.0
@@ -86,3 +93,36 @@ def test_api_server_restart_mid_program(objects: Objects, operator: OperatorProc
     assert done["status"]["stepsCompleted"] == 10
     assert operator.alive(), "the operator rode out the outage without exiting"
     print(f"program finished {time.monotonic() - down:.1f} s after the API server went down")
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_node_deleted_under_a_ready_slice(objects: Objects, operator: OperatorProcess) -> None:
+    agent = objects.cluster.start_agent([NodeSpec("z-0", "island-z", 4)])
+    try:
+        for filler in ("fill-1", "fill-2"):  # an 8-device gang fills island-a or island-b
+            objects.apply(virtual_slice(filler, 8))
+            objects.wait_slice(filler, "Ready", 120, operator)
+        objects.apply(virtual_slice("moving", 4))
+        ready = objects.wait_slice("moving", "Ready", 120, operator)
+        assert ready["status"]["island"] == "island-z", ready["status"]
+    finally:
+        deleted = time.monotonic()
+        agent.stop()  # the Node goes, and the processes of its pods with it
+
+    def waiting() -> bool:
+        status = objects.slice("moving").get("status") or {}
+        admitted = [c for c in status.get("conditions") or [] if c["type"] == "Admitted"]
+        return (
+            status.get("restarts") == 1 and status.get("phase") in ("Pending", "Recovering")
+            and bool(admitted) and admitted[0]["status"] == "False" and "4 devices" in admitted[0]["message"]
+        )
+
+    objects.cluster.poll(waiting, timeout=90, interval=0.5, what="slice 'moving' waiting for room")
+    assert not objects.pods("pathways.dev/slice=moving"), "pods on the deleted Node are gone"
+    reason = condition(objects.slice("moving"), "Admitted")
+    print(f"\nnode deleted: slice waits: {reason['reason']}: {reason['message']}")
+    freed = objects.slice("fill-1")["status"]["island"]
+    objects.delete("virtualslices", "fill-1")
+    moved = objects.wait_slice("moving", "Ready", 120, operator)
+    assert moved["status"]["island"] == freed and moved["status"]["restarts"] == 1, moved["status"]
+    print(f"node deleted: slice Ready on {freed} {time.monotonic() - deleted:.1f} s later")

@@ -36,8 +36,10 @@ Preemption
     Pods still terminating count as freed for this decision only, so one
     preemptor never evicts more than it needs while its victims drain.
 Recovering
-    a pod of the gang failed or was deleted. The whole gang is torn down
-    (``restarts`` + 1, the controller told with ``gang_lost``) and, once its
+    a pod of the gang failed or was deleted, or the Node under it was (its
+    pods are then deleted at once: no kubelet is left to confirm). The whole
+    gang is torn down (``restarts`` + 1, the controller told with
+    ``gang_lost``) and, once its
     pods are gone, queued again for a fresh placement — JobSet's "recreate",
     since a JAX job cannot take a replacement process. After
     ``failurePolicy.maxRestarts`` recreations the slice is Failed instead.
@@ -57,7 +59,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from pathways import ir
@@ -267,9 +269,7 @@ class SliceReconciler:
             if p.generation == generation and p.host_index is not None and reservation is not None
         }
         strays = [p for p in pods if p.host_index not in current or current[p.host_index] is not p]
-        for pod in strays:
-            if not pod.deleting:
-                self._api.delete_pod(pod.namespace, pod.name)
+        self._teardown(vslice, strays)
 
         if reservation is not None:
             loss = self._loss(vslice, reservation, current, generation)
@@ -663,6 +663,11 @@ class SliceReconciler:
         generation: int,
     ) -> str:
         """Why the gang is broken ("pod x-1 failed: ..."), or "" while it is whole or still growing."""
+        gone = self._missing_nodes(current.values())
+        for index in sorted(current):
+            if current[index].node in gone:
+                pod = current[index]
+                return f"node {pod.node} of pod {pod.name} was deleted"
         for index in sorted(current):
             pod = current[index]
             if pod.deleting:
@@ -714,9 +719,21 @@ class SliceReconciler:
         self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is {outcome.phase}: {message}"
         return outcome
 
+    def _missing_nodes(self, pods: Iterable[PodView]) -> set[str]:
+        """Nodes the pods are bound to that no longer exist (no kubelet will ever report on them)."""
+        bound = {p.node for p in pods if p.node}
+        if not bound:
+            return set()
+        existing = {str(n["metadata"]["name"]) for n in self._api.list_nodes()}
+        return bound - existing
+
     def _teardown(self, vslice: VirtualSliceObject, pods: Sequence[PodView]) -> None:
+        """Delete the gang's pods; those on a deleted Node at once (grace 0: no kubelet will confirm)."""
+        gone = self._missing_nodes(pods)
         for pod in pods:
-            if not pod.deleting:
+            if pod.node in gone:
+                self._api.delete_pod(pod.namespace, pod.name, grace_seconds=0)
+            elif not pod.deleting:
                 self._api.delete_pod(pod.namespace, pod.name)
 
     def _preempted(
