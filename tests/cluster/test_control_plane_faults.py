@@ -48,6 +48,14 @@ def _one_pod_per_host(objects: Objects, slice_name: str, hosts: int) -> None:
     assert owners == {"VirtualSlice"}, f"pods of {slice_name} are owned by {owners}"
 
 
+def _each_step_recorded_once(operator: OperatorProcess, namespace: str, name: str, steps: int) -> None:
+    """The driver's progress file (one JSON line per finished step) names each step once."""
+    files = list(operator.state_dir.rglob(f"{namespace}/{name}-*/progress.jsonl"))
+    assert len(files) == 1, f"progress files of {namespace}/{name}: {files}"
+    recorded = [json.loads(line)["step"] for line in files[0].read_text().splitlines() if line.strip()]
+    assert recorded == list(range(steps)), f"{files[0]}: steps recorded {recorded}"
+
+
 @pytest.mark.timeout(300, func_only=True)
 def test_operator_killed_during_gang_launch_and_mid_program(objects: Objects, operator: OperatorProcess) -> None:
     objects.apply(program("twice", "examples.programs:paper_example", inline_slice("main", 8),
@@ -70,6 +78,7 @@ def test_operator_killed_during_gang_launch_and_mid_program(objects: Objects, op
     done = objects.wait_program("twice", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     assert done["status"]["stepsCompleted"] == 8, "each step counted once"
+    _each_step_recorded_once(operator, objects.namespace, "twice", 8)
     after = set(objects.pod_uids("pathways.dev/slice=twice-main").values())
     assert after <= set(pods_before.values()), "no pod created after the second restart"
     assert _results(objects, done)["y"] == [2.0 * i + 1 for i in range(1, 9)]
@@ -91,6 +100,7 @@ def test_api_server_restart_mid_program(objects: Objects, operator: OperatorProc
     done = objects.wait_program("outage", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     assert done["status"]["stepsCompleted"] == 10
+    _each_step_recorded_once(operator, objects.namespace, "outage", 10)
     assert operator.alive(), "the operator rode out the outage without exiting"
     print(f"program finished {time.monotonic() - down:.1f} s after the API server went down")
 
