@@ -1,10 +1,14 @@
 """The operator under test, as a real process, and builders for the objects it serves.
 
-``operator`` (session fixture) applies ``crds/`` with kubectl, waits until both CRDs
+``operator`` (module fixture) applies ``crds/`` with kubectl, waits until both CRDs
 are Established, and starts ``python -m pathways_operator --all-namespaces`` against the
 test cluster, with its controller on a free loopback port and kopf's liveness endpoint
 as its readiness signal. ``OperatorProcess.restart(kill=True)`` SIGKILLs it and starts a
 new one on the same state directory, which is what an operator pod restart looks like.
+Module scope, not session: test modules import the fixture, which gives each importing
+module its own instance, and session-scoped ones all lived to the end of the session --
+several operators serving every namespace at once, fighting over each gang's control
+streams. Now one runs at a time, and modules without one (``test_cli``) see none.
 
 Builders (``virtual_slice``, ``program``, ``inline_slice``, ``ref_slice``) return
 complete manifests so tests state only what they are about.
@@ -121,7 +125,7 @@ def crds(cluster: Cluster) -> None:
                     *(f"crd/{name}" for name in CRDS), timeout=40)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator(cluster: Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     run_dir = tmp_path_factory.mktemp("operator")
     proc = OperatorProcess(cluster.kubeconfig, run_dir).start()
