@@ -1,16 +1,45 @@
-"""Experiment 6: placement decisions per second of the pure core.
+"""Experiment 6: the control plane -- pure-core placement, then apply → Ready on a cluster.
 
-1,000 hosts (4 devices each) over 8 islands, 500 queued slices of 1–8 hosts:
-`core.admission.admit` decides the whole queue at once (decisions/s = queue
-length over its time), and `core.placement.place_gang` places one gang at a
-time. The cluster half (kubectl apply → Ready vs plain pods) needs the
-operator's cluster harness and is not run here.
+Pure core: 1,000 hosts (4 devices each) over 8 islands, 500 queued slices of 1–8
+hosts: `core.admission.admit` decides the whole queue at once (decisions/s = queue
+length over its time), and `core.placement.place_gang` places one gang at a time.
+
+Cluster: the cluster test tier's harness (`tests.cluster`), outside pytest -- a real
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler (`ControlPlane`), one
+node agent (the kubelet stand-in that runs containers as local processes) serving one
+island `island-bench` of 4 nodes × 4 `pathways.dev/device`, and the operator as a
+process (`OperatorProcess`), after `kubectl apply -f crds/`. Four nodes of four devices,
+rather than hosts of two devices on the test tier's 2-node islands, so a slice of n
+hosts is n pods of 4 devices each, one per node -- the same shape as the baseline.
+
+For n in (1, 2, 4) hosts, each repeat: `kubectl apply` a VirtualSlice of 4n devices,
+time from just before the command until `status.phase == Ready` (polled every 50 ms:
+the operator admitted it, bound the gang, and every host's worker and dataflow
+containers are ready), then delete it and wait until its pods are gone. The baseline is
+n plain pods applied in one `kubectl apply` (a List), each requesting 4 devices so the
+default kube-scheduler puts one per node, running `python -c "time.sleep(600)"`, timed
+until all are Ready; then deleted and waited for. The ratio is slice ÷ plain pods: what
+the operator's admission, gang binding and the slice's own containers cost over the
+bare Kubernetes path on the same nodes.
+
+Everything is bounded (a slice or pods not Ready within `READY_TIMEOUT_S` fails the
+experiment's cluster figures; start-up within the harness's own timeouts) and torn down
+in `finally` blocks (the harness's processes also die with this one, PDEATHSIG). With no
+Kubernetes binaries or kubectl the cluster figures say "not run: <reason>".
 """
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+import statistics
+import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from bench.measure import Figure, figure
 from pathways_operator.core.admission import QueuedGang, admit
@@ -35,7 +64,11 @@ def _queue(n: int = 500) -> list[QueuedGang]:
     ]
 
 
-def run(repeats: int) -> list[Figure]:
+def run(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figure]:
+    return _pure_core(repeats) + cluster_figures(repeats, hosts)
+
+
+def _pure_core(repeats: int) -> list[Figure]:
     machines, queue = _inventory(), _queue()
     per_s = []
     for _ in range(repeats):
@@ -53,7 +86,165 @@ def run(repeats: int) -> list[Figure]:
         figure(EXP, "admit(): 500 queued slices, 1000 hosts, 8 islands", "decisions/s", per_s,
                note=f"{admitted} admitted, {len(queue) - admitted} waiting"),
         figure(EXP, "place_gang(): one gang, 1000 hosts", "decisions/s", single),
-        Figure(EXP, "kubectl apply → Ready (1, 2, 4 hosts) vs plain pods", "", float("nan"),
-               float("nan"), float("nan"), 0,
-               note="not run: the operator's cluster harness is still being finished"),
     ]
+
+
+# -- cluster: kubectl apply → Ready ---------------------------------------------------------
+
+ISLAND = "bench"
+NODES = 4
+DEVICES_PER_NODE = 4
+READY_TIMEOUT_S = 120.0
+GONE_TIMEOUT_S = 90.0
+POLL_S = 0.05
+
+
+def _not_run(hosts: Sequence[int], why: str) -> list[Figure]:
+    return [Figure(EXP, f"kubectl apply → Ready ({', '.join(map(str, hosts))} hosts) vs plain pods",
+                   "", float("nan"), float("nan"), float("nan"), 0, note=f"not run: {why}")]
+
+
+def _missing_harness() -> str | None:
+    """Why the cluster half cannot start here, or None."""
+    try:
+        from tests.cluster.controlplane import MissingBinariesError, find_binaries
+    except ImportError as err:  # pytest or the kubernetes client missing
+        return f"the cluster harness does not import ({err})"
+    try:
+        find_binaries()
+    except MissingBinariesError as err:
+        return str(err).splitlines()[0]
+    if shutil.which("kubectl") is None:
+        return "no `kubectl` on PATH"
+    return None
+
+
+def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figure]:
+    why = _missing_harness()
+    if why is not None:
+        return _not_run(hosts, why)
+    assert max(hosts) <= NODES
+    slices: dict[int, list[float]] = {n: [] for n in hosts}
+    pods: dict[int, list[float]] = {n: [] for n in hosts}
+    with _bench_cluster() as bench:
+        for n in hosts:
+            for i in range(repeats):
+                slices[n].append(bench.slice_ready(f"s{n}-{i}", n))
+                pods[n].append(bench.pods_ready(f"p{n}-{i}", n))
+    out: list[Figure] = []
+    for n in hosts:
+        plain = statistics.median(pods[n])
+        out.append(figure(EXP, f"plain pods: create → all Ready, {n} pod{'s' if n > 1 else ''}",
+                          "s", pods[n], note="default scheduler, one pod of 4 devices per node"))
+        out.append(figure(EXP, f"VirtualSlice: kubectl apply → Ready, {n} host{'s' if n > 1 else ''}",
+                          "s", slices[n], baseline=f"{n} plain pod{'s' if n > 1 else ''}",
+                          ratio=statistics.median(slices[n]) / plain,
+                          note=f"{4 * n} devices, 4 per host"))
+    return out
+
+
+class _Bench:
+    """One namespace on the bench cluster; times slices and plain pods in it."""
+
+    def __init__(self, cluster: Any, operator: Any, namespace: str) -> None:
+        from tests.cluster.operator_fixture import Objects
+
+        self.cluster = cluster
+        self.operator = operator
+        self.namespace = namespace
+        self.objects = Objects(cluster, namespace)
+
+    def _wait(self, check: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{what}: not within {timeout:.0f} s; operator log tail:\n"
+                                   f"{self.operator.log_tail(2000)}")
+            time.sleep(POLL_S)
+
+    def _apply(self, manifest: dict[str, Any]) -> float:
+        start = time.monotonic()
+        self.cluster.kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(manifest))
+        return start
+
+    def slice_ready(self, name: str, n: int) -> float:
+        from tests.cluster.operator_fixture import virtual_slice
+
+        start = self._apply(virtual_slice(name, DEVICES_PER_NODE * n, island=f"island-{ISLAND}"))
+
+        def ready() -> bool:
+            found = self.objects.get("virtualslices", name) or {}
+            return bool((found.get("status") or {}).get("phase") == "Ready")
+
+        self._wait(ready, f"VirtualSlice {name} Ready", READY_TIMEOUT_S)
+        elapsed = time.monotonic() - start
+        self.objects.delete("virtualslices", name)
+        self._wait(lambda: not self.objects.pods(f"pathways.dev/slice={name}")
+                   and self.objects.get("virtualslices", name) is None,
+                   f"VirtualSlice {name} and its pods gone", GONE_TIMEOUT_S)
+        return elapsed
+
+    def pods_ready(self, name: str, n: int) -> float:
+        from tests.cluster.builders import container, pod
+
+        items = []
+        for i in range(n):
+            manifest = pod(f"{name}-{i}", container(
+                "main", "python", "-c", "import time; time.sleep(600)"), grace_seconds=2)
+            manifest["metadata"]["labels"] = {"bench": name}
+            manifest["spec"]["containers"][0]["resources"] = {
+                "requests": {"pathways.dev/device": str(DEVICES_PER_NODE)},
+                "limits": {"pathways.dev/device": str(DEVICES_PER_NODE)},
+            }
+            manifest["spec"]["nodeSelector"] = {"pathways.dev/island": f"island-{ISLAND}"}
+            items.append(manifest)
+        start = self._apply({"apiVersion": "v1", "kind": "List", "items": items})
+
+        def all_ready() -> bool:
+            listed = self.objects.pods(f"bench={name}")
+            return len(listed) == n and all(
+                any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+                for p in listed)
+
+        self._wait(all_ready, f"{n} plain pods {name} Ready", READY_TIMEOUT_S)
+        elapsed = time.monotonic() - start
+        self.cluster.kubectl("delete", "pods", "-n", self.namespace, "-l", f"bench={name}",
+                             "--wait=false")
+        self._wait(lambda: not self.objects.pods(f"bench={name}"), f"plain pods {name} gone",
+                   GONE_TIMEOUT_S)
+        return elapsed
+
+
+@contextmanager
+def _bench_cluster() -> Iterator[_Bench]:
+    """Control plane + one node agent (island-bench, 4 × 4 devices) + CRDs + the operator."""
+    from tests.cluster.conftest import Cluster
+    from tests.cluster.controlplane import REPO_ROOT, ControlPlane
+    from tests.cluster.node_agent import NodeAgentProcess, NodeSpec
+    from tests.cluster.operator_fixture import CRDS, OperatorProcess
+
+    run_dir = Path(tempfile.mkdtemp(prefix="kpw-bench-"))
+    try:
+        with ControlPlane(run_dir / "controlplane") as control_plane:
+            nodes = [NodeSpec(f"{ISLAND}-{i}", f"island-{ISLAND}", DEVICES_PER_NODE)
+                     for i in range(NODES)]
+            with NodeAgentProcess(control_plane.kubeconfig, nodes, run_dir / "node-agent") as agent:
+                api = control_plane.api_client()
+                try:
+                    cluster = Cluster(control_plane=control_plane, api=api, agent=agent,
+                                      run_dir=run_dir)
+                    cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
+                    cluster.kubectl("wait", "--for", "condition=Established", "--timeout=30s",
+                                    *(f"crd/{name}" for name in CRDS), timeout=40)
+                    (run_dir / "operator").mkdir()
+                    operator = OperatorProcess(control_plane.kubeconfig, run_dir / "operator")
+                    try:
+                        operator.start()
+                        namespace = cluster.create_namespace("bench")
+                        yield _Bench(cluster, operator, namespace)
+                    finally:
+                        operator.stop()
+                finally:
+                    api.close()  # type: ignore[no-untyped-call]
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
