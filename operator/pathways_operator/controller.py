@@ -360,7 +360,14 @@ class Controller:
 
     def _attach_hosts(self, rec: SliceRecord, hosts: list[Host]) -> None:
         links = [
-            HostLink(h.sidecar_address, h.name, self._on_host_event, self._on_link_broken, rec.token)
+            HostLink(
+                h.sidecar_address,
+                h.name,
+                rec.slice_id,
+                self._on_host_event,
+                self._on_link_broken,
+                rec.token,
+            )
             for h in hosts
         ]
         with self._changed:
@@ -583,10 +590,9 @@ class Controller:
     # ------------------------------------------------------------ host events
 
     def _slice_of_link(self, link: HostLink) -> SliceRecord | None:
-        for rec in self._slices.values():
-            if link in rec.links:
-                return rec
-        return None
+        """The slice whose current gang `link` belongs to (None for a replaced gang's link)."""
+        rec = self._by_id(link.slice_id)
+        return rec if rec is not None and link in rec.links else None
 
     def _on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
         if not event.completions:

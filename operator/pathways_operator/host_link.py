@@ -32,12 +32,16 @@ class HostLink:
         self,
         address: str,
         name: str,
+        slice_id: str,
         on_event: Callable[[HostLink, pb.HostEvent], None],
         on_broken: Callable[[HostLink, str], None],
         token: str = "",
     ) -> None:
-        """`token`: the host's slice token, presented on the control stream."""
+        """`slice_id`: the gang the host belongs to, so events find their slice
+        without a search; `token`: the host's slice token, presented on the
+        control stream."""
         self.address = address
+        self.slice_id = slice_id
         self._metadata = call_metadata(token)
         self.name = name
         self._on_event = on_event
