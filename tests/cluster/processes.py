@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from pathways import process_tree
+
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
@@ -66,10 +68,7 @@ def spawn(
 
 def signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
     """Sends ``sig`` to the child's process group (its session, see ``spawn``)."""
-    try:
-        os.killpg(popen.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    process_tree.signal_group(popen.pid, sig)
 
 
 def stop(popen: subprocess.Popen[bytes], grace_seconds: float = 10.0) -> int:
@@ -78,17 +77,8 @@ def stop(popen: subprocess.Popen[bytes], grace_seconds: float = 10.0) -> int:
     The group is SIGKILLed at the end even when the leader exited in time, so that
     grandchildren that ignored SIGTERM do not survive their parent.
     """
-    if popen.poll() is None:
-        signal_group(popen, signal.SIGTERM)
-        try:
-            popen.wait(timeout=max(grace_seconds, 0.0))
-        except subprocess.TimeoutExpired:
-            pass
-    signal_group(popen, signal.SIGKILL)
-    try:
-        return popen.wait(timeout=10.0)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a process stuck in the kernel
-        return -signal.SIGKILL
+    code = process_tree.stop_group(popen, grace_seconds)
+    return -signal.SIGKILL if code is None else code  # None: a process stuck in the kernel
 
 
 def log_tail(path: Path, max_bytes: int = 4000) -> str:

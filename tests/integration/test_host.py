@@ -37,7 +37,7 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pathways import transfer
+from pathways import process_tree, transfer
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
 
@@ -142,21 +142,11 @@ def stop_hosts(hosts: Sequence[HostProcs]) -> None:
     for host in hosts:
         for proc in host.procs:
             if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                process_tree.signal_group(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
     for host in hosts:
         for proc in host.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(5)
+            process_tree.stop_group(proc, max(0.1, deadline - time.monotonic()))
             if proc.stdout is not None:
                 proc.stdout.close()
 

@@ -2,7 +2,9 @@
 
 A program's driver is a Pathways client that runs its entrypoint against the
 operator's own controller. The operator starts it as a child process with
-``--exit-with-parent``, so drivers never outlive the operator; everything a
+``--exit-with-parent``, under a reaper (``pathways.process_tree``) that kills
+whatever the driver leaves running when it ends, detached descendants included,
+so drivers and their children never outlive the operator; everything a
 restarted operator needs to continue lives in files under the program's work
 directory ``<state-dir>/<namespace>/<name>-<uid>/``:
 
@@ -39,6 +41,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pathways import process_tree
 from pathways.context import steps_completed
 
 log = logging.getLogger(__name__)
@@ -190,7 +193,8 @@ class DriverSupervisor:
             out.write(f"--- starting at step {launch.start_step}: {' '.join(argv[1:3])}\n".encode())
             out.flush()
             process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                process_tree.supervised(argv, self._python),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         (workdir / "driver.pid").write_text(str(process.pid))
@@ -263,13 +267,11 @@ class DriverSupervisor:
 
 
 def _terminate(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+    process_tree.signal_group(pid, signal.SIGTERM)
 
 
 def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    process_tree.signal_group(pid, signal.SIGKILL)
 
 
 def _tail(path: Path) -> str:
