@@ -28,6 +28,11 @@ host presents the token last learned for that address.
 as a separate process (`python -m pathways_operator.local`), which starts
 hosts as processes when slices are placed — the same processes that run in
 the pods of a Kubernetes cluster.
+
+Every call to the controller or a host has a deadline, and an interrupted call
+(Ctrl-C, KeyboardInterrupt) cancels the transfers it started in other threads,
+so the process never waits at exit for a call nobody wants any more; shutting
+down gives each remaining bookkeeping call `EXIT_RPC_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
 INLINE_BYTES = int(os.environ.get("PATHWAYS_INLINE_BYTES", str(64 << 10)))
 """Inputs and outputs up to this size travel in the call's own messages."""
+EXIT_RPC_TIMEOUT_S = 5.0
+"""Deadline of the calls that free buffers and slices while the client shuts down."""
 _GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
@@ -83,6 +90,7 @@ class Runtime:
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pw-io")
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
+        self._closing = False
         self.calls = 0
 
     # ------------------------------------------------------------ slices
@@ -172,6 +180,7 @@ class Runtime:
             raise _translate(err, f"starting program '{program.name}'") from None
         self._learn_tokens(reply)
         self.calls += 1
+        in_flight: list[Future[Any]] = []
         try:
             puts = [
                 self._pool.submit(self._put, host, call_id, ir.ValueRef(ir.PROGRAM_INPUT, i), array)
@@ -179,6 +188,7 @@ class Runtime:
                 if array.nbytes > INLINE_BYTES
                 for host in reply.inputs[i].hosts
             ]
+            in_flight += puts
             for fut in puts:
                 fut.result()
             # Fetches wait on the hosts until their values exist, so they start
@@ -188,11 +198,11 @@ class Runtime:
                 if ref.is_program_input:
                     fetches.append(None)
                     continue
-                fetches.append(
-                    self._pool.submit(
-                        self._fetch, list(reply.outputs[j].hosts), call_id, ref, program.spec_of(ref)
-                    )
+                fetch = self._pool.submit(
+                    self._fetch, list(reply.outputs[j].hosts), call_id, ref, program.spec_of(ref)
                 )
+                fetches.append(fetch)
+                in_flight.append(fetch)
             status = self._wait(call_id, program.name)
             if status.state != pb.CallStatus.SUCCEEDED:
                 raise ExecutionError(status.message or f"program '{program.name}' failed")
@@ -203,6 +213,12 @@ class Runtime:
                     np.asarray(inputs[ref.index]) if pending is None else pending.result()
                 )
             return results
+        except BaseException as err:
+            if not isinstance(err, Exception):  # interrupted: nobody waits for the transfers
+                for fut in in_flight:
+                    fut.cancel()
+                self._abort_transfers()
+            raise
         finally:
             # Freeing the call is bookkeeping nobody waits for: it runs behind the
             # next call, in order, and `close` waits for it.
@@ -246,7 +262,7 @@ class Runtime:
 
     def _finish(self, call_id: str) -> None:
         try:
-            self.controller.FinishCall(pb.ReleaseCall(call_id=call_id), timeout=30)
+            self.controller.FinishCall(pb.ReleaseCall(call_id=call_id), timeout=self._rpc_timeout(30))
         except grpc.RpcError:
             pass
 
@@ -270,7 +286,18 @@ class Runtime:
             "a host named there may be hung or overloaded; raise PATHWAYS_CALL_TIMEOUT_S if it needs longer"
         )
 
+    def _rpc_timeout(self, normal_s: float) -> float:
+        return min(normal_s, EXIT_RPC_TIMEOUT_S) if self._closing else normal_s
+
     # ------------------------------------------------------------ hosts
+
+    def _abort_transfers(self) -> None:
+        """Cancel every call in flight to the hosts; channels reopen on next use."""
+        with self._lock:
+            channels, self._host_channels = self._host_channels, []
+            self._hosts.clear()
+        for channel in channels:
+            channel.close()
 
     def host(self, address: str) -> pb_grpc.DataflowStub:
         with self._lock:
@@ -345,12 +372,13 @@ class Runtime:
             try:
                 self.controller.ReleaseSlice(
                     pb.ReleaseSliceRequest(slice_id=info.slice_id, client=self.client_id),
-                    timeout=30,
+                    timeout=self._rpc_timeout(30),
                 )
             except grpc.RpcError:
                 pass
 
     def close(self) -> None:
+        self._closing = True
         try:
             self._finisher.shutdown(wait=True)
             self.release_slices()
