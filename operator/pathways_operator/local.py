@@ -2,7 +2,9 @@
 
 Islands are sets of local "machines" of `--devices-per-host` devices each;
 placed slices become host processes on loopback addresses. The process exits
-when its parent (the client that started it) exits, taking its hosts along.
+when its parent (the client that started it) exits, however it ended, taking
+its hosts along (`pathways.process_tree`), and removes its `--state-dir`: the
+hosts' logs and slice-token files.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import threading
 from concurrent import futures
@@ -17,6 +20,8 @@ from pathlib import Path
 
 import grpc
 
+from pathways import process_tree
+from pathways.embedded import check_islands, parse_devices_per_host, parse_islands
 from pathways.wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import SHARED_WINDOW, Controller
 from pathways_operator.controller_service import ControllerService
@@ -27,26 +32,18 @@ from pathways_operator.local_hosts import LocalHost, LocalHostLauncher
 log = logging.getLogger("pathways_operator.local")
 
 
-def parse_islands(text: str, per_host: int) -> list[Machine]:
-    machines: list[Machine] = []
-    for item in text.split(","):
-        name, _, count = item.partition(":")
-        total = int(count)
-        if total % per_host:
-            raise SystemExit(f"--islands: {name} has {total} devices, not a multiple of {per_host}")
-        for m in range(total // per_host):
-            machines.append(Machine(f"{name}-m{m}", name, per_host, 0))
-    return machines
+SHUTDOWN_DEADLINE_S = 30.0
+"""Longest a shutdown may take before the process exits regardless."""
 
 
-def _parent_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def island_machines(text: str, per_host: int) -> list[Machine]:
+    """The local machines of ``--islands`` (checked as `pw.connect` checks them)."""
+    islands = check_islands(parse_islands(text, "--islands"), per_host, f"--islands={text!r}")
+    return [
+        Machine(f"{name}-m{m}", name, per_host, 0)
+        for name, total in islands.items()
+        for m in range(total // per_host)
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices-per-host", type=int, default=4)
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
-    parser.add_argument("--parent-pid", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=0,
+                        help="exit when this process ends (besides the parent link, if given)")
     parser.add_argument(
         "--window", type=int, default=int(os.environ.get("PATHWAYS_WINDOW", "256")),
         help="grants outstanding per slice while one call has work for it",
@@ -71,7 +69,11 @@ def main(argv: list[str] | None = None) -> None:
         level=os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    machines = parse_islands(args.islands, args.devices_per_host)
+    try:
+        per_host = parse_devices_per_host(args.devices_per_host, "--devices-per-host")
+        machines = island_machines(args.islands, per_host)
+    except ValueError as err:
+        parser.error(str(err))
     controller: Controller | None = None
 
     def host_died(host: LocalHost, reason: str) -> None:
@@ -97,13 +99,20 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    process_tree.watch_parent(stop.set)
     while not stop.wait(0.5):
-        if args.parent_pid and not _parent_alive(args.parent_pid):
+        if args.parent_pid and not process_tree.pid_alive(args.parent_pid):
             log.info("parent %d exited; shutting down", args.parent_pid)
             break
-    server.stop(grace=1)
-    controller.close()
-    launcher.close()
+    process_tree.exit_after(
+        SHUTDOWN_DEADLINE_S, lambda: shutil.rmtree(args.state_dir, ignore_errors=True)
+    )
+    try:
+        server.stop(grace=1)
+        controller.close()
+        launcher.close()
+    finally:
+        shutil.rmtree(args.state_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

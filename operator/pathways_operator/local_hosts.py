@@ -7,12 +7,20 @@ file only this user can read (`--slice-token-file`), as a mounted Secret
 does on Kubernetes, never on a command line others can see. A monitor thread notices a host process that dies
 and reports it, so the controller can fail the calls on its slice and relaunch
 the whole gang.
+
+No host outlives its controller: each process gets the controller's parent
+link (`pathways.process_tree`) and exits when the controller is gone, even
+after a SIGKILL. A host's shared-memory directory (`/dev/shm/pathways-<controller
+pid>-<ip>`) and its slice-token file go when the host is stopped; directories
+whose controller is gone (one that was SIGKILLed along with its hosts) are
+removed when the next controller starts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +34,7 @@ from pathlib import Path
 
 import grpc
 
+from pathways import process_tree
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
 from pathways.wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
@@ -34,6 +43,34 @@ from pathways_operator.controller import Host, HostRequest
 log = logging.getLogger(__name__)
 
 HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "120"))
+STOP_GRACE_S = 5.0
+SHM_ROOT = Path("/dev/shm")
+_SHM_NAME = re.compile(r"pathways-(\d+)-127\.0\.0\.\d+")
+
+
+def shm_dir_name(ip: str, controller_pid: int | None = None) -> str:
+    return f"pathways-{os.getpid() if controller_pid is None else controller_pid}-{ip}"
+
+
+def remove_stale_shm_dirs(root: Path = SHM_ROOT) -> list[Path]:
+    """Remove this user's host shared-memory directories whose controller is gone."""
+    removed: list[Path] = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _SHM_NAME.fullmatch(entry.name)
+        if match is None or process_tree.pid_alive(int(match.group(1))):
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
 
 
 @dataclass
@@ -44,6 +81,8 @@ class LocalHost:
     worker_address: str
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     stopping: bool = False
+    run_dir: Path | None = None
+    shm_dir: Path | None = None
 
     @property
     def name(self) -> str:
@@ -54,6 +93,16 @@ def _free_port(ip: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((ip, 0))
         return int(sock.getsockname()[1])
+
+
+def _log_tail(path: Path, max_bytes: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return "(no log)"
 
 
 class LocalHostLauncher:
@@ -68,6 +117,8 @@ class LocalHostLauncher:
         self._ips_in_use: set[int] = set()
         self._hosts: list[LocalHost] = []
         self._stop = threading.Event()
+        for stale in remove_stale_shm_dirs():
+            log.info("removed %s, left by a controller that is gone", stale)
         self._monitor = threading.Thread(target=self._watch, name="host-monitor", daemon=True)
         self._monitor.start()
 
@@ -109,9 +160,10 @@ class LocalHostLauncher:
         req = host.request
         run_dir = self.state_dir / "hosts" / f"{req.slice_id}-h{req.index}-{host.ip}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else run_dir
-        shm_dir = shm / f"pathways-{os.getpid()}-{host.ip}"
+        shm = SHM_ROOT if SHM_ROOT.is_dir() else run_dir
+        shm_dir = shm / shm_dir_name(host.ip)
         shm_dir.mkdir(parents=True, exist_ok=True)
+        host.run_dir, host.shm_dir = run_dir, shm_dir
         label = f"{host.name} ({host.ip})"
         common = ["--shm-dir", str(shm_dir), "--host-name", label]
         if req.token:
@@ -124,6 +176,8 @@ class LocalHostLauncher:
         env.pop("XLA_FLAGS", None)
         env.pop(ENV_TOKEN, None)
         env.pop(ENV_TOKEN_FILE, None)
+        link_env, link_fds = process_tree.parent_link_env()
+        env.update(link_env)
         worker = [
             sys.executable, "-m", "pathways_worker.worker",
             "--listen", host.worker_address,
@@ -141,22 +195,28 @@ class LocalHostLauncher:
         ]
         for name, cmd in (("worker", worker), ("dataflow", sidecar)):
             with open(run_dir / f"{name}.log", "ab") as out:
-                host.processes.append(
-                    subprocess.Popen(
-                        cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                    )
+                process = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, start_new_session=True, pass_fds=link_fds,
                 )
+            host.processes.append(process)
+            (run_dir / f"{name}.pid").write_text(f"{process.pid}\n")
 
     def _wait_ready(self, hosts: list[LocalHost]) -> None:
         deadline = time.monotonic() + HOST_START_TIMEOUT_S
         pending = list(hosts)
         while pending:
             for host in list(pending):
-                dead = [p for p in host.processes if p.poll() is not None]
+                dead = [
+                    (p, role) for p, role in zip(host.processes, ("worker", "dataflow"))
+                    if p.poll() is not None
+                ]
                 if dead:
+                    proc, role = dead[0]
+                    tail = _log_tail(host.run_dir / f"{role}.log") if host.run_dir else ""
                     raise RuntimeError(
-                        f"host {host.name} ({host.ip}) exited during start-up with code "
-                        f"{dead[0].returncode}; see {self.state_dir / 'hosts'}"
+                        f"host {host.name} ({host.ip}): its {role} process exited during "
+                        f"start-up with code {proc.returncode}; its log ends:\n{tail}"
                     )
                 with grpc.insecure_channel(host.sidecar_address) as channel:  # Health: open
                     try:
@@ -180,30 +240,22 @@ class LocalHostLauncher:
             host.stopping = True
             for proc in host.processes:
                 if proc.poll() is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-        deadline = time.monotonic() + 5
+                    process_tree.signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
         for host in hosts:
             for proc in host.processes:
-                try:
-                    proc.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait(5)
+                process_tree.stop_group(proc, max(0.1, deadline - time.monotonic()))
         with self._lock:
             for host in hosts:
                 if host in self._hosts:
                     self._hosts.remove(host)
                 self._ips_in_use.discard(int(host.ip.rsplit(".", 1)[1]))
         for host in hosts:
-            shutil.rmtree(
-                Path("/dev/shm") / f"pathways-{os.getpid()}-{host.ip}", ignore_errors=True
-            )
+            if host.shm_dir is not None:
+                shutil.rmtree(host.shm_dir, ignore_errors=True)
+            if host.run_dir is not None:  # the logs stay until the controller exits
+                for name in ("slice-token", "worker.pid", "dataflow.pid"):
+                    (host.run_dir / name).unlink(missing_ok=True)
 
     def _watch(self) -> None:
         while not self._stop.wait(0.2):

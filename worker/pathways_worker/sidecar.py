@@ -23,7 +23,7 @@ from pathways.transfer import MAX_MESSAGE_BYTES
 from pathways.wire import pathways_pb2_grpc as pb_grpc
 from pathways_worker.dataflow import Dataflow
 from pathways_worker.dataflow_service import DataflowService
-from pathways_worker.lifecycle import configure_logging, wait_for_signal
+from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
 from pathways_worker.sidecar_metrics import SidecarMetrics
 from pathways_worker.slice_auth import SliceTokenInterceptor
@@ -70,7 +70,9 @@ def serve(settings: SidecarSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     configure_logging()
-    serve(parse_sidecar_args(argv))
+    settings = parse_sidecar_args(argv)
+    exit_with_parent(settings.shm_dir)
+    serve(settings)
 
 
 if __name__ == "__main__":

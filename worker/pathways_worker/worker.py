@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from concurrent import futures
 
-from pathways_worker.lifecycle import configure_logging, wait_for_signal
+from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
 from pathways_worker.settings import WorkerSettings, parse_worker_args
 
 log = logging.getLogger("pathways_worker.worker")
@@ -97,7 +97,9 @@ def serve(settings: WorkerSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     configure_logging()
-    serve(parse_worker_args(argv))
+    settings = parse_worker_args(argv)
+    exit_with_parent(settings.shm_dir)
+    serve(settings)
 
 
 if __name__ == "__main__":
