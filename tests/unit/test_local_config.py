@@ -103,3 +103,12 @@ def test_malformed_environment_entries_are_named(text: str, words: str) -> None:
         parse_islands(text, "PATHWAYS_LOCAL_ISLANDS")
     assert words in str(info.value)
     assert f"PATHWAYS_LOCAL_ISLANDS={text!r}" in str(info.value)
+
+
+def test_connect_refuses_a_bad_island_before_starting_anything() -> None:
+    import pathways as pw
+
+    with pytest.raises(ValueError, match=r"island name 'a,b:3' is not allowed"):
+        pw.connect(islands={"a,b:3": 8}, devices_per_host=4)
+    with pytest.raises(ValueError, match=r"devices_per_host=...\)=0"):
+        pw.connect(islands={"a": 8}, devices_per_host=0)
