@@ -20,6 +20,7 @@ which removes directories whose owners (recorded by pid and start time in
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,8 @@ from pathlib import Path
 
 from pathways import process_tree
 from pathways.errors import RuntimeUnavailableError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ISLANDS = {"island-a": 16, "island-b": 16}
 DEFAULT_DEVICES_PER_HOST = 4
@@ -184,23 +187,32 @@ class LocalCluster:
     address: str
     process: subprocess.Popen[bytes]
     state_dir: Path
+    stopping: bool = False
 
     @property
     def log_path(self) -> Path:
         return self.state_dir / "controller.log"
 
     def watch(self) -> None:
-        """Remove the state directory as soon as the controller exits, however it ends."""
+        """Remove the state directory as soon as the controller exits, however it ends
+        (its log's tail is logged first if nobody asked it to stop)."""
 
         def wait() -> None:
             try:
-                self.process.wait()
+                code = self.process.wait()
+                if not self.stopping:
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                    log.warning(
+                        "the local Pathways controller %s; its log ends:\n%s",
+                        how, _tail(self.log_path),
+                    )
             finally:
                 shutil.rmtree(self.state_dir, ignore_errors=True)
 
         threading.Thread(target=wait, name="local-controller-watch", daemon=True).start()
 
     def stop(self, timeout_s: float = 20.0) -> None:
+        self.stopping = True
         try:
             process_tree.stop_group(self.process, timeout_s)
         finally:
@@ -261,9 +273,19 @@ def _start(state: Path, islands: dict[str, int], per_host: int) -> LocalCluster:
     except BaseException:
         process_tree.stop_group(process, 5.0)
         raise
-    tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+    tail = _tail(log_path)
     process_tree.stop_group(process, 5.0)
     raise RuntimeUnavailableError(
         f"the local Pathways controller did not start within {START_TIMEOUT_S:.0f} s "
         f"(exit status {process.returncode}); its log ends:\n{tail}"
     )
+
+
+def _tail(path: Path, max_bytes: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return "(no log)"

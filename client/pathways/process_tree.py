@@ -37,6 +37,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -135,15 +136,22 @@ def watch_parent(on_parent_gone: Callable[[], None], env: dict[str, str] | None 
     """Call ``on_parent_gone`` (once, in a thread) when the parent in ``PATHWAYS_PARENT_LINK`` ends.
 
     Returns False, watching nothing, when the variable is absent (a pod, a process
-    started by hand). A parent that is already gone is noticed at once.
+    started by hand) or names no pipe. A parent that is already gone is noticed at once.
+    The variable is taken out of the environment: it is this process's alone, and a
+    child of this one gets its own link or none.
     """
-    text = (os.environ if env is None else env).get(ENV_PARENT_LINK, "")
+    text = os.environ.pop(ENV_PARENT_LINK, "") if env is None else env.get(ENV_PARENT_LINK, "")
     fd_text, _, pid_text = text.partition(",")
     if not fd_text.isdigit() or not pid_text.isdigit():
         return False
     fd, parent = int(fd_text), int(pid_text)
-    with contextlib.suppress(OSError):
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(f"fd {fd} is not a pipe")
         os.set_inheritable(fd, False)  # not handed on to this process's own children
+    except OSError as err:
+        log.warning("%s=%r names no parent link (%s); not watching the parent", ENV_PARENT_LINK, text, err)
+        return False
 
     def watch() -> None:
         poller = select.poll()
