@@ -13,8 +13,9 @@ Nothing is left behind. The controller's state directory
 (`$TMPDIR/pathways-local-*`: its log, the hosts' logs and slice-token files) is
 removed when the cluster stops, when the controller exits, or -- if both the
 client and the controller were killed -- by the next `start_local_cluster`,
-which removes directories whose owners (recorded by pid and start time in
-`owner`) are gone. The controller exits with the client, and its hosts with it
+which removes directories whose owners are gone: the client and the controller
+each hold a lock on it while they live (`pathways.process_tree.hold_dir`) and
+record themselves in `owner` and `controller.owner`. The controller exits with the client, and its hosts with it
 (`pathways.process_tree`).
 """
 
@@ -37,6 +38,7 @@ from pathways import process_tree
 from pathways.errors import RuntimeUnavailableError
 
 log = logging.getLogger(__name__)
+_hold_lock = threading.Lock()
 
 DEFAULT_ISLANDS = {"island-a": 16, "island-b": 16}
 DEFAULT_DEVICES_PER_HOST = 4
@@ -157,7 +159,7 @@ def islands_arg(islands: Mapping[str, int]) -> str:
 
 
 def remove_stale_state_dirs(root: Path | None = None) -> list[Path]:
-    """Remove this user's state directories whose owner and controller are both gone."""
+    """Remove this user's state directories that nobody holds and whose recorded owners are gone."""
     base = Path(tempfile.gettempdir()) if root is None else root
     removed: list[Path] = []
     try:
@@ -177,6 +179,8 @@ def remove_stale_state_dirs(root: Path | None = None) -> list[Path]:
             continue
         if not owners or any(o is None or o.alive() for o in owners):
             continue  # not written yet (just made), or still in use
+        if not process_tree.unowned(entry):
+            continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     return removed
@@ -187,6 +191,8 @@ class LocalCluster:
     address: str
     process: subprocess.Popen[bytes]
     state_dir: Path
+    hold: int = -1
+    """The client's lock on ``state_dir``."""
     stopping: bool = False
 
     @property
@@ -207,7 +213,7 @@ class LocalCluster:
                         how, _tail(self.log_path),
                     )
             finally:
-                shutil.rmtree(self.state_dir, ignore_errors=True)
+                self._remove_state()
 
         threading.Thread(target=wait, name="local-controller-watch", daemon=True).start()
 
@@ -216,7 +222,14 @@ class LocalCluster:
         try:
             process_tree.stop_group(self.process, timeout_s)
         finally:
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self._remove_state()
+
+    def _remove_state(self) -> None:
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        with _hold_lock:
+            hold, self.hold = self.hold, -1
+        if hold >= 0:
+            os.close(hold)
 
 
 def start_local_cluster(
@@ -225,15 +238,17 @@ def start_local_cluster(
     islands, per_host = local_config(islands, devices_per_host, os.environ)
     remove_stale_state_dirs()
     state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+    hold = process_tree.hold_dir(state)  # before `owner` exists: see remove_stale_state_dirs
     try:
         (state / "owner").write_text(process_tree.ProcessId.current().to_text())
-        return _start(state, islands, per_host)
+        return _start(state, hold, islands, per_host)
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
+        os.close(hold)
         raise
 
 
-def _start(state: Path, islands: dict[str, int], per_host: int) -> LocalCluster:
+def _start(state: Path, hold: int, islands: dict[str, int], per_host: int) -> LocalCluster:
     ready = state / "controller.addr"
     log_path = state / "controller.log"
     cmd = [
@@ -264,7 +279,7 @@ def _start(state: Path, islands: dict[str, int], per_host: int) -> LocalCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if ready.exists() and ready.read_text().strip():
-                cluster = LocalCluster(ready.read_text().strip(), process, state)
+                cluster = LocalCluster(ready.read_text().strip(), process, state, hold)
                 cluster.watch()
                 return cluster
             if process.poll() is not None:

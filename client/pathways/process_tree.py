@@ -22,9 +22,11 @@ and stopped with the pieces of this module, so that no way of ending a parent
   cgroup this is the strongest guarantee available: only a SIGKILL of the reaper
   itself lets detached descendants escape, and the reaper stops CMD within
   ``--grace-s`` so its own parent's SIGKILL never has to come.
-* **Owners of files.** :class:`ProcessId` names a process by pid *and* start time,
-  so a file left by a process that is gone is told apart from one whose pid was
-  reused; directories of gone owners are removed by the next start.
+* **Owners of directories.** An owner holds a shared ``flock`` on its directory
+  (:func:`hold_dir`) for as long as it lives; the kernel drops it however the owner
+  ends. :func:`unowned` is true once nobody holds it, which, unlike a pid, cannot be
+  fooled by pid reuse or by another pid namespace sharing the filesystem.
+  :class:`ProcessId` (pid *and* start time) records who the owners were.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import logging
 import os
 import select
@@ -113,6 +116,28 @@ def _exited(pid: int) -> bool:
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
     return pid > 0 and not _exited(pid)
+
+
+def hold_dir(path: Path) -> int:
+    """Hold a shared lock on directory ``path`` until the returned fd is closed or this process ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def unowned(path: Path) -> bool:
+    """True if no process holds ``path`` (see :func:`hold_dir`); False if it does or is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 # ---------------------------------------------------------------- parent link

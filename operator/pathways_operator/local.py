@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         machines = island_machines(args.islands, per_host)
     except ValueError as err:
         parser.error(str(err))
+    process_tree.hold_dir(args.state_dir)  # held to the end: see pathways.embedded
     controller: Controller | None = None
 
     def host_died(host: LocalHost, reason: str) -> None:

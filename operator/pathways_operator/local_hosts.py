@@ -13,7 +13,9 @@ link (`pathways.process_tree`) and exits when the controller is gone, even
 after a SIGKILL. A host's shared-memory directory (`/dev/shm/pathways-<controller
 pid>-<ip>`) and its slice-token file go when the host is stopped; directories
 whose controller is gone (one that was SIGKILLed along with its hosts) are
-removed when the next controller starts.
+removed when the next controller starts (the controller holds a lock on each
+directory while it lives, so a directory in use is never taken for stale, even
+one of another pid namespace sharing /dev/shm).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def shm_dir_name(ip: str, controller_pid: int | None = None) -> str:
 
 
 def remove_stale_shm_dirs(root: Path = SHM_ROOT) -> list[Path]:
-    """Remove this user's host shared-memory directories whose controller is gone."""
+    """Remove this user's host shared-memory directories whose controller is gone and holds no lock."""
     removed: list[Path] = []
     try:
         entries = list(root.iterdir())
@@ -67,6 +69,8 @@ def remove_stale_shm_dirs(root: Path = SHM_ROOT) -> list[Path]:
             if entry.stat().st_uid != os.getuid():
                 continue
         except OSError:
+            continue
+        if not process_tree.unowned(entry):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
@@ -83,6 +87,8 @@ class LocalHost:
     stopping: bool = False
     run_dir: Path | None = None
     shm_dir: Path | None = None
+    shm_hold: int = -1
+    """The controller's lock on ``shm_dir``."""
 
     @property
     def name(self) -> str:
@@ -164,6 +170,7 @@ class LocalHostLauncher:
         shm_dir = shm / shm_dir_name(host.ip)
         shm_dir.mkdir(parents=True, exist_ok=True)
         host.run_dir, host.shm_dir = run_dir, shm_dir
+        host.shm_hold = process_tree.hold_dir(shm_dir)
         label = f"{host.name} ({host.ip})"
         common = ["--shm-dir", str(shm_dir), "--host-name", label]
         if req.token:
@@ -253,6 +260,10 @@ class LocalHostLauncher:
         for host in hosts:
             if host.shm_dir is not None:
                 shutil.rmtree(host.shm_dir, ignore_errors=True)
+            with self._lock:
+                hold, host.shm_hold = host.shm_hold, -1
+            if hold >= 0:
+                os.close(hold)
             if host.run_dir is not None:  # the logs stay until the controller exits
                 for name in ("slice-token", "worker.pid", "dataflow.pid"):
                     (host.run_dir / name).unlink(missing_ok=True)
