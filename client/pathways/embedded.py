@@ -210,7 +210,7 @@ class LocalCluster:
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
                     log.warning(
                         "the local Pathways controller %s; its log ends:\n%s",
-                        how, _tail(self.log_path),
+                        how, process_tree.log_tail(self.log_path),
                     )
             finally:
                 self._remove_state()
@@ -267,9 +267,9 @@ def _start(state: Path, hold: int, islands: dict[str, int], per_host: int) -> Lo
         str(ready),
     ]
     link_env, link_fds = process_tree.parent_link_env()
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb") as out:
         process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env={**os.environ, **link_env}, pass_fds=link_fds,
         )
     try:
@@ -288,19 +288,9 @@ def _start(state: Path, hold: int, islands: dict[str, int], per_host: int) -> Lo
     except BaseException:
         process_tree.stop_group(process, 5.0)
         raise
-    tail = _tail(log_path)
+    tail = process_tree.log_tail(log_path)
     process_tree.stop_group(process, 5.0)
     raise RuntimeUnavailableError(
         f"the local Pathways controller did not start within {START_TIMEOUT_S:.0f} s "
         f"(exit status {process.returncode}); its log ends:\n{tail}"
     )
-
-
-def _tail(path: Path, max_bytes: int = 2000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return "(no log)"

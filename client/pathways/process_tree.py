@@ -237,6 +237,17 @@ def stop_group(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | 
         return None
 
 
+def log_tail(path: Path, max_bytes: int = 2000) -> str:
+    """The end of a child's log, for the message that says it failed."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return "(no log)"
+
+
 # ---------------------------------------------------------------- the reaper
 
 

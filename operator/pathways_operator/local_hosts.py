@@ -50,8 +50,9 @@ SHM_ROOT = Path("/dev/shm")
 _SHM_NAME = re.compile(r"pathways-(\d+)-127\.0\.0\.\d+")
 
 
-def shm_dir_name(ip: str, controller_pid: int | None = None) -> str:
-    return f"pathways-{os.getpid() if controller_pid is None else controller_pid}-{ip}"
+def shm_dir_name(ip: str) -> str:
+    """This controller's directory for the host on ``ip`` (see `remove_stale_shm_dirs`)."""
+    return f"pathways-{os.getpid()}-{ip}"
 
 
 def remove_stale_shm_dirs(root: Path = SHM_ROOT) -> list[Path]:
@@ -99,16 +100,6 @@ def _free_port(ip: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((ip, 0))
         return int(sock.getsockname()[1])
-
-
-def _log_tail(path: Path, max_bytes: int = 2000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return "(no log)"
 
 
 class LocalHostLauncher:
@@ -220,7 +211,7 @@ class LocalHostLauncher:
                 ]
                 if dead:
                     proc, role = dead[0]
-                    tail = _log_tail(host.run_dir / f"{role}.log") if host.run_dir else ""
+                    tail = process_tree.log_tail(host.run_dir / f"{role}.log") if host.run_dir else ""
                     raise RuntimeError(
                         f"host {host.name} ({host.ip}): its {role} process exited during "
                         f"start-up with code {proc.returncode}; its log ends:\n{tail}"
