@@ -173,6 +173,25 @@ def test_a_wrong_token_is_refused(receiver: Receiver, tmp_path: Path) -> None:
     assert not receiver.arrivals
 
 
+def test_a_hello_with_an_empty_token_is_refused(receiver: Receiver, tmp_path: Path) -> None:
+    with pytest.raises(DataChannelError, match="hello.token") as err:
+        receiver.link(token="").send(exported_value(tmp_path, VALUE, 1), handover=False, movable=False)
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert "host receiver" in str(err.value) and "presented no token" in str(err.value), err.value
+    assert not receiver.arrivals
+
+
+def test_a_data_channel_without_a_token_refuses_to_open(tmp_path: Path) -> None:
+    """An empty token is not "check nothing": the server is not made, so no hello is let in."""
+    shm = ShmDir(str(tmp_path / "tokenless"), "s")
+    inbox = Inbox(shm, ByteBudget(BUDGET), deliver=lambda _: None, host_name="tokenless", wait_s=0.2)
+    with pytest.raises(ValueError, match="host tokenless: refusing to open a data channel without a slice token"):
+        server = DataChannelServer("127.0.0.1", 0, inbox, "tokenless", "")
+        server.close()
+    server = DataChannelServer("127.0.0.1", 0, inbox, "tokenless", "", insecure=True)
+    server.close()
+
+
 def test_a_value_beyond_the_budget_is_refused_as_exhausted(receiver: Receiver, tmp_path: Path) -> None:
     big = np.zeros((1024, 512), np.float32)  # 2 MiB, over the 1 MiB budget
     with pytest.raises(DataChannelError) as err:

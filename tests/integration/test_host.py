@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 from pathways import process_tree, transfer
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways.wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG
 
 START_TIMEOUT_S = 90.0
 RPC_TIMEOUT_S = 30.0
@@ -100,6 +101,9 @@ def start_slice(
     wenv = {**env, "PATHWAYS_INPUT_TIMEOUT_S": "30", **(worker_env or {})}
     coordinator = f"{ips[0]}:{_free_port(ips[0])}"
     hosts = [HostProcs(f"{slice_name}/host-{i} ({ip})", ip) for i, ip in enumerate(ips)]
+    # these loopback hosts are reached only by this test; a slice token in the
+    # environment (test_host_security) is demanded instead
+    unchecked = [] if env.get(ENV_TOKEN) or env.get(ENV_TOKEN_FILE) else [INSECURE_FLAG]
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else log_dir
     try:
         for i, host in enumerate(hosts):
@@ -110,7 +114,7 @@ def start_slice(
                 "--listen", f"{host.ip}:0", "--host-index", str(i), "--num-hosts", str(len(ips)),
                 "--coordinator", coordinator, "--devices", str(devices),
                 "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{host.ip}"),
-                "--host-name", host.name,
+                "--host-name", host.name, *unchecked,
             ], log, wenv))
         deadline = time.monotonic() + START_TIMEOUT_S
         for host in hosts:
@@ -122,7 +126,7 @@ def start_slice(
                 sys.executable, "-m", "pathways_worker.sidecar",
                 "--listen", f"{host.ip}:0", "--worker", host.worker_address,
                 "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{host.ip}"),
-                "--host-name", host.name, *sidecar_flags,
+                "--host-name", host.name, *unchecked, *sidecar_flags,
             ], log, env))
             host.address = _listening(host.procs[1], deadline, log)
         for host in hosts:

@@ -6,11 +6,20 @@ a caller with no token or another slice's token (UNAUTHENTICATED, naming the met
 entry); the sidecar itself got into its worker (the worker is ready) and a caller with
 the token is served. Then undecodable and oversized messages to the sidecar's methods
 are refused and it keeps serving.
+
+Hosts fail closed: a worker or sidecar started with no token, an empty token file (a
+Secret without its key) or an unreadable one (a Secret gone) exits non-zero before it
+serves, naming itself and what was missing; ``--insecure-no-token`` does not excuse a
+named token file.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +30,15 @@ import pytest
 from pathways import transfer
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import ENV_TOKEN, METADATA_KEY, call_metadata, new_token
+from pathways.wire.slice_token import (
+    ENV_INSECURE,
+    ENV_TOKEN,
+    ENV_TOKEN_FILE,
+    INSECURE_FLAG,
+    METADATA_KEY,
+    call_metadata,
+    new_token,
+)
 from tests.integration.test_host import HostProcs, start_slice, stop_hosts, vref
 
 pytestmark = pytest.mark.timeout(120)
@@ -131,3 +148,71 @@ def test_malformed_and_oversized_messages_bounce(
     sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
     assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).worker_ready
     assert _put(guarded.address, f"after-{method}", TOKEN) == 1
+
+
+# ---------------------------------------------------------------- failing closed
+
+REFUSAL_TIMEOUT_S = 60.0
+LONE_IP = "127.0.0.26"
+
+
+def _start_refused(module: str, flags: list[str], env: dict[str, str], host: str) -> tuple[int, str]:
+    """Starts a host process that should refuse; its exit status and stderr.
+
+    Fails at once if it serves instead (prints "listening on"); bounded by REFUSAL_TIMEOUT_S.
+    """
+    argv = [sys.executable, "-m", module, "--listen", f"{LONE_IP}:0", "--host-name", host, *flags]
+    if module.endswith("sidecar"):
+        argv += ["--worker", f"{LONE_IP}:1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + REFUSAL_TIMEOUT_S
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+            line = proc.stdout.readline().decode() if ready else ""
+            assert "listening on" not in line, f"{module} served without a usable slice token: {line}"
+        assert proc.poll() is not None, f"{module} neither served nor exited in {REFUSAL_TIMEOUT_S} s"
+        return proc.returncode, proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _env_without_token(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_TOKEN, ENV_TOKEN_FILE, ENV_INSECURE, "XLA_FLAGS")}
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize("module", ["pathways_worker.worker", "pathways_worker.sidecar"])
+def test_a_host_without_a_slice_token_refuses_to_start(module: str) -> None:
+    host = f"lone/{module.rsplit('.', 1)[1]}"
+    code, stderr = _start_refused(module, [], _env_without_token(), host)
+    assert code != 0, stderr
+    assert f"host {host}: refusing to start without a slice token" in stderr, stderr
+    assert INSECURE_FLAG in stderr and ENV_TOKEN_FILE in stderr, stderr
+
+
+@pytest.mark.parametrize("module", ["pathways_worker.worker", "pathways_worker.sidecar"])
+@pytest.mark.parametrize("insecure", [False, True], ids=["", "even-with-insecure-flag"])
+def test_a_host_whose_token_file_is_empty_refuses_to_start(module: str, insecure: bool, tmp_path: Path) -> None:
+    """An empty Secret key mounts as an empty file: never read as "check nothing"."""
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    host = f"emptied/{module.rsplit('.', 1)[1]}"
+    flags = [INSECURE_FLAG] if insecure else []
+    code, stderr = _start_refused(module, flags, _env_without_token(**{ENV_TOKEN_FILE: str(empty)}), host)
+    assert code != 0, stderr
+    assert f"host {host}: refusing to start: the slice token file {empty} ({ENV_TOKEN_FILE}) is empty" in stderr, stderr
+
+
+def test_a_host_whose_token_file_is_gone_refuses_to_start(tmp_path: Path) -> None:
+    gone = tmp_path / "secret" / "token"
+    host = "gone/worker"
+    flags = ["--slice-token-file", str(gone), INSECURE_FLAG]
+    code, stderr = _start_refused("pathways_worker.worker", flags, _env_without_token(), host)
+    assert code != 0, stderr
+    assert f"host {host}: refusing to start: cannot read the slice token file {gone} (--slice-token-file)" in stderr, stderr

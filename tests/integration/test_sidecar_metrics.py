@@ -116,7 +116,7 @@ def test_transfers_store_and_back_pressure_are_scraped(host: tuple[HostProcs, st
 def test_no_metrics_port_means_no_endpoint(tmp_path: Path) -> None:
     from pathways_worker.settings import parse_sidecar_args
 
-    base = ["--listen", f"{IP}:0", "--worker", f"{IP}:1"]
+    base = ["--listen", f"{IP}:0", "--worker", f"{IP}:1", "--insecure-no-token"]
     assert parse_sidecar_args(base, env={}).metrics_port is None
     assert parse_sidecar_args(base, env={"PATHWAYS_SIDECAR_METRICS_PORT": "9100"}).metrics_port == 9100
     with pytest.raises(SystemExit, match="PATHWAYS_SIDECAR_METRICS_PORT"):

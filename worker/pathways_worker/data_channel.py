@@ -6,8 +6,9 @@ plain socket instead. Each sidecar listens on a data port next to its gRPC
 port and advertises it in `HealthReply.data_address`; gRPC `Put` stays for
 clients and as the fallback when a peer has no data channel.
 
-A connection starts with a `DataHello` frame (sender, and a token checked
-against the receiver's, if it has one: the hook for per-slice authentication).
+A connection starts with a `DataHello` frame (sender, and the receiving slice's
+token, compared in constant time; a hello without it is refused). A server is made
+without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
 followed by the piece's `nbytes` raw bytes, which the sender sends straight
@@ -30,6 +31,7 @@ then that many bytes of protobuf. Every read and write has a timeout.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import socket
@@ -120,8 +122,13 @@ class DataChannelServer:
 
     def __init__(
         self, host: str, port: int, inbox: Inbox, host_name: str, token: str = "",
-        transfers: TransferStats | None = None,
+        transfers: TransferStats | None = None, *, insecure: bool = False,
     ) -> None:
+        if not token and not insecure:
+            raise ValueError(
+                f"host {host_name}: refusing to open a data channel without a slice token "
+                "(pass --insecure-no-token to check no sender)"
+            )
         self._inbox = inbox
         self._transfers = transfers or TransferStats()
         self._host_name = host_name
@@ -156,8 +163,11 @@ class DataChannelServer:
                 conn.settimeout(FRAME_TIMEOUT_S)
                 hello = pb.DataHello()
                 read_frame(conn, HELLO, hello)
-                if self._token and hello.token != self._token:
-                    raise TransferError("hello.token", f"sender {hello.sender or peer!r} did not present this slice's token")
+                if self._token and not hmac.compare_digest(hello.token.encode(), self._token.encode()):
+                    what = "presented another token" if hello.token else "presented no token"
+                    raise TransferError(
+                        "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
+                    )
                 bounce = memoryview(bytearray(BOUNCE_BYTES))
                 while self._value(conn, bounce):
                     pass

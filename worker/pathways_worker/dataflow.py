@@ -98,6 +98,7 @@ class Dataflow:
         self.data_server = DataChannelServer(
             settings.listen.rpartition(":")[0].strip("[]"), settings.data_port, self.inbox,
             settings.host_name, settings.data_token, self.transfers,
+            insecure=settings.insecure_no_token,
         )
 
     def close(self) -> None:

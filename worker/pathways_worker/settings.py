@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pathways.wire.slice_token import read_token
+from pathways.wire.slice_token import ENV_INSECURE, INSECURE_FLAG, insecure_allowed, read_token
 
 DEFAULT_INPUT_TIMEOUT_S = 300.0
 DEFAULT_WORKER_STORE_LIMIT = 4 << 30
@@ -33,6 +33,8 @@ class WorkerSettings:
     input_timeout_s: float
     store_limit_bytes: int
     slice_token: str = field(default="", repr=False)
+    insecure_no_token: bool = False
+    """Started with ``--insecure-no-token`` and no token: callers are not checked."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class SidecarSettings:
     slice_token: str = field(default="", repr=False)
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint on the listen address; None: not served."""
+    insecure_no_token: bool = False
+    """Started with ``--insecure-no-token`` and no token: callers are not checked."""
 
 
 def _default_shm_dir() -> str:
@@ -62,6 +66,16 @@ def _split_address(flag: str, address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise SystemExit(f"{flag}: expected HOST:PORT, got {address!r}")
     return host, int(port)
+
+
+def _token_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slice-token-file", default="",
+                   help="file holding the slice token callers must present (default: "
+                        "$PATHWAYS_SLICE_TOKEN_FILE, else $PATHWAYS_SLICE_TOKEN); without a token "
+                        "the host refuses to start")
+    p.add_argument(INSECURE_FLAG, action="store_true",
+                   help=f"start without a slice token and check no caller (${ENV_INSECURE}=1); "
+                        "for a host on one machine that only trusted processes can reach")
 
 
 def parse_worker_args(
@@ -92,9 +106,7 @@ def parse_worker_args(
     p.add_argument("--store-limit-bytes", type=int,
                    default=int(env.get("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT)),
                    help="object store bound (PATHWAYS_STORE_LIMIT_BYTES)")
-    p.add_argument("--slice-token-file", default="",
-                   help="file holding the slice token callers must present (default: "
-                        "$PATHWAYS_SLICE_TOKEN_FILE, else $PATHWAYS_SLICE_TOKEN; empty: none checked)")
+    _token_flags(p)
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
     if a.num_hosts < 1 or not 0 <= a.host_index < a.num_hosts:
@@ -103,6 +115,9 @@ def parse_worker_args(
         _split_address("--coordinator", a.coordinator)
     if a.devices < 1:
         raise SystemExit(f"--devices must be >= 1, got {a.devices}")
+    host_name = a.host_name or f"host-{a.host_index} ({a.listen})"
+    insecure = insecure_allowed(env, a.insecure_no_token)
+    token = read_token(env, a.slice_token_file, host_name, insecure)
     return WorkerSettings(
         listen=a.listen,
         host_index=a.host_index,
@@ -110,10 +125,11 @@ def parse_worker_args(
         coordinator=a.coordinator,
         devices=a.devices,
         shm_dir=a.shm_dir or _default_shm_dir(),
-        host_name=a.host_name or f"host-{a.host_index} ({a.listen})",
+        host_name=host_name,
         input_timeout_s=a.input_timeout_s,
         store_limit_bytes=a.store_limit_bytes,
-        slice_token=read_token(env, a.slice_token_file),
+        slice_token=token,
+        insecure_no_token=insecure and not token,
     )
 
 
@@ -147,7 +163,7 @@ def parse_sidecar_args(
                         "(PATHWAYS_SIDECAR_DATA_PORT); 0 picks one")
     p.add_argument("--data-token", default=env.get("PATHWAYS_SIDECAR_DATA_TOKEN", ""),
                    help="token peers must present on the data channel, and this sidecar presents "
-                        "to theirs (PATHWAYS_SIDECAR_DATA_TOKEN); empty: none checked")
+                        "to theirs (PATHWAYS_SIDECAR_DATA_TOKEN); default: the slice token")
     p.add_argument("--data-channel", choices=("on", "off"),
                    default=env.get("PATHWAYS_SIDECAR_DATA_CHANNEL", "on"),
                    help="send routed values over peers' data channels; off: gRPC Put only "
@@ -156,9 +172,7 @@ def parse_sidecar_args(
                    default=env.get("PATHWAYS_SIDECAR_FILE_HANDOVER", "on"),
                    help="hand piece files to peers on the same machine instead of sending bytes "
                         "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
-    p.add_argument("--slice-token-file", default="",
-                   help="file holding the slice token callers must present (default: "
-                        "$PATHWAYS_SLICE_TOKEN_FILE, else $PATHWAYS_SLICE_TOKEN; empty: none checked)")
+    _token_flags(p)
     p.add_argument("--metrics-port", default=env.get("PATHWAYS_SIDECAR_METRICS_PORT", ""),
                    help="serve Prometheus /metrics on this port of the listen address "
                         "(PATHWAYS_SIDECAR_METRICS_PORT); 0 picks one; empty: no metrics")
@@ -177,18 +191,22 @@ def parse_sidecar_args(
         raise SystemExit(f"--data-port must be in [0, 65535], got {a.data_port}")
     if a.store_limit_bytes < 1:
         raise SystemExit(f"--store-limit-bytes must be >= 1, got {a.store_limit_bytes}")
+    host_name = a.host_name or a.listen
+    insecure = insecure_allowed(env, a.insecure_no_token)
+    token = read_token(env, a.slice_token_file, host_name, insecure)
     return SidecarSettings(
         listen=a.listen,
         worker=a.worker,
         shm_dir=a.shm_dir or _default_shm_dir(),
-        host_name=a.host_name or a.listen,
+        host_name=host_name,
         store_limit_bytes=a.store_limit_bytes,
         put_wait_s=a.put_wait_s,
         advertise=a.advertise,
         data_port=a.data_port,
-        data_token=a.data_token or read_token(env, a.slice_token_file),
+        data_token=a.data_token or token,
         data_channel=a.data_channel == "on",
         file_handover=a.file_handover == "on",
-        slice_token=read_token(env, a.slice_token_file),
+        slice_token=token,
         metrics_port=metrics_port,
+        insecure_no_token=insecure and not token,
     )

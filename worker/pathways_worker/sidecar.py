@@ -36,13 +36,18 @@ CONTROL_MESSAGE_BYTES = 256 << 20
 
 
 def serve(settings: SidecarSettings) -> None:
+    if settings.insecure_no_token:
+        log.warning("sidecar %s: started with --insecure-no-token: any caller that reaches it is served",
+                    settings.host_name)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=32),
         options=[
             ("grpc.max_receive_message_length", CONTROL_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
-        interceptors=[SliceTokenInterceptor(settings.slice_token, settings.host_name)],
+        interceptors=[SliceTokenInterceptor(
+            settings.slice_token, settings.host_name, insecure=settings.insecure_no_token
+        )],
     )
     port = server.add_insecure_port(settings.listen)
     if port == 0:

@@ -5,6 +5,8 @@ call's metadata before any request message is read, so a caller without the toke
 (another slice's pod, a stray client) learns nothing but ``UNAUTHENTICATED`` and a
 message saying which metadata entry it lacked; the servicer never sees the call. The
 comparison is constant-time. Methods in `slice_token.OPEN_METHODS` (Health) stay open.
+An interceptor without a token is refused at construction unless its host was started
+with ``--insecure-no-token``: an empty token never silently means "let everyone in".
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pathways.wire.slice_token import METADATA_KEY, OPEN_METHODS
+from pathways.wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +29,18 @@ else:
 
 
 class SliceTokenInterceptor(_Interceptor):
-    """Refuses every call except `OPEN_METHODS` unless it presents ``token``."""
+    """Refuses every call except `OPEN_METHODS` unless it presents ``token``.
 
-    def __init__(self, token: str, host_name: str) -> None:
+    ``insecure``: the host was started with ``--insecure-no-token``; only then may
+    ``token`` be empty, and then every call is let in.
+    """
+
+    def __init__(self, token: str, host_name: str, *, insecure: bool = False) -> None:
+        if not token and not insecure:
+            raise ValueError(
+                f"host {host_name}: refusing to serve without a slice token "
+                f"(pass {INSECURE_FLAG} to check no caller)"
+            )
         self._token = token.encode()
         self._host = host_name
 

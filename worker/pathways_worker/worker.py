@@ -76,10 +76,15 @@ def serve(settings: WorkerSettings) -> None:
         ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
     ]
+    if settings.insecure_no_token:
+        log.warning("worker %s: started with --insecure-no-token: any caller that reaches it is served",
+                    settings.host_name)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4),
         options=options,
-        interceptors=[SliceTokenInterceptor(settings.slice_token, settings.host_name)],
+        interceptors=[SliceTokenInterceptor(
+            settings.slice_token, settings.host_name, insecure=settings.insecure_no_token
+        )],
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(executor, settings.host_name), server)
     port = server.add_insecure_port(settings.listen)

@@ -6,8 +6,14 @@ one per slice and hands it to the host processes it starts. Host processes read 
 ``PATHWAYS_SLICE_TOKEN``, or from the file ``PATHWAYS_SLICE_TOKEN_FILE`` names (a
 mounted Secret), and refuse gRPC calls that do not present it as the metadata entry
 ``x-pathways-slice-token``; the data channel checks the same token in its hello frame.
-``Health`` stays open so probes need no secret. An empty token means "not checked",
-which is what a host started by hand for a test gets.
+``Health`` stays open so probes need no secret.
+
+Hosts fail closed: one that finds no token (no file, no variable, an empty file, an
+unreadable file) refuses to start, naming itself and what it looked for, so a Secret
+that went missing or empty can never turn authentication off. Only an explicit
+``--insecure-no-token`` (or ``PATHWAYS_INSECURE_NO_TOKEN=1``) starts a host that checks
+no token, and only when no token file was named at all: for a host started by hand
+on one machine.
 
 This module is shared by the callers (the controller, clients, peer sidecars) and the
 hosts, so it lives with the wire protocol and imports nothing heavy.
@@ -22,6 +28,8 @@ from pathlib import Path
 METADATA_KEY = "x-pathways-slice-token"
 ENV_TOKEN = "PATHWAYS_SLICE_TOKEN"
 ENV_TOKEN_FILE = "PATHWAYS_SLICE_TOKEN_FILE"
+ENV_INSECURE = "PATHWAYS_INSECURE_NO_TOKEN"
+INSECURE_FLAG = "--insecure-no-token"
 OPEN_METHODS = frozenset({"/pathways.v1alpha1.Dataflow/Health"})
 """Methods callable without the token: health probes carry no secret."""
 
@@ -36,15 +44,46 @@ def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return ((METADATA_KEY, token),) if token else ()
 
 
-def read_token(env: Mapping[str, str], file_flag: str = "") -> str:
-    """The host's token: ``file_flag`` or ``$PATHWAYS_SLICE_TOKEN_FILE`` if set, else ``$PATHWAYS_SLICE_TOKEN``."""
+class MissingToken(SystemExit):
+    """A host found no usable slice token and was not told to run without one."""
+
+
+def insecure_allowed(env: Mapping[str, str], flag: bool) -> bool:
+    """``--insecure-no-token`` given, or ``$PATHWAYS_INSECURE_NO_TOKEN`` is 1/true/yes."""
+    return flag or env.get(ENV_INSECURE, "").strip().lower() in ("1", "true", "yes")
+
+
+def read_token(env: Mapping[str, str], file_flag: str = "", host: str = "", insecure: bool = False) -> str:
+    """The host's token: ``file_flag`` or ``$PATHWAYS_SLICE_TOKEN_FILE`` if set, else ``$PATHWAYS_SLICE_TOKEN``.
+
+    Raises :class:`MissingToken` naming ``host`` and what was missing when there is no
+    token. ``insecure`` lets a host with neither a file nor a variable run unchecked
+    (returns ""); a named file that cannot be read or is empty is refused even then,
+    because a token file is only named where a token was meant to be.
+    """
+    who = f"host {host}" if host else "this host"
     path = file_flag or env.get(ENV_TOKEN_FILE, "")
     if path:
+        source = "--slice-token-file" if file_flag else ENV_TOKEN_FILE
         try:
-            return Path(path).read_text().strip()
+            token = Path(path).read_text().strip()
         except OSError as err:
-            raise SystemExit(
-                f"--slice-token-file {path}: cannot read the slice token ({err}); mount the "
-                "slice's Secret there or unset PATHWAYS_SLICE_TOKEN_FILE"
+            raise MissingToken(
+                f"{who}: refusing to start: cannot read the slice token file {path} ({source}): "
+                f"{err.strerror or err}; mount the slice's Secret there"
             ) from None
-    return env.get(ENV_TOKEN, "").strip()
+        if not token:
+            raise MissingToken(
+                f"{who}: refusing to start: the slice token file {path} ({source}) is empty; "
+                "the slice's Secret has no token: delete the Secret and the operator makes a new one"
+            )
+        return token
+    token = env.get(ENV_TOKEN, "").strip()
+    if token or insecure:
+        return token
+    raise MissingToken(
+        f"{who}: refusing to start without a slice token: none of --slice-token-file, "
+        f"${ENV_TOKEN_FILE} or ${ENV_TOKEN} is set, so any caller could use this host. "
+        f"Give it the slice's token, or pass {INSECURE_FLAG} (${ENV_INSECURE}=1) to run a host "
+        "that checks no token"
+    )
