@@ -7,11 +7,15 @@ Cluster commands read what the operator wrote into the objects' ``status`` (thro
     pathways describe slice|program NAME
     pathways logs program|slice NAME [-c CONTAINER | --all-containers] [--tail N] [--log-dir DIR]
 
+``logs program`` starts with the driver's log (``[driver]``), which the operator keeps in
+ConfigMap ``<program>-driver-log`` when the program ends, so it is there after the
+program's own slices are gone.
+
 Program commands load a Python file that defines ``program`` (a ``@pw.program``) and
 ``example_args()`` (the arguments to trace and run it with, a tuple)::
 
     pathways compile prog.py -o manifest.yaml    # ConfigMap (IR + jax.export artifacts) + PathwaysProgram
-    pathways submit prog.py [--wait]             # the same, created in the cluster
+    pathways submit prog.py [--wait [-o json]]   # the same, created in the cluster; --wait prints the results
     pathways run prog.py                         # on the embedded local runtime, no cluster
 
 Every cluster command takes ``--kubeconfig``, ``--context``, ``-n/--namespace`` (before
@@ -29,7 +33,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +42,7 @@ import yaml
 
 from pathways.errors import PathwaysError
 from pathways.kube import (
+    DRIVER_LOG_KEY,
     PROGRAM_KIND,
     SIDECAR_CONTAINER,
     SLICE_KIND,
@@ -51,7 +56,9 @@ from pathways.kube import (
     PodView,
     ProgramView,
     SliceView,
+    driver_log_config_map,
 )
+from pathways.wording import fraction, plural
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -217,8 +224,44 @@ def status_text(
 # -- describe ----------------------------------------------------------------------------
 
 
+FIELD_INDENT = " " * 15
+
+
 def _fields(pairs: Iterable[tuple[str, str]]) -> list[str]:
-    return [f"{key + ':':<14} {value}" for key, value in pairs]
+    """``Key:  value`` lines; a value's further lines are indented under its first."""
+    return [f"{key + ':':<14} " + value.strip().replace("\n", "\n" + FIELD_INDENT) for key, value in pairs]
+
+
+@dataclass
+class _LongMessages:
+    """Multi-line messages (a driver's traceback) are printed once, in full.
+
+    The operator puts the same text in ``status.message``, in its conditions and in an
+    Event; tables show only its first line and say where the rest is.
+    """
+
+    shown: str = ""
+    """The text already printed in full (the program's Message), "" for none."""
+    details: list[tuple[str, str]] = field(default_factory=list)
+
+    def cell(self, message: str, where: str) -> str:
+        lines = message.strip().splitlines()
+        if len(lines) <= 1:
+            return message.strip()
+        more = plural(len(lines) - 1, "more line")
+        if message.strip() == self.shown.strip():
+            return f"{lines[0]} [{more}: see Message]"
+        if all(text != message.strip() for _, text in self.details):
+            self.details.append((where, message.strip()))
+        return f"{lines[0]} [{more}: see Details]"
+
+    def section(self) -> list[str]:
+        if not self.details:
+            return []
+        lines = ["Details:"]
+        for where, text in self.details:
+            lines += [f"  {where}:", *(f"    {line}" for line in text.splitlines())]
+        return lines
 
 
 def _section(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -227,18 +270,25 @@ def _section(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) 
     return [f"{title}:", render_table(headers, rows, indent="  ")]
 
 
-def conditions_section(conditions: Sequence[Condition], now: datetime) -> list[str]:
-    rows = [[c.type, c.status, _dash(c.reason), age(c.last_transition, now), c.message] for c in conditions]
+def conditions_section(
+    conditions: Sequence[Condition], now: datetime, long: _LongMessages | None = None
+) -> list[str]:
+    long = long or _LongMessages()
+    rows = [
+        [c.type, c.status, _dash(c.reason), age(c.last_transition, now), long.cell(c.message, f"condition {c.type}")]
+        for c in conditions
+    ]
     return _section("Conditions", ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], rows)
 
 
-def events_section(events: Sequence[EventView], now: datetime) -> list[str]:
+def events_section(events: Sequence[EventView], now: datetime, long: _LongMessages | None = None) -> list[str]:
+    long = long or _LongMessages()
     rows = []
     for e in list(events)[-RECENT_EVENTS:]:
         when = age(e.last_seen, now)
         if e.count > 1:
             when += f" (x{e.count} over {age(e.first_seen, now)})"
-        rows.append([e.type, e.reason, when, _dash(e.source), e.message])
+        rows.append([e.type, e.reason, when, _dash(e.source), long.cell(e.message, f"event {e.reason}")])
     return _section("Events", ["TYPE", "REASON", "AGE", "FROM", "MESSAGE"], rows)
 
 
@@ -275,7 +325,8 @@ def describe_slice(
     if waiting is not None:
         pairs.append(("Waiting", f"{waiting.reason}: {waiting.message}"))
     lines = _fields(pairs)
-    lines += conditions_section(s.conditions, now)
+    long = _LongMessages()
+    lines += conditions_section(s.conditions, now, long)
     by_name = {p.name: p for p in pods}
     hosts: list[list[str]] = []
     seen: set[str] = set()
@@ -294,7 +345,8 @@ def describe_slice(
     lines += _section("Hosts", ["HOST", "POD", "NODE", "POD IP", "DEVICES", "STATE", "RESTARTS"], hosts)
     users = [[p.name, _dash(p.phase), f"{p.steps_completed}/{p.steps}", _weight(p.weight)] for p in programs]
     lines += _section("Programs", ["PROGRAM", "PHASE", "STEPS", "WEIGHT"], users)
-    lines += events_section(events, now)
+    lines += events_section(events, now, long)
+    lines += long.section()
     return "\n".join(lines)
 
 
@@ -354,8 +406,10 @@ def describe_program(
                 name, vs, kind, str(view.devices), _dash(view.island), _dash(view.phase), _dash(view.ready_hosts),
             ])  # fmt: skip
     lines += _section("Slices", ["NAME", "VIRTUALSLICE", "KIND", "DEVICES", "ISLAND", "PHASE", "READY"], rows)
-    lines += conditions_section(p.conditions, now)
-    lines += events_section(events, now)
+    long = _LongMessages(shown=p.message)
+    lines += conditions_section(p.conditions, now, long)
+    lines += events_section(events, now, long)
+    lines += long.section()
     return "\n".join(lines)
 
 
@@ -446,8 +500,8 @@ def compile_program_file(
     size = sum(len(v) * 3 // 4 for v in config_map["binaryData"].values())
     p = compiled.program
     summary = (
-        f"program '{p.name}': {len(p.computations)} computations on {len(p.slices)} slices, "
-        f"{len(p.inputs)} inputs, {size / 1024:.1f} KiB compiled"
+        f"program '{p.name}': {plural(len(p.computations), 'computation')} on "
+        f"{plural(len(p.slices), 'slice')}, {plural(len(p.inputs), 'input')}, {size / 1024:.1f} KiB compiled"
     )
     return config_map, program, summary
 
@@ -562,19 +616,43 @@ def cmd_describe(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
+def _driver_log(kube: Kube, program: ProgramView, tail: int | None, out: IO[str], err: IO[str]) -> bool:
+    """Prints the driver's log the operator kept for ``program``; False when there is none (yet)."""
+    name = driver_log_config_map(program.name)
+    try:
+        text = kube.config_map_data(program.namespace, name).get(DRIVER_LOG_KEY, "")
+    except NotFoundError:
+        text = ""
+    if not text:
+        if program.done:
+            err.write(f"note: no driver log kept for program {program.name} (no ConfigMap {name}): "
+                      "its driver never started\n")  # fmt: skip
+        else:
+            err.write(f"note: the driver's log of program {program.name} is kept in ConfigMap {name} "
+                      "once the program ends\n")  # fmt: skip
+        return False
+    for line in prefixed("[driver]", text, tail):
+        out.write(line + "\n")
+    return True
+
+
 def cmd_logs(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     kube = _connect(args)
     ns = kube.namespace
+    driver_shown = False
     if args.kind == "program":
         program = ProgramView.from_object(kube.get_program(ns, args.name))
         virtual_slices = sorted(set(program.virtual_slices().values()))
         what = f"program {args.name} (slices {', '.join(virtual_slices) or 'none'})"
+        driver_shown = _driver_log(kube, program, args.tail, out, err)
     else:
         kube.get_slice(ns, args.name)
         virtual_slices = [args.name]
         what = f"slice {args.name}"
     pods = [pod for vs in virtual_slices for pod in kube.pods(ns, f"{SLICE_LABEL}={vs}")]
     if not pods:
+        if driver_shown:
+            return EXIT_OK  # a finished program's slices are gone; its driver's log is what is left
         raise CliError(
             f"{what} has no worker pods in namespace {ns} yet: see `pathways describe {args.kind} {args.name}`"
         )
@@ -641,15 +719,43 @@ def cmd_submit(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if not args.wait:
         err.write(f"watch it with `pathways status -w -n {ns}` or `pathways describe program {name} -n {ns}`\n")
         return EXIT_OK
-    return _wait_program(kube, ns, name, args.timeout, err)
+    view = _wait_program(kube, ns, name, args.timeout, err)
+    if view is None:
+        return EXIT_FAILED
+    if view.phase != "Succeeded":
+        err.write(f"see `pathways logs program {name} -n {ns}` for the driver's output\n")
+        return EXIT_FAILED
+    if not view.results_config_map:
+        raise CliError(f"{name} Succeeded but its status names no results ConfigMap")
+    data = kube.config_map_data(ns, view.results_config_map)
+    out.write(results_text(data, args.output) + "\n")
+    return EXIT_OK
 
 
-def _wait_program(kube: Kube, ns: str, name: str, timeout: float, err: IO[str]) -> int:
+def _natural(key: str) -> tuple[str, int]:
+    stem, _, number = key.rpartition("_")
+    return (stem, int(number)) if number.isdigit() else (key, -1)
+
+
+def results_text(data: Mapping[str, str], fmt: str) -> str:
+    """A results ConfigMap's values (JSON each), as ``pathways run`` prints outputs.
+
+    ``text``: one ``key: value`` line per result (``output_0``, ``output_1``, ... in order);
+    ``json``: one object.
+    """
+    results = {key: json.loads(data[key]) for key in sorted(data, key=_natural)}
+    if fmt == "json":
+        return json.dumps(results)
+    return "\n".join(f"{key}: {json.dumps(value)}" for key, value in results.items())
+
+
+def _wait_program(kube: Kube, ns: str, name: str, timeout: float, err: IO[str]) -> ProgramView | None:
+    """Follows the program until it ends (its view), or None after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout if timeout else None
     shown = ""
     while True:
         view = ProgramView.from_object(kube.get_program(ns, name))
-        line = f"{view.phase or 'Pending'} {view.steps_completed}/{view.steps} steps"
+        line = f"{view.phase or 'Pending'} {fraction(view.steps_completed, view.steps, 'step')}"
         if view.message:
             line += f": {view.message}"
         if line != shown:
@@ -657,13 +763,13 @@ def _wait_program(kube: Kube, ns: str, name: str, timeout: float, err: IO[str]) 
             err.flush()
             shown = line
         if view.done:
-            return EXIT_OK if view.phase == "Succeeded" else EXIT_FAILED
+            return view
         if deadline is not None and time.monotonic() >= deadline:
             err.write(
                 f"error: {name} is still {view.phase or 'Pending'} after {human_duration(timeout)}: "
                 f"see `pathways describe program {name} -n {ns}`\n"
             )
-            return EXIT_FAILED
+            return None
         time.sleep(1.0)
 
 
@@ -674,7 +780,7 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import pathways as pw
 
     loaded = load_program_file(Path(args.file))
-    err.write(f"running '{loaded.function.name}' on the embedded local runtime ({args.steps} step(s))\n")
+    err.write(f"running '{loaded.function.name}' on the embedded local runtime ({plural(args.steps, 'step')})\n")
     try:
         outputs: Any = None
         for step in range(args.steps):
@@ -735,7 +841,9 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("name")
     describe.set_defaults(run=cmd_describe)
 
-    logs = commands.add_parser("logs", help="the workers' logs, each line prefixed by its host")
+    logs = commands.add_parser(
+        "logs", help="a program's driver log and its workers' logs, each line prefixed by where it came from"
+    )
     _cluster_options(logs, suppress=True)
     logs.add_argument("kind", choices=("program", "slice"))
     logs.add_argument("name")
@@ -766,7 +874,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("file", help=f"a Python file that must {PROGRAM_FILE_HELP}")
     submit.add_argument("--name", default=None, help="PathwaysProgram name (default: the program's)")
     submit.add_argument("--steps", type=positive_int, default=1, help="spec.steps (default 1)")
-    submit.add_argument("--wait", action="store_true", help="wait for Succeeded (exit 0) or Failed (exit 1)")
+    submit.add_argument(
+        "--wait", action="store_true",
+        help="wait for Succeeded (print the results, exit 0) or Failed (exit 1)",
+    )  # fmt: skip
+    submit.add_argument("-o", "--output", choices=("text", "json"), default="text", help="with --wait: results as")
     submit.add_argument("--timeout", type=parse_duration, default=0.0, help="with --wait: give up after this long")
     submit.set_defaults(run=cmd_submit)
 

@@ -44,6 +44,8 @@ PROGRAM_PLURAL = "pathwaysprograms"
 SLICE_LABEL = "pathways.dev/slice"
 HOST_INDEX_LABEL = "pathways.dev/host-index"
 PROGRAM_LABEL = "pathways.dev/program"
+DRIVER_LOG_KEY = "driver.log"
+"""Key of the driver's log in its ConfigMap (see :func:`driver_log_config_map`)."""
 WORKER_CONTAINER = "worker"
 SIDECAR_CONTAINER = "dataflow"
 DEFAULT_MAX_RESTARTS = 3
@@ -53,6 +55,11 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 
 Manifest = dict[str, Any]
 """A Kubernetes object as JSON (what the API returns, what ``-o yaml`` prints)."""
+
+
+def driver_log_config_map(program: str) -> str:
+    """The ConfigMap where the operator keeps a finished program's driver log, owned by the program."""
+    return f"{program}-driver-log"
 
 
 class KubeError(PathwaysError):
@@ -519,6 +526,14 @@ class Kube:
             self._api("CoreV1Api").patch_namespaced_config_map,
             name, namespace, {"metadata": {"ownerReferences": [reference]}},
         )  # fmt: skip
+
+    def config_map_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A ConfigMap's ``data``; :class:`NotFoundError` when it does not exist."""
+        out = self._call(
+            f'getting ConfigMap "{name}" in namespace {namespace}',
+            self._api("CoreV1Api").read_namespaced_config_map, name, namespace,
+        )  # fmt: skip
+        return {str(k): str(v) for k, v in _map(_map(out).get("data")).items()}
 
     # -- pods, events, logs --------------------------------------------------------------
 

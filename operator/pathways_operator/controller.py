@@ -45,6 +45,7 @@ from typing import Protocol
 from pathways import ir
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire.slice_token import new_token
+from pathways.wording import fraction, plural
 from pathways_operator.core.island_scheduler import Grant, IslandScheduler, ScheduledComputation
 from pathways_operator.core.placement import GangRequest, Machine, Placement, Unplaceable, place_gang
 from pathways_operator.host_link import HostLink
@@ -226,7 +227,7 @@ class Controller:
                     if rec.decl.devices != decl.devices:
                         raise ControllerError(
                             "INVALID_ARGUMENT",
-                            f"slice '{decl.name}' exists with {rec.decl.devices} devices; "
+                            f"slice '{decl.name}' exists with {plural(rec.decl.devices, 'device')}; "
                             f"a program asked for {decl.devices}. Use another name or the same size",
                         )
                     rec.clients.add(client)
@@ -294,7 +295,7 @@ class Controller:
                     if rec.decl.devices != decl.devices:
                         raise ControllerError(
                             "INVALID_ARGUMENT",
-                            f"VirtualSlice {key} has {rec.decl.devices} devices; the program "
+                            f"VirtualSlice {key} has {plural(rec.decl.devices, 'device')}; the program "
                             f"asked for {decl.devices}",
                         )
                     rec.clients.add(client)
@@ -739,11 +740,11 @@ class Controller:
                     owed[f"{link.name} ({link.address})"].append(seq)
         if not owed:
             return (
-                f"{call.completed}/{call.total} computations done; the rest are not granted yet "
+                f"{fraction(call.completed, call.total, 'computation')} done; the rest are not granted yet "
                 "(waiting for their inputs or behind other programs on the slice)"
             )
         hosts = "; ".join(f"host {h} has not completed grant(s) {seqs[:5]}" for h, seqs in sorted(owed.items()))
-        return f"{call.completed}/{call.total} computations done; waiting on {hosts}"
+        return f"{fraction(call.completed, call.total, 'computation')} done; waiting on {hosts}"
 
     def finish_call(self, call_id: str) -> pb.CallStatus:
         with self._changed:

@@ -307,6 +307,28 @@ def test_logs_through_the_api_need_a_kubelet_and_say_so(scene: Scene) -> None:
     assert "--log-dir DIR" in err
 
 
+DRIVER_LOG = "--- starting at step 0: -m pathways.driver\nTraceback (most recent call last):\nValueError: boom\n"
+
+
+def test_logs_of_a_finished_program_show_its_driver_log(scene: Scene) -> None:
+    """What the operator leaves of an ended program: its status, and its driver's log in a
+    ConfigMap the program owns; its inline slice and that slice's pods are gone."""
+    scene.create("pathwaysprograms", pathways_program("finished", {"name": "main", "template": {"devices": 4}}, steps=1))
+    scene.set_status("pathwaysprograms", "finished", {
+        "phase": "Failed", "message": "the entrypoint raised ValueError: boom", "sliceNames": "main=finished-main",
+    })  # fmt: skip
+    core: Any = client.CoreV1Api(scene.cluster.api)
+    core.create_namespaced_config_map(scene.namespace, {
+        "metadata": {"name": "finished-driver-log", "labels": {"pathways.dev/program": "finished"}},
+        "data": {"driver.log": DRIVER_LOG},
+    })  # fmt: skip
+    code, out, err = scene.cli("logs", "program", "finished")
+    assert code == EXIT_OK, err
+    assert out.splitlines() == [f"[driver] {line}" for line in DRIVER_LOG.splitlines()]
+    code, out, _ = scene.cli("logs", "program", "finished", "--tail", "1")
+    assert (code, out) == (EXIT_OK, "[driver] ValueError: boom\n")
+
+
 # -- submit ------------------------------------------------------------------------------
 
 
@@ -327,6 +349,41 @@ PROGRAM_FILE = textwrap.dedent(
         return (np.array([1.0, 2.0], np.float32),)
     """
 )
+
+
+@pytest.mark.timeout(180)
+def test_submit_wait_prints_the_results(scene: Scene, tmp_path: Path) -> None:
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM_FILE)
+    core: Any = client.CoreV1Api(scene.cluster.api)
+
+    def succeed_when_created() -> None:  # what the operator does when the driver reports results
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                scene.custom.get_namespaced_custom_object(GROUP, VERSION, scene.namespace, "pathwaysprograms", "waited")
+                break
+            except client.ApiException:
+                time.sleep(0.2)
+        core.create_namespaced_config_map(scene.namespace, {
+            "metadata": {"name": "waited-results"}, "data": {"output_1": "[2.0, 4.0]", "output_0": "[3.0, 5.0]"},
+        })  # fmt: skip
+        scene.set_status("pathwaysprograms", "waited", {
+            "phase": "Succeeded", "stepsCompleted": 1,
+            "results": {"configMap": "waited-results", "keys": ["output_0", "output_1"]},
+        })  # fmt: skip
+
+    thread = threading.Thread(target=succeed_when_created)
+    thread.start()
+    code, out, err = scene.cli("submit", str(path), "--name", "waited", "--wait", "--timeout", "2m")
+    thread.join()
+    assert code == EXIT_OK, err
+    assert out.splitlines() == [
+        "pathwaysprogram.pathways.dev/waited created (ConfigMap waited-compiled)",
+        "output_0: [3.0, 5.0]",
+        "output_1: [2.0, 4.0]",
+    ]
+    assert "waited: Succeeded 1/1 step" in err
 
 
 @pytest.mark.timeout(180)

@@ -82,6 +82,7 @@ def test_submitted_program_succeeds_with_its_results(objects: Objects, operator:
     done = objects.program("paper-program")
     assert code == EXIT_OK, f"{err}\n{json.dumps(done.get('status'), indent=1)}\n{operator.log_tail()}"
     assert "paper-program created" in out
+    assert out.splitlines()[-2:] == ["output_0: [3.0, 5.0]", "output_1: [2.0, 4.0]"], "--wait prints the results"
     assert done["status"]["phase"] == "Succeeded"
     assert done["status"]["stepsCompleted"] == 3 and done["status"]["progress"] == "3/3"
     assert results(objects, done) == {"output_0": [3.0, 5.0], "output_1": [2.0, 4.0]}
@@ -92,6 +93,9 @@ def test_submitted_program_succeeds_with_its_results(objects: Objects, operator:
         lambda: objects.get("virtualslices", f"paper-program-{inline}") is None,
         timeout=60, what="the program's inline slice removed when it ended",
     )
+    code, logs, err = cli(objects, "logs", "program", "paper-program", "--log-dir", str(objects.cluster.state_dir))
+    assert code == EXIT_OK, err
+    assert "[driver] --- starting at step 0: -m pathways.driver" in logs.splitlines(), logs
 
 
 @pytest.mark.timeout(300, func_only=True)

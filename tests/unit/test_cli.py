@@ -9,6 +9,7 @@ parsed); only ``test_views_parse_api_objects`` starts from JSON. Cluster behavio
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import textwrap
 from datetime import datetime, timedelta, timezone
@@ -32,11 +33,13 @@ from pathways.cli import (
     prefixed,
     program_table,
     render_table,
+    results_text,
     slice_table,
     status_text,
 )
 from pathways.compiled import CONFIG_MAP_LIMIT, CompiledProgram, resource_name
 from pathways.errors import InvalidProgramError
+from pathways.wording import fraction, plural
 from pathways.kube import (
     Condition,
     EventView,
@@ -230,6 +233,64 @@ def test_describe_program_names_the_slice_it_waits_for() -> None:
 def test_describe_program_with_a_missing_slice() -> None:
     text = describe_program(running_program(), {"main": None, "aux": None}, [], NOW)
     assert "main   shared         shared   -         -        not found" in text
+
+
+TRACEBACK = """the entrypoint raised ValueError: boom
+--- driver log (tail) ---
+Traceback (most recent call last):
+  File "examples/programs.py", line 50, in paper_example
+    raise ValueError("boom")
+ValueError: boom"""
+
+
+def test_describe_program_shows_a_traceback_once() -> None:
+    """The operator puts one failure in status.message, two conditions and an Event."""
+    failed = dataclasses.replace(
+        running_program(),
+        phase="Failed",
+        message=TRACEBACK,
+        conditions=(
+            Condition("Running", "False", "ComputationFailed", TRACEBACK, ago(seconds=5)),
+            Condition("Failed", "True", "ComputationFailed", TRACEBACK, ago(seconds=5)),
+        ),
+    )
+    events = [EventView("Warning", "ComputationFailed", TRACEBACK, 1, ago(seconds=5), ago(seconds=5), "kube-pathways")]
+    text = describe_program(failed, {"main": ready_slice(), "aux": None}, events, NOW)
+    assert text.count("Traceback (most recent call last):") == 1, text
+    assert text.count('raise ValueError("boom")') == 1, text
+    assert "Message:       the entrypoint raised ValueError: boom\n               --- driver log (tail) ---" in text
+    assert text.count("the entrypoint raised ValueError: boom [5 more lines: see Message]") == 3, text
+    assert "Details:" not in text
+
+
+def test_describe_slice_prints_a_long_message_once_under_details() -> None:
+    long = "gang recreated: pod shared-1 failed\nits worker said:\nOSError: no space left"
+    view = dataclasses.replace(
+        ready_slice(), conditions=(Condition("Degraded", "True", "HostLost", long, ago(minutes=1)),)
+    )
+    events = [EventView("Warning", "GangRecreated", long, 1, ago(minutes=1), ago(minutes=1))]
+    text = describe_slice(view, [], [], events, NOW)
+    assert text.count("OSError: no space left") == 1, text
+    assert text.count("gang recreated: pod shared-1 failed [2 more lines: see Details]") == 2, text
+    assert text.endswith("Details:\n  condition Degraded:\n    gang recreated: pod shared-1 failed\n"
+                         "    its worker said:\n    OSError: no space left")
+
+
+@pytest.mark.parametrize(
+    ("count", "noun", "text"),
+    [(0, "host", "0 hosts"), (1, "host", "1 host"), (2, "host", "2 hosts"), (1, "device", "1 device")],
+)
+def test_counts_agree_with_their_nouns(count: int, noun: str, text: str) -> None:
+    assert plural(count, noun) == text
+    assert fraction(1, count, noun) == f"1/{text}"
+
+
+def test_results_print_in_output_order_as_text_or_json() -> None:
+    data = {f"output_{i}": f"[{i}.0]" for i in (10, 2, 0, 1)}
+    assert results_text(data, "text").splitlines() == [
+        "output_0: [0.0]", "output_1: [1.0]", "output_2: [2.0]", "output_10: [10.0]",
+    ]  # fmt: skip
+    assert results_text(data, "json") == '{"output_0": [0.0], "output_1": [1.0], "output_2": [2.0], "output_10": [10.0]}'
 
 
 # -- logs --------------------------------------------------------------------------------

@@ -86,6 +86,14 @@ def test_fragmentation_is_explained() -> None:
     assert "8 free but room for only 0 of 2 hosts of 4" in u.message
 
 
+def test_one_of_a_thing_is_singular() -> None:
+    waiting = refused(place_gang(GangRequest("s", 1), island("a", 1, 1, used=(1,))))
+    assert "slice 's' needs 1 device on one island (1 host of 1); best is a with 0 free" == waiting.message
+    too_big = refused(place_gang(GangRequest("s", 2, devices_per_host=2), island("a", 2, 1)))
+    assert "has 1 device, less than a host of 2" in too_big.message, too_big.message
+    assert "1 devices" not in too_big.message and "1 hosts" not in too_big.message
+
+
 def test_cordoned_machines_count_for_never_but_not_for_now() -> None:
     machines = [dataclasses.replace(m, schedulable=False) for m in island("a", 2, 4)]
     u = refused(place_gang(GangRequest("s", 8), machines))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from pathways.wording import plural
 from pathways_operator.core.placement import (
     GangRequest,
     Machine,
@@ -140,7 +141,7 @@ def _place_outside(
     return Unplaceable(
         request.slice,
         Reason.ISLAND_RESERVED,
-        f"slice {request.slice!r} ({request.devices} devices) would fit on {island}, but "
+        f"slice {request.slice!r} ({plural(request.devices, 'device')}) would fit on {island}, but "
         f"{island} is held for slice {holder!r}, which has waited {waited:.0f}s for room; "
         "it is admitted once that slice is placed",
         closest_island=island,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
+from pathways.wording import plural
 from pathways_operator.core.reasons import Reason
 
 RETRYABLE_REASONS = frozenset({Reason.INSUFFICIENT_DEVICES, Reason.ISLAND_RESERVED})
@@ -178,7 +179,7 @@ def place_gang(request: GangRequest, machines: Sequence[Machine]) -> Placement |
         return Unplaceable(
             request.slice,
             Reason.NO_ISLAND,
-            f"slice {request.slice!r} needs {request.devices} devices but no machine offers "
+            f"slice {request.slice!r} needs {plural(request.devices, 'device')} but no machine offers "
             "devices on any island (label Nodes pathways.dev/island and give them "
             "pathways.dev/device capacity)",
         )
@@ -220,7 +221,7 @@ def _check_request(request: GangRequest) -> Unplaceable | None:
         return Unplaceable(
             request.slice,
             Reason.INVALID_SPEC,
-            f"slice {request.slice!r} asks for {request.devices} devices in hosts of {dph}; "
+            f"slice {request.slice!r} asks for {plural(request.devices, 'device')} in hosts of {dph}; "
             f"devices must be a multiple of devicesPerHost (divisors of {request.devices}: "
             f"{_divisors_text(request.devices)})",
         )
@@ -249,21 +250,21 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
         return dataclasses.replace(
             fit,
             never=Reason.EXCEEDS_ISLAND,
-            why_never=f"{island} has {total} devices in all",
+            why_never=f"{island} has {plural(total, 'device')} in all",
         )
     if host_size > largest:
         biggest = min((m for m in machines if m.allocatable_devices == largest), key=lambda m: m.name)
         return dataclasses.replace(
             fit,
             never=Reason.EXCEEDS_ISLAND,
-            why_never=f"the largest machine on {island} ({biggest.name}) has {largest} devices, "
+            why_never=f"the largest machine on {island} ({biggest.name}) has {plural(largest, 'device')}, "
             f"less than a host of {host_size}",
         )
     if request.devices % host_size:
         return dataclasses.replace(
             fit,
             never=Reason.INDIVISIBLE_DEVICES,
-            why_never=f"{island} has {host_size} devices per machine and {request.devices} "
+            why_never=f"{island} has {plural(host_size, 'device')} per machine and {request.devices} "
             f"is not a multiple of {host_size}",
         )
     slots_when_empty = sum(m.allocatable_devices // host_size for m in machines)
@@ -271,7 +272,7 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
         return dataclasses.replace(
             fit,
             never=Reason.EXCEEDS_ISLAND,
-            why_never=f"{island} holds at most {slots_when_empty} hosts of {host_size} "
+            why_never=f"{island} holds at most {plural(slots_when_empty, 'host')} of {host_size} "
             f"even when empty, and the slice needs {hosts_needed}",
         )
     return fit
@@ -298,17 +299,17 @@ def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
         best = ranked[0]
         if request.island is not None:
             message = (
-                f"slice {name!r} needs {request.devices} devices on island {best.island} "
+                f"slice {name!r} needs {plural(request.devices, 'device')} on island {best.island} "
                 f"(pinned){_shape(waiting)}; it has {_free_text(best)}"
             )
         else:
             others = ", ".join(f"{f.island} has {_free_text(f)}" for f in ranked[1:_LISTED_ISLANDS])
             more = len(ranked) - _LISTED_ISLANDS
             message = (
-                f"slice {name!r} needs {request.devices} devices on one island{_shape(waiting)}; "
+                f"slice {name!r} needs {plural(request.devices, 'device')} on one island{_shape(waiting)}; "
                 f"best is {best.island} with {_free_text(best)}"
                 + (f", {others}" if others else "")
-                + (f" (and {more} more islands)" if more > 0 else "")
+                + (f" (and {plural(more, 'more island')})" if more > 0 else "")
             )
         return Unplaceable(name, Reason.INSUFFICIENT_DEVICES, message, closest_island=best.island)
 
@@ -325,17 +326,17 @@ def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
     if size_only and request.island is None:
         largest = max(fits, key=lambda f: (f.total_devices, f.island))
         message = (
-            f"slice {name!r} asks for {request.devices} devices but the largest island "
+            f"slice {name!r} asks for {plural(request.devices, 'device')} but the largest island "
             f"({largest.island}) has {largest.total_devices}"
         )
     elif size_only:
         message = (
-            f"slice {name!r} asks for {request.devices} devices but its pinned island "
+            f"slice {name!r} asks for {plural(request.devices, 'device')} but its pinned island "
             f"{fits[0].island} has {fits[0].total_devices}"
         )
     else:
         message = (
-            f"slice {name!r} ({request.devices} devices) cannot fit on any island even when "
+            f"slice {name!r} ({plural(request.devices, 'device')}) cannot fit on any island even when "
             "it is empty: " + "; ".join(f.why_never for f in fits) + fix
         )
     return Unplaceable(name, reason, message)
@@ -347,14 +348,14 @@ def _shape(fits: Sequence[_IslandFit]) -> str:
         return ""
     size = sizes.pop()
     hosts = fits[0].hosts_needed
-    return f" ({hosts} host{'s' if hosts != 1 else ''} of {size})"
+    return f" ({plural(hosts, 'host')} of {size})"
 
 
 def _free_text(fit: _IslandFit) -> str:
     text = f"{fit.free_devices} free"
     if fit.free_devices >= fit.hosts_needed * fit.host_size:
         # Enough devices in total, but spread so that not enough whole hosts fit.
-        text += f" but room for only {fit.free_slots} of {fit.hosts_needed} hosts of {fit.host_size}"
+        text += f" but room for only {fit.free_slots} of {plural(fit.hosts_needed, 'host')} of {fit.host_size}"
     return text
 
 

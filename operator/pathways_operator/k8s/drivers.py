@@ -15,7 +15,8 @@ directory ``<state-dir>/<namespace>/<name>-<uid>/``:
     written by the driver as it exits: the results, or the error and whether
     running again can help;
 ``driver.log``
-    the driver's stdout and stderr, quoted in failure messages;
+    the driver's stdout and stderr, quoted in failure messages; its end is copied into
+    ConfigMap ``<program>-driver-log`` when the program ends (``pathways logs program``);
 ``compiled-program.json``
     for a ``spec.source.configMapRef`` program, the ConfigMap the operator read and
     checked, handed to the driver as ``--compiled-program`` (drivers hold no API
@@ -115,6 +116,20 @@ class DriverSupervisor:
 
     def steps_completed(self, namespace: str, name: str, uid: str) -> int:
         return steps_completed(self.workdir(namespace, name, uid) / "progress.jsonl")
+
+    def log_text(self, namespace: str, name: str, uid: str, limit_bytes: int) -> str:
+        """The end of the program's ``driver.log`` (at most ``limit_bytes``, from a line start); "" if none."""
+        try:
+            with open(self.workdir(namespace, name, uid) / "driver.log", "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - limit_bytes))
+                data = f.read(limit_bytes)
+        except OSError:
+            return ""
+        if size > limit_bytes:
+            data = data[data.find(b"\n") + 1:]
+            data = f"... ({size - len(data)} earlier bytes not kept)\n".encode() + data
+        return data.decode(errors="replace")
 
     def status(self, namespace: str, name: str, uid: str) -> DriverStatus:
         """What the program's driver is doing (a leftover from an earlier operator counts as absent)."""

@@ -39,6 +39,8 @@ from pathlib import Path
 
 from pathways.compiled import CompiledProgram
 from pathways.errors import InvalidProgramError
+from pathways.kube import DRIVER_LOG_KEY, driver_log_config_map
+from pathways.wording import fraction, plural
 
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.reasons import (
@@ -72,6 +74,8 @@ _SOON = 1.0
 _IDLE = 15.0
 SUSPEND_GRACE_S = 60.0
 """How long a driver asked to suspend may take to reach a step boundary before it is stopped."""
+DRIVER_LOG_KEEP_BYTES = 256 << 10
+"""How much of a finished driver's log its ConfigMap keeps (the end; a ConfigMap holds at most 1 MiB)."""
 
 _P = ProgramPhase
 _C = ProgramConditionType
@@ -164,6 +168,8 @@ class ProgramReconciler:
             self._fail(program, outcome, err.reason, str(err))
         else:
             self._run(program, outcome, slices)
+        if is_terminal(outcome.phase):
+            self._keep_driver_log(program)  # before the phase says it ended: then the log is there
         self._write_status(program, outcome)
         if is_terminal(outcome.phase):
             self._finish(program)
@@ -432,9 +438,9 @@ class ProgramReconciler:
             what = "Started" if done == 0 else f"Restarted from step {done}:"
             source = spec.entrypoint or f"ConfigMap {spec.config_map}"
             outcome.events.append(("Normal", str(Reason.STEPS_RUNNING),
-                                   f"{what} driver for {source} ({spec.steps} steps)"))
+                                   f"{what} driver for {source} ({plural(spec.steps, 'step')})"))
         self._move(program, outcome, _P.RUNNING)
-        message = f"{done}/{spec.steps} steps completed"
+        message = f"{fraction(done, spec.steps, 'step')} completed"
         self._condition(program, outcome, _C.RUNNING, "True", Reason.STEPS_RUNNING, message)
         outcome.status = dataclasses.replace(
             outcome.status, message=message, start_time=outcome.status.start_time or now_rfc3339()
@@ -474,7 +480,7 @@ class ProgramReconciler:
         self._drivers.discard_outcome(program.namespace, program.name, program.uid)
         self._delete_inline_slices(program.namespace, program.name, program.uid)
         where = self.checkpoint_dir(program)
-        message = (f"spec.suspend is true: stopped after {done} of {program.spec.steps} steps; "
+        message = (f"spec.suspend is true: stopped after {done} of {plural(program.spec.steps, 'step')}; "
                    "it holds no slices of its own and continues from "
                    + (f"its last checkpoint in {where}" if where else f"step {done}")
                    + " when spec.suspend is false")
@@ -529,7 +535,7 @@ class ProgramReconciler:
             return
         done = outcome.status.steps_completed
         message = (
-            f"the driver lost a host after {done} steps ({driver.error}); it runs again from "
+            f"the driver lost a host after {plural(done, 'step')} ({driver.error}); it runs again from "
             f"step {done} once every slice is Ready"
         )
         log.warning("%s: %s", program.key, message)
@@ -557,7 +563,7 @@ class ProgramReconciler:
             },
         )
         steps = program.spec.steps
-        message = f"all {steps} steps completed; results in ConfigMap {config_map}"
+        message = f"{'all ' if steps != 1 else ''}{plural(steps, 'step')} completed; results in ConfigMap {config_map}"
         self._move(program, outcome, _P.SUCCEEDED)
         self._condition(program, outcome, _C.RUNNING, "False", Reason.STEPS_COMPLETED, message)
         self._condition(program, outcome, _C.SUCCEEDED, "True", Reason.STEPS_COMPLETED, message)
@@ -581,6 +587,28 @@ class ProgramReconciler:
         outcome.status = dataclasses.replace(outcome.status, message=message, completion_time=now_rfc3339())
         outcome.events.append(("Warning", str(reason), message))
         outcome.delay = _IDLE
+
+    def _keep_driver_log(self, program: ProgramObject) -> None:
+        """Copy the end of the driver's log into ConfigMap ``<program>-driver-log``, owned by the
+        program: ``pathways logs program`` reads it after the program's slices are gone."""
+        text = self._drivers.log_text(program.namespace, program.name, program.uid, DRIVER_LOG_KEEP_BYTES)
+        if not text:
+            return  # no driver ever ran (the spec was refused)
+        name = driver_log_config_map(program.name)
+        try:
+            self._api.apply_configmap(program.namespace, {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": program.namespace,
+                    "labels": {PROGRAM_LABEL: program.name, MANAGED_BY_LABEL: MANAGED_BY},
+                    "ownerReferences": [program.owner_reference()],
+                },
+                "data": {DRIVER_LOG_KEY: text},
+            })  # fmt: skip
+        except KubeError as err:
+            log.warning("%s: keeping the driver's log in ConfigMap %s: %s", program.key, name, err)
 
     def _finish(self, program: ProgramObject) -> None:
         """A program that ended holds nothing: no driver, no slices of its own."""

@@ -65,6 +65,7 @@ from typing import Protocol
 from pathways import ir
 from pathways.wire import pathways_pb2 as pb
 from pathways.wire.slice_token import new_token
+from pathways.wording import fraction, plural
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.phases import SlicePhase, check_transition
 from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement, Unplaceable
@@ -281,7 +282,7 @@ class SliceReconciler:
             outcome.delay = _SOON
             self._summaries[vslice.key] = (
                 f"VirtualSlice {vslice.key} is {outcome.phase}: waiting for "
-                f"{len(strays)} pods of its previous gang to terminate"
+                f"{plural(len(strays), 'pod')} of its previous gang to terminate"
             )
             return outcome
         placed = self._admit(vslice)
@@ -498,13 +499,13 @@ class SliceReconciler:
                 nodes = ", ".join(sorted({h.machine for h in hosts}))
                 outcome.events.append((
                     "Normal", str(Reason.ADMITTED),
-                    f"Admitted on {placement.island}: {len(hosts)} hosts of "
-                    f"{placement.devices_per_host} devices on {nodes}",
+                    f"Admitted on {placement.island}: {plural(len(hosts), 'host')} of "
+                    f"{plural(placement.devices_per_host, 'device')} on {nodes}",
                 ))
             self._move(vslice, outcome, _S.LAUNCHING)
         self._condition(
             vslice, outcome, _C.ADMITTED, "True", Reason.ADMITTED,
-            f"gang of {len(hosts)} hosts of {placement.devices_per_host} devices placed on "
+            f"gang of {plural(len(hosts), 'host')} of {plural(placement.devices_per_host, 'device')} placed on "
             f"{placement.island} ({', '.join(h.machine for h in hosts)})",
         )
         outcome.island = placement.island
@@ -525,7 +526,7 @@ class SliceReconciler:
         )
         outcome.ready_hosts = f"{len(ready)}/{len(hosts)}"
         if len(ready) < len(hosts):
-            waiting = problem or f"{len(ready)}/{len(hosts)} hosts running and ready"
+            waiting = problem or f"{fraction(len(ready), len(hosts), 'host')} running and ready"
             return self._not_ready(vslice, outcome, waiting)
 
         addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in hosts)
@@ -561,7 +562,7 @@ class SliceReconciler:
                 f"Gang ready on {placement.island}: {', '.join(addresses)}",
             ))
         self._move(vslice, outcome, _S.READY)
-        message = f"all {len(hosts)} hosts ready on {placement.island}"
+        message = f"{'all ' if len(hosts) != 1 else ''}{plural(len(hosts), 'host')} ready on {placement.island}"
         self._condition(vslice, outcome, _C.READY, "True", Reason.GANG_READY, message)
         if find_condition(outcome.conditions, _C.DEGRADED) is not None:
             self._condition(vslice, outcome, _C.DEGRADED, "False", Reason.GANG_READY, message)
@@ -692,7 +693,7 @@ class SliceReconciler:
         limit = vslice.spec.max_restarts
         if outcome.restarts >= limit:
             message = (
-                f"{loss}; the gang was already recreated {outcome.restarts} times "
+                f"{loss}; the gang was already recreated {plural(outcome.restarts, 'time')} "
                 f"(failurePolicy.maxRestarts={limit})"
             )
             self._move(vslice, outcome, _S.FAILED)
