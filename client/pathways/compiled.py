@@ -47,6 +47,7 @@ from pathways import ir
 from pathways.errors import InvalidProgramError
 from pathways.tracing import ProgramFunction
 from pathways.wire import pathways_pb2 as pb
+from pathways.wording import plural
 
 FORMAT = "compiled-program/v1"
 FORMAT_ANNOTATION = "pathways.dev/format"
@@ -188,7 +189,7 @@ class CompiledProgram:
             inputs = tuple(npz[f"arr_{i}"] for i in range(len(npz.files)))
         if len(inputs) != len(program.inputs):
             raise InvalidProgramError(
-                f"{where}: binaryData {INPUTS_KEY} holds {len(inputs)} inputs for a program of "
+                f"{where}: binaryData {INPUTS_KEY} holds {plural(len(inputs), 'input')} for a program of "
                 f"{len(program.inputs)}: compile it again"
             )
         for i, (array, spec) in enumerate(zip(inputs, program.inputs)):
@@ -221,8 +222,8 @@ class CompiledProgram:
             name, devices = found
             if devices != decl.devices:
                 raise InvalidProgramError(
-                    f"spec.slices {decl.id!r}: VirtualSlice {name} has {devices} devices; the "
-                    f"compiled program needs {decl.devices}; give it {decl.devices} devices"
+                    f"spec.slices {decl.id!r}: VirtualSlice {name} has {plural(devices, 'device')}; the "
+                    f"compiled program needs {decl.devices}; give it {plural(decl.devices, 'device')}"
                 )
             bound.append(dataclasses.replace(decl, name=name))
         return dataclasses.replace(self.program, slices=tuple(bound))

@@ -60,6 +60,8 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from pathways.wording import plural
+
 STRIDE = float(1 << 20)
 """Pass advance of a call of weight 1 per grant; large so that float passes stay precise."""
 
@@ -166,7 +168,7 @@ class IslandScheduler:
         active = self._calls.get(call_id)
         if active is not None:
             raise ValueError(
-                f"call {call_id!r} is still active ({len(active.todo)} computations not granted, "
+                f"call {call_id!r} is still active ({plural(len(active.todo), 'computation')} not granted, "
                 f"{active.outstanding} granted and not completed); submit it under a new id"
             )
         seen: set[int] = set()
