@@ -161,7 +161,7 @@ def test_missing_executable_fails_the_pod_with_start_error(
 @pytest.mark.timeout(60, func_only=True)
 def test_exec_readiness_and_http_liveness_probes(cluster: Cluster, namespace: str) -> None:
     server = container(
-        "web", "python", "-m", "http.server", "8080", "--bind", "$(POD_IP)",
+        "web", "python", "-u", "-m", "http.server", "8080", "--bind", "$(POD_IP)",  # -u: its banner reaches the log
         env=[field_env("POD_IP", "status.podIP")], mounts={"podinfo": "/etc/podinfo"},
     )  # fmt: skip
     server["readinessProbe"] = {
@@ -182,10 +182,13 @@ def test_exec_readiness_and_http_liveness_probes(cluster: Cluster, namespace: st
         return p if conditions.get("Ready") == "True" else None
 
     probed = cluster.poll(ready, timeout=30, what="pod Ready through its probes")
-    time.sleep(3)  # a few liveness periods
+    log = cluster.container_log(namespace, "probed", "web")
+    liveness_probe = '"GET / HTTP/1.1" 200'
+    cluster.poll(
+        lambda: log.read_text().count(liveness_probe) >= 3 or None, timeout=30,
+        what="three liveness probes answered by the server",
+    )  # fmt: skip
     status = cluster.core.read_namespaced_pod("probed", namespace).status.container_statuses[0]
     assert status.ready and status.restart_count == 0 and status.state.running is not None
-    assert (
-        probed.status.pod_ip in cluster.container_log(namespace, "probed", "web").read_text()
-        or True
-    )
+    # $(POD_IP) was expanded: the server bound the pod's own IP, where the probes reached it
+    assert f"Serving HTTP on {probed.status.pod_ip} port 8080" in log.read_text(), log.read_text()
