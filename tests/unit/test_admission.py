@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from pathways_operator.core.admission import QueuedGang, admit, queue_order
-from pathways_operator.core.placement import Placement, Unplaceable
+from pathways_operator.core.placement import GangRequest, HostResources, Placement, Unplaceable
 from pathways_operator.core.reasons import Reason
 
 from .builders import gang, island
@@ -101,3 +101,13 @@ def test_many_gangs_fill_exactly_without_over_commit() -> None:
         for machine, n in p.devices_by_machine().items():
             use[machine] = use.get(machine, 0) + n
     assert all(n <= 8 for n in use.values())
+
+
+def test_two_gangs_admitted_together_never_over_commit_cpu() -> None:
+    # Devices for both (2 x 4 on one 8-device machine), CPU for one (6 of 8 CPUs each).
+    needs = HostResources(cpu_millis=6_000)
+    q = [QueuedGang(GangRequest(name, 4, host_resources=needs), queued_at=at) for name, at in (("x", 1), ("y", 2))]
+    r = admit(q, island("a", 1, 8, cpu=8_000), now=NOW)
+    assert names(r.admitted) == ["x"]
+    assert names(r.waiting) == ["y"]
+    assert "free cpu/memory for only 0 of 1 hosts" in r.waiting[0].message

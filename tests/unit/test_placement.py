@@ -9,9 +9,12 @@ import pytest
 from pathways_operator.core.placement import (
     GangRequest,
     HostAssignment,
+    HostResources,
     Machine,
     Placement,
     Unplaceable,
+    cpu_text,
+    memory_text,
     place_gang,
     reserve,
 )
@@ -183,3 +186,106 @@ def test_placement_is_deterministic_under_input_order() -> None:
     machines = island("a", 4, 4, used=(1, 0, 3, 0)) + island("b", 4, 4, used=(0, 2, 0, 0))
     req = GangRequest("s", 8, devices_per_host=2)
     assert place_gang(req, machines) == place_gang(req, machines[::-1])
+
+
+GiB = 1 << 30
+
+
+def test_host_asking_more_cpu_than_any_machine_has_never_fits_and_says_so() -> None:
+    # The 16-CPU machines have every device free: only the cpu request keeps the host out.
+    machines = island("island-a", 2, 4, cpu=16_000, memory=64 * GiB)
+    u = refused(place_gang(GangRequest("hog", 4, host_resources=HostResources(cpu_millis=1_000_000)), machines))
+    assert u.reason is Reason.INSUFFICIENT_RESOURCES
+    assert not u.retryable
+    assert u.message == (
+        "slice 'hog' (4 devices) cannot fit on any island even when it is empty: each host needs "
+        "cpu 1000; the best machine on island-a (island-a-m0) has cpu 16 allocatable; "
+        "lower the cpu/memory requests in spec.resources, or add bigger Nodes"
+    )
+
+
+def test_memory_is_fitted_like_cpu_and_names_both_when_both_are_short() -> None:
+    machines = island("a", 1, 4, cpu=2_000, memory=8 * GiB)
+    needs = HostResources(cpu_millis=4_000, memory_bytes=16 * GiB)
+    u = refused(place_gang(GangRequest("s", 4, host_resources=needs), machines))
+    assert u.reason is Reason.INSUFFICIENT_RESOURCES
+    assert "each host needs cpu 4, memory 16Gi; the best machine on a (a-m0) has cpu 2 and memory 8Gi" in u.message
+    just_memory = refused(place_gang(GangRequest("s", 4, host_resources=HostResources(memory_bytes=16 * GiB)), machines))
+    assert "needs memory 16Gi; the best machine on a (a-m0) has memory 8Gi allocatable" in just_memory.message
+
+
+def test_a_node_advertising_no_cpu_takes_no_host_that_requests_cpu() -> None:
+    # kube-scheduler's rule: an unadvertised resource is 0 allocatable; a request of 0 always fits.
+    machines = island("a", 1, 4)
+    assert placed(place_gang(GangRequest("s", 4), machines)).hosts[0].machine == "a-m0"
+    u = refused(place_gang(GangRequest("s", 4, host_resources=HostResources(cpu_millis=100)), machines))
+    assert u.reason is Reason.INSUFFICIENT_RESOURCES and "has cpu 0 allocatable" in u.message
+
+
+def test_cpu_limits_how_many_hosts_share_a_machine() -> None:
+    # One 8-device machine could hold two hosts of 4 by devices, but its 6 CPUs hold one host of 4 CPUs.
+    machines = island("a", 2, 8, cpu=6_000)
+    needs = HostResources(cpu_millis=4_000)
+    p = placed(place_gang(GangRequest("s", 8, devices_per_host=4, host_resources=needs), machines))
+    assert sorted(h.machine for h in p.hosts) == ["a-m0", "a-m1"]
+    assert p.host_resources == needs
+    u = refused(place_gang(GangRequest("s", 16, devices_per_host=4, host_resources=needs), machines))
+    assert u.reason is Reason.INSUFFICIENT_RESOURCES
+    assert "each host needs cpu 4; a holds at most 2 such hosts of 4 devices even when empty, and the slice needs 4" in u.message
+
+
+def test_cpu_held_by_other_pods_makes_the_gang_wait_with_the_reason() -> None:
+    # Devices are all free, but other pods hold 14 of the 16 CPUs of machine m0.
+    machines = island("a", 2, 4, cpu=16_000, used_cpu=(14_000, 0))
+    needs = HostResources(cpu_millis=4_000, memory_bytes=0)
+    u = refused(place_gang(GangRequest("s", 8, host_resources=needs), machines))
+    assert u.reason is Reason.INSUFFICIENT_DEVICES and u.retryable
+    assert u.message == (
+        "slice 's' needs 8 devices on one island (2 hosts of 4, each with cpu 4); "
+        "best is a with 8 free but free cpu/memory for only 1 of 2 hosts"
+    )
+    assert placed(place_gang(GangRequest("s", 4, host_resources=needs), machines)).hosts[0].machine == "a-m1"
+
+
+def test_reserve_counts_cpu_and_memory_of_every_host() -> None:
+    machines = island("a", 1, 8, cpu=8_000, memory=8 * GiB)
+    needs = HostResources(cpu_millis=3_000, memory_bytes=2 * GiB)
+    p = placed(place_gang(GangRequest("s", 4, devices_per_host=2, host_resources=needs), machines))
+    after = reserve(machines, p)
+    assert (after[0].used_devices, after[0].used_cpu_millis, after[0].used_memory_bytes) == (4, 6_000, 4 * GiB)
+    # 4 devices are still free, but only 2 CPUs: the next gang of the same shape waits.
+    assert refused(place_gang(GangRequest("t", 2, host_resources=needs), after)).reason is Reason.INSUFFICIENT_DEVICES
+
+
+def test_requests_of_zero_never_limit() -> None:
+    machines = island("a", 1, 4, cpu=1, memory=1)
+    assert Machine("m", "a", 4).room(2, HostResources()) == 2
+    assert placed(place_gang(GangRequest("s", 4, host_resources=HostResources()), machines))
+
+
+def test_negative_cpu_or_memory_in_an_inventory_is_an_error() -> None:
+    with pytest.raises(ValueError, match="'m' on island 'a' has negative cpu or memory"):
+        place_gang(GangRequest("s", 1), [Machine("m", "a", 4, used_cpu_millis=-1)])
+
+
+@pytest.mark.parametrize(("millis", "text"), [(2000, "2"), (1500, "1500m"), (0, "0")])
+def test_cpu_text(millis: int, text: str) -> None:
+    assert cpu_text(millis) == text
+
+
+@pytest.mark.parametrize(
+    ("count", "text"), [(4 * GiB, "4Gi"), (1536 << 20, "1536Mi"), (10**9, "1G"), (1500, "1500"), (123, "123")]
+)
+def test_memory_text(count: int, text: str) -> None:
+    assert memory_text(count) == text
+
+
+def test_every_island_too_small_in_cpu_is_listed_after_what_a_host_needs() -> None:
+    machines = island("a", 1, 4, cpu=16_000) + island("b", 1, 4, cpu=8_000) + island("c", 1, 2, cpu=64_000)
+    u = refused(place_gang(GangRequest("hog", 4, devices_per_host=4, host_resources=HostResources(32_000)), machines))
+    assert u.reason is Reason.INSUFFICIENT_RESOURCES
+    assert u.message == (
+        "slice 'hog' (4 devices) cannot fit on any island even when it is empty: each host needs cpu 32; "
+        "the best machine on a (a-m0) has cpu 16 allocatable; the best machine on b (b-m0) has cpu 8 allocatable; "
+        "c has 2 devices in all; lower the cpu/memory requests in spec.resources, or add bigger Nodes"
+    )

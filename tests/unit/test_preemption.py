@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement
+from pathways_operator.core.placement import GangRequest, HostAssignment, HostResources, Machine, Placement
 from pathways_operator.core.preemption import RunningGang, choose_victims
 
 
@@ -70,3 +70,18 @@ def test_the_island_with_the_cheapest_victims_wins_and_pins_are_respected() -> N
     assert plan is not None and (plan.island, plan.victims) == ("b", ("ns/b-lower",))
     pinned = choose_victims(GangRequest("ns/urgent", 8, 4, island="a"), 10, running, machines)
     assert pinned is not None and (pinned.island, pinned.victims) == ("a", ("ns/a-low",))
+
+
+def test_evicting_a_gang_frees_its_cpu_too() -> None:
+    # a-1 has free devices but its CPUs are held by a pod no gang owns; a-0's devices and
+    # CPUs are the low gang's, so only evicting it (devices and CPU) makes room.
+    needs = HostResources(cpu_millis=4_000)
+    machines = [
+        Machine("a-0", "a", 4, 4, allocatable_cpu_millis=4_000, used_cpu_millis=4_000),
+        Machine("a-1", "a", 4, 0, allocatable_cpu_millis=4_000, used_cpu_millis=4_000),
+    ]
+    low = RunningGang(Placement("ns/low", "a", (HostAssignment(0, "a-0", 4),), needs), 1)
+    plan = choose_victims(GangRequest("ns/urgent", 4, 4, host_resources=needs), 10, [low], machines)
+    assert plan is not None
+    assert plan.victims == ("ns/low",)
+    assert plan.placement.hosts[0].machine == "a-0" and plan.placement.host_resources == needs

@@ -21,8 +21,16 @@ afterwards, then island name) wins, which keeps large empty islands for large
 gangs; inside the island, hosts go to the fullest machines that still have room
 (least free, then name), which keeps whole machines free.
 
-Free devices are ``allocatable - used`` of schedulable machines; the caller
-computes ``used`` from live pods and earlier placements. Nothing here does I/O.
+A host needs more than devices: its pod's containers request CPU and memory
+(:class:`HostResources`), and a machine takes a host only when its free devices,
+free CPU and free memory all cover it, which is kube-scheduler's NodeResourcesFit
+applied to every host of the gang. A gang whose hosts are too big for any
+machine even when it is empty waits with ``InsufficientResources`` and a message
+naming the resource, what one host needs and what the best machine has.
+
+Free devices, CPU and memory are ``allocatable - used`` of schedulable machines;
+the caller computes ``used`` from the requests of live pods and from earlier
+placements. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -40,6 +48,40 @@ _LISTED_ISLANDS = 4
 
 
 @dataclasses.dataclass(frozen=True)
+class HostResources:
+    """CPU and memory one host's pod requests besides devices (both containers together)."""
+
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.cpu_millis or self.memory_bytes)
+
+    def text(self) -> str:
+        """The resources requested, as a message says them: ``cpu 2, memory 4Gi``."""
+        parts = []
+        if self.cpu_millis:
+            parts.append(f"cpu {cpu_text(self.cpu_millis)}")
+        if self.memory_bytes:
+            parts.append(f"memory {memory_text(self.memory_bytes)}")
+        return ", ".join(parts) or "no cpu or memory"
+
+
+def cpu_text(millis: int) -> str:
+    """CPU as a Kubernetes quantity: 2, 1500m."""
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def memory_text(count: int) -> str:
+    """Bytes as a Kubernetes quantity, in the largest unit that divides them: 4Gi, 1500M, 123."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10),
+                         ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if count >= unit and count % unit == 0:
+            return f"{count // unit}{suffix}"
+    return str(count)
+
+
+@dataclasses.dataclass(frozen=True)
 class Machine:
     """A Node that offers devices: ``pathways.dev/device`` allocatable, and its island label."""
 
@@ -49,6 +91,12 @@ class Machine:
     used_devices: int = 0
     schedulable: bool = True
     """False for cordoned or not-ready Nodes: they count for "could ever fit" but take no hosts."""
+    allocatable_cpu_millis: int = 0
+    """The Node's allocatable cpu; 0 when it advertises none (then no host requesting cpu fits)."""
+    allocatable_memory_bytes: int = 0
+    used_cpu_millis: int = 0
+    """Requests of the live pods bound there, and of promised hosts (as for devices)."""
+    used_memory_bytes: int = 0
 
     @property
     def free_devices(self) -> int:
@@ -56,6 +104,24 @@ class Machine:
         if not self.schedulable:
             return 0
         return max(0, self.allocatable_devices - self.used_devices)
+
+    def room(self, host_size: int, needs: HostResources, *, empty: bool = False) -> int:
+        """How many hosts of ``host_size`` devices and ``needs`` fit now (or when ``empty``).
+
+        A resource a host does not request never limits it, as in kube-scheduler.
+        """
+        if empty:
+            slots = self.allocatable_devices // host_size
+            cpu, memory = self.allocatable_cpu_millis, self.allocatable_memory_bytes
+        else:
+            slots = self.free_devices // host_size
+            cpu = self.allocatable_cpu_millis - self.used_cpu_millis
+            memory = self.allocatable_memory_bytes - self.used_memory_bytes
+        if needs.cpu_millis and slots:
+            slots = min(slots, max(0, cpu) // needs.cpu_millis)
+        if needs.memory_bytes and slots:
+            slots = min(slots, max(0, memory) // needs.memory_bytes)
+        return slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +134,8 @@ class GangRequest:
     """None: the island's machine size (the largest allocatable there), or ``devices`` if smaller."""
     island: str | None = None
     """None: any island; otherwise the only island considered."""
+    host_resources: HostResources = HostResources()
+    """CPU and memory each host's pod requests; a machine must have them free too."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +154,8 @@ class Placement:
     slice: str
     island: str
     hosts: tuple[HostAssignment, ...]
+    host_resources: HostResources = HostResources()
+    """CPU and memory each host takes on its machine besides its devices."""
 
     @property
     def devices(self) -> int:
@@ -101,6 +171,23 @@ class Placement:
         for host in self.hosts:
             taken[host.machine] = taken.get(host.machine, 0) + host.devices
         return taken
+
+    def hosts_by_machine(self) -> dict[str, int]:
+        """Hosts this placement puts on each machine (each takes ``host_resources`` there)."""
+        count: dict[str, int] = {}
+        for host in self.hosts:
+            count[host.machine] = count.get(host.machine, 0) + 1
+        return count
+
+
+def with_placement(machine: Machine, devices: int, hosts: int, needs: HostResources, sign: int = 1) -> Machine:
+    """``machine`` with ``hosts`` hosts of ``needs`` and ``devices`` devices taken (sign 1) or freed (-1)."""
+    return dataclasses.replace(
+        machine,
+        used_devices=max(0, machine.used_devices + sign * devices),
+        used_cpu_millis=max(0, machine.used_cpu_millis + sign * hosts * needs.cpu_millis),
+        used_memory_bytes=max(0, machine.used_memory_bytes + sign * hosts * needs.memory_bytes),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +216,8 @@ class _IslandFit:
     total_devices: int
     free_devices: int
     free_slots: int
+    device_slots: int
+    """Hosts that free devices alone would allow: more than ``free_slots`` when CPU or memory binds."""
     never: Reason | None = None
     why_never: str = ""
 
@@ -148,6 +237,13 @@ def check_machines(machines: Iterable[Machine]) -> None:
             raise ValueError(
                 f"machine {m.name!r} on island {m.island!r} has allocatable "
                 f"{m.allocatable_devices} and used {m.used_devices} devices; neither may be negative"
+            )
+        if (m.allocatable_cpu_millis < 0 or m.allocatable_memory_bytes < 0
+                or m.used_cpu_millis < 0 or m.used_memory_bytes < 0):
+            raise ValueError(
+                f"machine {m.name!r} on island {m.island!r} has negative cpu or memory "
+                f"(allocatable {m.allocatable_cpu_millis}m/{m.allocatable_memory_bytes}, "
+                f"used {m.used_cpu_millis}m/{m.used_memory_bytes})"
             )
 
 
@@ -188,15 +284,18 @@ def place_gang(request: GangRequest, machines: Sequence[Machine]) -> Placement |
     fitting = [f for f in fits if f.fits_now]
     if fitting:
         best = min(fitting, key=lambda f: (f.free_devices - request.devices, f.island))
-        return Placement(request.slice, best.island, _assign_hosts(best, by_island[best.island]))
+        hosts = _assign_hosts(best, by_island[best.island], request.host_resources)
+        return Placement(request.slice, best.island, hosts, request.host_resources)
     return _explain(request, fits)
 
 
 def reserve(machines: Sequence[Machine], placement: Placement) -> list[Machine]:
-    """``machines`` with the placement's devices counted as used: the next decision's inventory."""
+    """``machines`` with the placement's devices, CPU and memory counted as used: the next decision's inventory."""
     taken = placement.devices_by_machine()
+    hosts = placement.hosts_by_machine()
+    needs = placement.host_resources
     return [
-        dataclasses.replace(m, used_devices=m.used_devices + taken[m.name]) if m.name in taken else m
+        with_placement(m, taken[m.name], hosts[m.name], needs) if m.name in taken else m
         for m in machines
     ]
 
@@ -237,13 +336,16 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
     else:
         host_size = min(request.devices, largest) if largest > 0 else request.devices
     hosts_needed = request.devices // host_size
+    needs = request.host_resources
+    device_slots = sum(m.free_devices // host_size for m in machines)
     fit = _IslandFit(
         island=island,
         host_size=host_size,
         hosts_needed=hosts_needed,
         total_devices=total,
         free_devices=free,
-        free_slots=sum(m.free_devices // host_size for m in machines),
+        free_slots=sum(m.room(host_size, needs) for m in machines) if needs else device_slots,
+        device_slots=device_slots,
     )
 
     if total < request.devices:
@@ -275,13 +377,42 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
             why_never=f"{island} holds at most {plural(slots_when_empty, 'host')} of {host_size} "
             f"even when empty, and the slice needs {hosts_needed}",
         )
+    if needs:
+        roomy = sum(m.room(host_size, needs, empty=True) for m in machines)
+        if roomy < hosts_needed:
+            return dataclasses.replace(
+                fit, never=Reason.INSUFFICIENT_RESOURCES,
+                why_never=_resources_short(island, machines, host_size, needs, roomy, hosts_needed),
+            )
     return fit
 
 
-def _assign_hosts(fit: _IslandFit, machines: Sequence[Machine]) -> tuple[HostAssignment, ...]:
+def _resources_short(
+    island: str, machines: Sequence[Machine], host_size: int, needs: HostResources, roomy: int, hosts_needed: int
+) -> str:
+    """Why CPU or memory keeps an empty island from holding the gang: what its best machine has."""
+    big_enough = [m for m in machines if m.allocatable_devices >= host_size]
+    best = min(big_enough, key=lambda m: (-m.room(host_size, needs, empty=True),
+                                          -m.allocatable_cpu_millis, -m.allocatable_memory_bytes, m.name))
+    short = []
+    if needs.cpu_millis > best.allocatable_cpu_millis:
+        short.append(f"cpu {cpu_text(best.allocatable_cpu_millis)}")
+    if needs.memory_bytes > best.allocatable_memory_bytes:
+        short.append(f"memory {memory_text(best.allocatable_memory_bytes)}")
+    if short:
+        return f"the best machine on {island} ({best.name}) has {' and '.join(short)} allocatable"
+    return (
+        f"{island} holds at most {roomy} such hosts of {host_size} devices even when empty, "
+        f"and the slice needs {hosts_needed}"
+    )
+
+
+def _assign_hosts(
+    fit: _IslandFit, machines: Sequence[Machine], needs: HostResources
+) -> tuple[HostAssignment, ...]:
     hosts: list[HostAssignment] = []
     for m in sorted(machines, key=lambda m: (m.free_devices, m.name)):
-        room = m.free_devices // fit.host_size
+        room = m.room(fit.host_size, needs) if needs else m.free_devices // fit.host_size
         while room and len(hosts) < fit.hosts_needed:
             hosts.append(HostAssignment(len(hosts), m.name, fit.host_size))
             room -= 1
@@ -300,13 +431,14 @@ def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
         if request.island is not None:
             message = (
                 f"slice {name!r} needs {plural(request.devices, 'device')} on island {best.island} "
-                f"(pinned){_shape(waiting)}; it has {_free_text(best)}"
+                f"(pinned){_shape(waiting, request.host_resources)}; it has {_free_text(best)}"
             )
         else:
             others = ", ".join(f"{f.island} has {_free_text(f)}" for f in ranked[1:_LISTED_ISLANDS])
             more = len(ranked) - _LISTED_ISLANDS
             message = (
-                f"slice {name!r} needs {plural(request.devices, 'device')} on one island{_shape(waiting)}; "
+                f"slice {name!r} needs {plural(request.devices, 'device')} on one island"
+                f"{_shape(waiting, request.host_resources)}; "
                 f"best is {best.island} with {_free_text(best)}"
                 + (f", {others}" if others else "")
                 + (f" (and {plural(more, 'more island')})" if more > 0 else "")
@@ -319,6 +451,9 @@ def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
             f"; set devicesPerHost to a divisor of {request.devices} "
             f"({_divisors_text(request.devices)}) that fits a machine"
         )
+    elif any(f.never is Reason.INSUFFICIENT_RESOURCES for f in fits):
+        reason = Reason.INSUFFICIENT_RESOURCES
+        fix = "; lower the cpu/memory requests in spec.resources, or add bigger Nodes"
     else:
         reason = Reason.EXCEEDS_ISLAND
         fix = ""
@@ -335,25 +470,30 @@ def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
             f"{fits[0].island} has {fits[0].total_devices}"
         )
     else:
+        needs = f"each host needs {request.host_resources.text()}; " if reason is Reason.INSUFFICIENT_RESOURCES else ""
         message = (
             f"slice {name!r} ({plural(request.devices, 'device')}) cannot fit on any island even when "
-            "it is empty: " + "; ".join(f.why_never for f in fits) + fix
+            f"it is empty: {needs}" + "; ".join(f.why_never for f in fits) + fix
         )
     return Unplaceable(name, reason, message)
 
 
-def _shape(fits: Sequence[_IslandFit]) -> str:
+def _shape(fits: Sequence[_IslandFit], needs: HostResources) -> str:
     sizes = {f.host_size for f in fits}
     if len(sizes) != 1:
         return ""
     size = sizes.pop()
     hosts = fits[0].hosts_needed
-    return f" ({plural(hosts, 'host')} of {size})"
+    each = f", each with {needs.text()}" if needs else ""
+    return f" ({plural(hosts, 'host')} of {size}{each})"
 
 
 def _free_text(fit: _IslandFit) -> str:
     text = f"{fit.free_devices} free"
-    if fit.free_devices >= fit.hosts_needed * fit.host_size:
+    if fit.free_slots < min(fit.device_slots, fit.hosts_needed):
+        # Devices for the hosts are free, but the machines with them lack CPU or memory.
+        text += f" but free cpu/memory for only {fit.free_slots} of {plural(fit.hosts_needed, 'host')}"
+    elif fit.free_devices >= fit.hosts_needed * fit.host_size:
         # Enough devices in total, but spread so that not enough whole hosts fit.
         text += f" but room for only {fit.free_slots} of {plural(fit.hosts_needed, 'host')} of {fit.host_size}"
     return text

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from pathways_operator.core.placement import GangRequest, Machine, Placement, place_gang
+from pathways_operator.core.placement import GangRequest, Machine, Placement, place_gang, with_placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +109,12 @@ def _plan_on(
 
 
 def _without(machines: Sequence[Machine], evicted: Sequence[RunningGang]) -> list[Machine]:
-    """``machines`` with the devices of ``evicted`` gangs freed."""
-    freed: dict[str, int] = {}
+    """``machines`` with the devices, CPU and memory of ``evicted`` gangs freed."""
+    by_name = {m.name: m for m in machines}
     for gang in evicted:
-        for name, devices in gang.placement.devices_by_machine().items():
-            freed[name] = freed.get(name, 0) + devices
-    return [
-        dataclasses.replace(m, used_devices=max(0, m.used_devices - freed[m.name])) if m.name in freed else m
-        for m in machines
-    ]
+        placement = gang.placement
+        hosts = placement.hosts_by_machine()
+        for name, devices in placement.devices_by_machine().items():
+            if name in by_name:
+                by_name[name] = with_placement(by_name[name], devices, hosts[name], placement.host_resources, -1)
+    return [by_name[m.name] for m in machines]
