@@ -37,7 +37,7 @@ from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.drivers import DriverSupervisor
 from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
-from pathways_operator.k8s.gang_pods import WorkerDefaults
+from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.slices import SliceReconciler
 
@@ -85,7 +85,22 @@ def _parser() -> argparse.ArgumentParser:
                         default=int(os.environ.get("PATHWAYS_DEVICES_PER_HOST") or 0),
                         help="host size of slices without spec.devicesPerHost; 0: the island's "
                         "machine size (PATHWAYS_DEVICES_PER_HOST)")
+    parser.add_argument("--allow-system-priority-classes", action="store_true",
+                        default=_env_flag("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"),
+                        help="let VirtualSlices use the system-node-critical and system-cluster-critical "
+                        "PriorityClasses (any system-* class); by default such slices are Failed, since "
+                        "they would preempt every namespace (PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES=true)")
     return parser
+
+
+def _env_flag(name: str) -> bool:
+    """A boolean environment variable: true/1/yes, false/0/no/unset; anything else stops the operator."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise SystemExit(f"pathways_operator: {name}={os.environ[name]!r}: expected true or false")
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -115,7 +130,12 @@ def _local_address(listen: str, port: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        check_resources(args.worker_resources, "--worker-resources")
+    except ValueError as err:
+        parser.error(f"{err} (PATHWAYS_WORKER_RESOURCES)")
     log_context.configure(os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
     namespace: str | None = args.namespace
@@ -152,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             devices_per_host=args.devices_per_host,
         ),
         wake=lambda key: wakeups.wake(handlers.slice_key(*key.split("/", 1))),
+        allow_system_priority_classes=args.allow_system_priority_classes,
     )
     drivers = DriverSupervisor(args.state_dir, address)
     allowed = tuple(p.strip() for p in args.allowed_entrypoints.split(",") if p.strip())

@@ -18,13 +18,27 @@ from pathways_operator.k8s.resources import (
 Json = dict[str, Any]
 
 
-def node(name: str, island: str | None, devices: int | str, *, ready: bool = True, cordoned: bool = False) -> Json:
+def node(
+    name: str,
+    island: str | None,
+    devices: int | str,
+    *,
+    ready: bool = True,
+    cordoned: bool = False,
+    cpu: str | None = None,
+    memory: str | None = None,
+) -> Json:
     labels = {ISLAND_LABEL: island} if island else {}
+    allocatable = {DEVICE_RESOURCE: str(devices)}
+    if cpu is not None:
+        allocatable["cpu"] = cpu
+    if memory is not None:
+        allocatable["memory"] = memory
     return {
         "metadata": {"name": name, "labels": labels},
         "spec": {"unschedulable": True} if cordoned else {},
         "status": {
-            "allocatable": {DEVICE_RESOURCE: str(devices)},
+            "allocatable": allocatable,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
@@ -43,8 +57,12 @@ def pod(
     ready: bool = False,
     deleting: bool = False,
     terminated: tuple[str, int, str] | None = None,
+    requests: dict[str, str] | None = None,
 ) -> Json:
-    """A pod; ``terminated`` is (container, exit code, reason) of a container that ended."""
+    """A pod; ``terminated`` is (container, exit code, reason) of a container that ended.
+
+    ``requests`` are the worker container's other requests (cpu, memory).
+    """
     labels: dict[str, str] = {}
     if slice_ is not None:
         labels[SLICE_LABEL] = slice_
@@ -55,7 +73,8 @@ def pod(
     meta: Json = {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    resources = {"requests": {DEVICE_RESOURCE: str(devices)}} if devices else {}
+    wanted = {**(requests or {}), **({DEVICE_RESOURCE: str(devices)} if devices else {})}
+    resources = {"requests": wanted} if wanted else {}
     status: Json = {"phase": phase, "podIP": "10.0.0.1" if node else ""}
     if ready:
         status["conditions"] = [{"type": "Ready", "status": "True"}]

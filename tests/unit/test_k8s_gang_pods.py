@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from decimal import Decimal
 from typing import Any
 
+import pytest
+
+from pathways_operator.core.placement import HostResources
 from pathways_operator.k8s.gang_pods import (
     PodView,
     WorkerDefaults,
+    check_resources,
     host_pod_manifest,
+    host_resources,
     placement_from_json,
     placement_to_json,
+    quantity,
     requested_devices,
+    requested_resources,
 )
 from pathways_operator.k8s.resources import DEVICE_RESOURCE, PLACEMENT_ANNOTATION, SCHEDULER_NAME
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
@@ -101,3 +111,86 @@ def test_requested_devices_ignores_unparsable_values() -> None:
     manifest = pod("p", devices=2)
     manifest["spec"]["containers"].append({"name": "odd", "resources": {"limits": {DEVICE_RESOURCE: "many"}}})
     assert requested_devices(manifest) == 2
+
+
+GiB = 1 << 30
+
+
+def test_host_resources_are_what_both_containers_of_the_pod_request() -> None:
+    custom = VirtualSliceObject.from_manifest(
+        virtual_slice("train", 8, resources={"requests": {"cpu": "1500m"}, "limits": {"memory": "2Gi"}})
+    )
+    needs = host_resources(custom, WorkerDefaults())
+    assert needs == HostResources(cpu_millis=1500, memory_bytes=2 * GiB), "a limit alone is the request"
+    manifest = host_pod_manifest(custom, GANG, 0, 1, None, WorkerDefaults())
+    assert requested_resources(manifest) == needs, "placement fits exactly what the pod requests"
+
+
+def test_host_resources_fall_back_to_the_operator_defaults() -> None:
+    defaults = WorkerDefaults(resources={"requests": {"cpu": "1", "memory": "512Mi"}})
+    assert host_resources(SLICE, defaults) == HostResources(1000, 512 << 20)
+    assert host_resources(SLICE, WorkerDefaults()) == HostResources()
+
+
+@pytest.mark.parametrize(
+    ("resources", "words"),
+    [
+        ({"requests": {"cpu": "lots"}}, "spec.resources.requests.cpu: 'lots' is not a Kubernetes quantity"),
+        ({"limits": {"memory": "-1Gi"}}, "spec.resources.limits.memory: '-1Gi' is negative"),
+        ({"requests": ["cpu"]}, "spec.resources.requests must be a map"),
+        ({"requests": {"cpu": True}}, "spec.resources.requests.cpu: True is not a Kubernetes quantity"),
+        ({"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}},
+         "spec.resources.requests.cpu (2) is more than spec.resources.limits.cpu (1500m)"),
+    ],
+)
+def test_malformed_resources_are_refused_naming_the_field(resources: dict[str, Any], words: str) -> None:
+    bad = VirtualSliceObject.from_manifest(virtual_slice("train", 8, resources=resources))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        host_resources(bad, WorkerDefaults())
+
+
+def test_check_resources_names_where_the_resources_came_from() -> None:
+    with pytest.raises(ValueError, match="--worker-resources.requests.cpu: 'x'"):
+        check_resources({"requests": {"cpu": "x"}}, "--worker-resources")
+    check_resources({"requests": {"cpu": 2, "memory": "1e9", "ephemeral-storage": "1Gi"}}, "ok")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("500m", Decimal("0.5")), ("2", Decimal(2)), ("4Gi", Decimal(4 * GiB)), (3, Decimal(3)),
+                        ("1e3", Decimal(1000)), ("1k", Decimal(1000))],
+)
+def test_quantity_parses_kubernetes_quantities(text: str | int, value: Decimal) -> None:
+    assert quantity(text, "f") == value
+
+
+def test_pod_requests_count_like_kube_scheduler() -> None:
+    # containers 1 + 2 cpu, a sidecar init container 1 cpu, a plain init container 3 cpu, overhead 250m.
+    manifest = {"spec": {
+        "containers": [{"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+                       {"resources": {"limits": {"cpu": "2"}}}],
+        "initContainers": [{"restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+                           {"resources": {"requests": {"cpu": "3", "memory": "4Gi"}}}],
+        "overhead": {"cpu": "250m"},
+    }}
+    # cpu: max(1 + 2 + 1 sidecar, 1 sidecar + 3 init) + 250m; memory: max(1Gi, 4Gi).
+    assert requested_resources(manifest) == HostResources(4250, 4 * GiB)
+    assert requested_resources({"spec": {}}) == HostResources()
+
+
+def test_pod_view_reads_cpu_and_memory_requests() -> None:
+    view = PodView.from_manifest(pod("p", node="a-0", requests={"cpu": "250m", "memory": "1Gi"}))
+    assert (view.cpu_millis, view.memory_bytes) == (250, GiB)
+
+
+def test_placement_json_carries_the_host_resources() -> None:
+    gang = dataclasses.replace(GANG, host_resources=HostResources(2000, GiB))
+    assert placement_from_json("ns/train", placement_to_json(gang)) == gang
+    assert "hostResources" not in placement_to_json(GANG), "annotations of plain gangs are unchanged"
+
+
+def test_every_pod_of_the_gang_carries_the_slice_priority_class() -> None:
+    urgent = VirtualSliceObject.from_manifest(virtual_slice("train", 8, priorityClassName="team-high"))
+    for index in (0, 1):
+        assert host_pod_manifest(urgent, GANG, index, 1, "10.0.0.5", WorkerDefaults())["spec"][
+            "priorityClassName"] == "team-high"
+    assert "priorityClassName" not in host_pod_manifest(SLICE, GANG, 0, 1, None, WorkerDefaults())["spec"]

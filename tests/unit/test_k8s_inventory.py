@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pathways_operator.core.placement import Machine
+import dataclasses
+
+from pathways_operator.core.placement import HostResources, Machine
 from pathways_operator.k8s.gang_pods import PodView
 from pathways_operator.k8s.inventory import Reservation, ReservationLedger, machines
 from tests.unit.k8s_builders import node, placement, pod
@@ -58,3 +60,25 @@ def test_ledger_keeps_the_first_adopted_reservation() -> None:
     ledger.reserve(second)
     assert ledger.get("ns/s") is second and ledger.all() == [second]
     assert ledger.release("ns/s") is second and ledger.get("ns/s") is None
+
+
+def test_cpu_and_memory_are_allocatable_minus_requests_of_live_pods_and_promised_hosts() -> None:
+    nodes = [node("a-0", "island-a", 4, cpu="16", memory="64Gi"), node("a-1", "island-a", 4, cpu="15500m")]
+    gang = Reservation("ns", "train", 1, dataclasses.replace(
+        placement("train", "island-a", ("a-0", 4), ("a-1", 4)), host_resources=HostResources(2000, 1 << 30)))
+    pods = views(
+        pod("other", node="a-0", requests={"cpu": "1500m", "memory": "512Mi"}),  # not ours: still counts
+        pod("done", node="a-0", phase="Succeeded", requests={"cpu": "8"}),
+        pod("train-0", node="a-0", devices=4, slice_="train", host_index=0, generation=1,
+            requests={"cpu": "2", "memory": "1Gi"}),
+    )
+    found = {m.name: m for m in machines(nodes, pods, [gang])}
+    assert (found["a-0"].allocatable_cpu_millis, found["a-0"].allocatable_memory_bytes) == (16_000, 64 << 30)
+    assert (found["a-0"].used_cpu_millis, found["a-0"].used_memory_bytes) == (3_500, (512 << 20) + (1 << 30))
+    assert (found["a-1"].allocatable_cpu_millis, found["a-1"].allocatable_memory_bytes) == (15_500, 0)
+    assert (found["a-1"].used_cpu_millis, found["a-1"].used_memory_bytes) == (2_000, 1 << 30), "host 1 promised"
+
+
+def test_unreadable_node_quantities_count_as_nothing_allocatable() -> None:
+    [found] = machines([node("a-0", "island-a", 4, cpu="lots", memory="-1Gi")], [], [])
+    assert (found.allocatable_cpu_millis, found.allocatable_memory_bytes) == (0, 0)

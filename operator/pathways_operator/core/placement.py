@@ -113,14 +113,18 @@ class Machine:
         if empty:
             slots = self.allocatable_devices // host_size
             cpu, memory = self.allocatable_cpu_millis, self.allocatable_memory_bytes
-        else:
-            slots = self.free_devices // host_size
+        elif self.schedulable:
+            slots = (self.allocatable_devices - self.used_devices) // host_size
             cpu = self.allocatable_cpu_millis - self.used_cpu_millis
             memory = self.allocatable_memory_bytes - self.used_memory_bytes
-        if needs.cpu_millis and slots:
-            slots = min(slots, max(0, cpu) // needs.cpu_millis)
+        else:
+            return 0
+        if slots <= 0:
+            return 0
+        if needs.cpu_millis:
+            slots = min(slots, cpu // needs.cpu_millis) if cpu > 0 else 0
         if needs.memory_bytes and slots:
-            slots = min(slots, max(0, memory) // needs.memory_bytes)
+            slots = min(slots, memory // needs.memory_bytes) if memory > 0 else 0
         return slots
 
 
@@ -377,7 +381,7 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
             why_never=f"{island} holds at most {plural(slots_when_empty, 'host')} of {host_size} "
             f"even when empty, and the slice needs {hosts_needed}",
         )
-    if needs:
+    if needs and fit.free_slots < hosts_needed:  # what fits now fits an empty island
         roomy = sum(m.room(host_size, needs, empty=True) for m in machines)
         if roomy < hosts_needed:
             return dataclasses.replace(

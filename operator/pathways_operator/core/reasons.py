@@ -83,6 +83,11 @@ class Reason(enum.StrEnum):
     """The gang was evicted to make room for a slice of higher priority; it is queued again."""
     PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
     """``spec.priorityClassName`` names no PriorityClass; the slice waits until one exists."""
+    PRIORITY_CLASS_NOT_ALLOWED = "PriorityClassNotAllowed"
+    """``spec.priorityClassName`` is a ``system-`` class the operator is not allowed to hand out; terminal."""
+    POD_REFUSED = "PodRefused"
+    """The API server refused a pod of the gang (ResourceQuota, admission policy); the gang was
+    torn down and is placed again after a back-off."""
     # Programs.
     WAITING_FOR_SLICES = "WaitingForSlices"
     """A slice the program uses is not Ready yet."""

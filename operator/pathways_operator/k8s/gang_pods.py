@@ -23,17 +23,28 @@ operator binds them itself, and ``restartPolicy: Never`` because a host that
 dies must take the whole gang down (the JAX job cannot re-admit a process).
 Labels say which slice, host and generation a pod belongs to; an annotation
 carries the gang's whole placement so a restarted operator can rebuild its
-reservations from pods alone.
+reservations from pods alone. A slice's ``priorityClassName`` goes on every pod,
+so the API server's Priority admission resolves it and a ResourceQuota scoped
+to that PriorityClass counts (and can refuse) the gang's pods.
+
+What a host needs besides devices (:func:`host_resources`) is read from the
+same container resources the pod is built with, both containers summed, so
+placement fits exactly what the pod will request; what a live pod holds
+(:func:`requested_resources`) is counted the way kube-scheduler counts it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
-from pathways_operator.core.placement import HostAssignment, Placement
+from kubernetes.utils import parse_quantity
+
+from pathways_operator.core.placement import HostAssignment, HostResources, Placement
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.resources import (
     COORDINATOR_PORT,
@@ -83,15 +94,16 @@ def host_name(slice_name: str, index: int) -> str:
 
 
 def placement_to_json(placement: Placement) -> str:
-    return json.dumps(
-        {
-            "island": placement.island,
-            "hosts": [
-                {"index": h.index, "node": h.machine, "devices": h.devices} for h in placement.hosts
-            ],
-        },
-        separators=(",", ":"),
-    )
+    raw: Json = {
+        "island": placement.island,
+        "hosts": [
+            {"index": h.index, "node": h.machine, "devices": h.devices} for h in placement.hosts
+        ],
+    }
+    needs = placement.host_resources
+    if needs:
+        raw["hostResources"] = {"cpuMillis": needs.cpu_millis, "memoryBytes": needs.memory_bytes}
+    return json.dumps(raw, separators=(",", ":"))
 
 
 def placement_from_json(slice_key: str, text: str) -> Placement | None:
@@ -102,8 +114,10 @@ def placement_from_json(slice_key: str, text: str) -> Placement | None:
             HostAssignment(int(h["index"]), str(h["node"]), int(h["devices"]))
             for h in raw["hosts"]
         )
-        return Placement(slice_key, str(raw["island"]), hosts)
-    except (ValueError, KeyError, TypeError):
+        needs = raw.get("hostResources") or {}
+        resources = HostResources(int(needs.get("cpuMillis", 0)), int(needs.get("memoryBytes", 0)))
+        return Placement(slice_key, str(raw["island"]), hosts, resources)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -140,6 +154,106 @@ def _resources(extra: Mapping[str, Any], devices: int) -> Json:
     return {"requests": requests, "limits": limits}
 
 
+def container_resources(vslice: VirtualSliceObject, defaults: WorkerDefaults, devices: int) -> tuple[Json, Json]:
+    """ResourceRequirements of the worker and the dataflow sidecar of one host of ``devices`` devices."""
+    worker = _resources(worker_resources_source(vslice, defaults)[0], devices)
+    return worker, {}
+
+
+def worker_resources_source(vslice: VirtualSliceObject, defaults: WorkerDefaults) -> tuple[Mapping[str, Any], str]:
+    """The ResourceRequirements the worker container gets, and where they come from (for messages)."""
+    if vslice.spec.resources:
+        return vslice.spec.resources, "spec.resources"
+    return defaults.resources, "--worker-resources (PATHWAYS_WORKER_RESOURCES)"
+
+
+_CPU = "cpu"
+_MEMORY = "memory"
+_QUANTITY_HINT = "is not a Kubernetes quantity (examples: 500m, 2, 4Gi)"
+
+
+def quantity(value: object, field: str) -> Decimal:
+    """A Kubernetes quantity (``500m``, ``2``, ``4Gi``, ``1e3``) as a number; ValueError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{field}: {value!r} {_QUANTITY_HINT}")
+    try:
+        number = Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, ArithmeticError):
+        raise ValueError(f"{field}: {value!r} {_QUANTITY_HINT}") from None
+    if not number.is_finite():
+        raise ValueError(f"{field}: {value!r} {_QUANTITY_HINT}")
+    if number < 0:
+        raise ValueError(f"{field}: {value!r} is negative; requests and limits must be 0 or more")
+    return number
+
+
+def check_resources(resources: Mapping[str, Any], where: str) -> None:
+    """Raise ValueError naming the field if ``resources`` is not ResourceRequirements of valid quantities."""
+    parsed: dict[str, dict[str, Decimal]] = {}
+    for part in ("requests", "limits"):
+        amounts = resources.get(part) or {}
+        if not isinstance(amounts, Mapping):
+            raise ValueError(f"{where}.{part} must be a map of resource name to quantity, not {amounts!r}")
+        parsed[part] = {name: quantity(value, f"{where}.{part}.{name}") for name, value in amounts.items()}
+    for name, request in parsed["requests"].items():
+        limit = parsed["limits"].get(name)
+        if limit is not None and request > limit:
+            raise ValueError(
+                f"{where}.requests.{name} ({resources['requests'][name]}) is more than "
+                f"{where}.limits.{name} ({resources['limits'][name]}); a request must be at most its limit"
+            )
+
+
+def host_resources(vslice: VirtualSliceObject, defaults: WorkerDefaults) -> HostResources:
+    """CPU and memory one host's pod requests, both containers together; ValueError naming a malformed field."""
+    source, where = worker_resources_source(vslice, defaults)
+    check_resources(source, where)
+    worker, sidecar = container_resources(vslice, defaults, 0)
+    return requested_resources({"spec": {"containers": [{"resources": worker}, {"resources": sidecar}]}})
+
+
+def _requests(container: Mapping[str, Any]) -> tuple[int, int]:
+    """(cpu millicores, memory bytes) a container requests; a limit alone sets the request, as the API server does."""
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    counted = []
+    for name, scale in ((_CPU, 1000), (_MEMORY, 1)):
+        try:
+            counted.append(math.ceil(quantity(requests.get(name, limits.get(name, 0)), name) * scale))
+        except ValueError:
+            counted.append(0)  # the API server validated it; nothing sensible to count otherwise
+    return counted[0], counted[1]
+
+
+def _sum(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    cpu = memory = 0
+    for c, m in pairs:
+        cpu, memory = cpu + c, memory + m
+    return cpu, memory
+
+
+def requested_resources(pod: Mapping[str, Any]) -> HostResources:
+    """CPU and memory a pod holds on its Node, as kube-scheduler's NodeResourcesFit counts them.
+
+    The sum over containers and restartable (sidecar) init containers, or the peak of an
+    init container running beside the sidecars started before it if that is larger, plus
+    the pod's overhead.
+    """
+    spec = pod.get("spec") or {}
+    cpu, memory = _sum(_requests(c) for c in spec.get("containers") or [])
+    side_cpu = side_memory = peak_cpu = peak_memory = 0
+    for init in spec.get("initContainers") or []:
+        c, m = _requests(init)
+        if init.get("restartPolicy") == "Always":
+            side_cpu, side_memory = side_cpu + c, side_memory + m
+            peak_cpu, peak_memory = max(peak_cpu, side_cpu), max(peak_memory, side_memory)
+        else:
+            peak_cpu, peak_memory = max(peak_cpu, side_cpu + c), max(peak_memory, side_memory + m)
+    cpu, memory = max(cpu + side_cpu, peak_cpu), max(memory + side_memory, peak_memory)
+    over_cpu, over_memory = _requests({"resources": {"requests": spec.get("overhead") or {}}})
+    return HostResources(cpu + over_cpu, memory + over_memory)
+
+
 def host_pod_manifest(
     vslice: VirtualSliceObject,
     placement: Placement,
@@ -165,6 +279,7 @@ def host_pod_manifest(
         _env("PATHWAYS_SLICE", vslice.name),
         _env("PATHWAYS_NAMESPACE", vslice.namespace),
     ]
+    worker_resources, sidecar_resources = container_resources(vslice, defaults, host.devices)
     worker = {
         "name": WORKER_CONTAINER,
         "image": image,
@@ -182,7 +297,7 @@ def host_pod_manifest(
             {"name": "worker", "containerPort": WORKER_PORT},
             {"name": "coordinator", "containerPort": COORDINATOR_PORT},
         ],
-        "resources": _resources(vslice.spec.resources or defaults.resources, host.devices),
+        "resources": worker_resources,
         "volumeMounts": shm_mount,
     }
     sidecar = {
@@ -205,10 +320,27 @@ def host_pod_manifest(
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
+        "resources": sidecar_resources,
         "volumeMounts": shm_mount,
     }
     if defaults.pull_policy:
         worker["imagePullPolicy"] = sidecar["imagePullPolicy"] = defaults.pull_policy
+    spec: Json = {
+        "schedulerName": SCHEDULER_NAME,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "enableServiceLinks": False,
+        "containers": [worker, sidecar],
+        "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            {
+                "name": "slice-token",
+                "secret": {"secretName": token_secret_name(vslice.name), "defaultMode": 0o400},
+            },
+        ],
+    }
+    if vslice.spec.priority_class:
+        spec["priorityClassName"] = vslice.spec.priority_class
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -224,20 +356,7 @@ def host_pod_manifest(
             "annotations": {PLACEMENT_ANNOTATION: placement_to_json(placement)},
             "ownerReferences": [vslice.owner_reference()],
         },
-        "spec": {
-            "schedulerName": SCHEDULER_NAME,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-            "enableServiceLinks": False,
-            "containers": [worker, sidecar],
-            "volumes": [
-                {"name": "shm", "emptyDir": {"medium": "Memory"}},
-                {
-                    "name": "slice-token",
-                    "secret": {"secretName": token_secret_name(vslice.name), "defaultMode": 0o400},
-                },
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -293,6 +412,9 @@ class PodView:
     failure: str
     """Why the host is gone ("container worker exited with code 1 (Error)"), or ""."""
     placement_json: str
+    cpu_millis: int = 0
+    """CPU and memory the pod requests (what it holds on its Node while live)."""
+    memory_bytes: int = 0
 
     @property
     def live(self) -> bool:
@@ -307,6 +429,7 @@ class PodView:
         name = str(meta.get("name") or "")
         phase = str(status.get("phase") or "Pending")
         conditions = status.get("conditions") or []
+        holds = requested_resources(raw)
         return cls(
             namespace=str(meta.get("namespace") or "default"),
             name=name,
@@ -323,4 +446,6 @@ class PodView:
             owner_uids=frozenset(str(o.get("uid")) for o in meta.get("ownerReferences") or []),
             failure=_failure(phase, status),
             placement_json=str((meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION) or ""),
+            cpu_millis=holds.cpu_millis,
+            memory_bytes=holds.memory_bytes,
         )

@@ -2,14 +2,15 @@
 
 A *machine* is a Node labelled ``pathways.dev/island`` whose allocatable
 ``pathways.dev/device`` is positive; it is schedulable while it is Ready and not
-cordoned. Devices in use on a machine are counted the way kube-scheduler
-counts extended resources, plus what the operator has promised:
+cordoned. Devices, CPU and memory in use on a machine are counted the way
+kube-scheduler's NodeResourcesFit counts requests, plus what the operator has
+promised:
 
 * the requests of every live pod bound there, gang pods or not (a pod still
   terminating holds its devices until it is gone; a Failed or Succeeded pod
   holds none), and
 * for every admitted gang (a :class:`Reservation`), the hosts whose pod does
-  not exist yet. Host 0 of a gang is created first and the others only once its
+  not exist yet, each with the gang's devices per host, CPU and memory. Host 0 of a gang is created first and the others only once its
   IP is known, so without this a second gang could be admitted onto devices
   the first one is about to take.
 
@@ -21,12 +22,13 @@ it is rebuilt from pod annotations and slice status after a restart.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pathways_operator.core.placement import Machine, Placement
-from pathways_operator.k8s.gang_pods import PodView
+from pathways_operator.k8s.gang_pods import PodView, quantity
 from pathways_operator.k8s.resources import DEVICE_RESOURCE, ISLAND_LABEL
 
 
@@ -81,6 +83,15 @@ def _allocatable_devices(node: Mapping[str, Any]) -> int:
         return 0
 
 
+def _allocatable(node: Mapping[str, Any], resource: str, scale: int) -> int:
+    """Allocatable ``resource`` in its smallest unit (millicores: scale 1000); 0 when absent or unreadable."""
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource, 0)
+    try:
+        return math.floor(quantity(value, resource) * scale)
+    except ValueError:
+        return 0
+
+
 def _schedulable(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
@@ -95,14 +106,21 @@ def machines(
 ) -> list[Machine]:
     """Every machine with its devices in use; see the module docstring for what counts."""
     live = [p for p in pods if p.live and p.node]  # unbound pods hold nothing yet
-    used: dict[str, int] = {}
+    used: dict[str, list[int]] = {}  # node -> [devices, cpu millicores, memory bytes]
     for pod in live:
-        used[pod.node] = used.get(pod.node, 0) + pod.devices
+        held = used.setdefault(pod.node, [0, 0, 0])
+        held[0] += pod.devices
+        held[1] += pod.cpu_millis
+        held[2] += pod.memory_bytes
     existing = {(p.namespace, p.slice, p.generation, p.host_index) for p in live if p.slice}
     for r in reservations:
+        needs = r.placement.host_resources
         for host in r.placement.hosts:
             if (r.namespace, r.slice, r.generation, host.index) not in existing:
-                used[host.machine] = used.get(host.machine, 0) + host.devices
+                held = used.setdefault(host.machine, [0, 0, 0])
+                held[0] += host.devices
+                held[1] += needs.cpu_millis
+                held[2] += needs.memory_bytes
     result: list[Machine] = []
     for node in nodes:
         meta = node.get("metadata") or {}
@@ -111,5 +129,12 @@ def machines(
         if not island or allocatable <= 0:
             continue
         name = str(meta.get("name"))
-        result.append(Machine(name, str(island), allocatable, used.get(name, 0), _schedulable(node)))
+        devices, cpu, memory = used.get(name, (0, 0, 0))
+        result.append(Machine(
+            name, str(island), allocatable, devices, _schedulable(node),
+            allocatable_cpu_millis=_allocatable(node, "cpu", 1000),
+            allocatable_memory_bytes=_allocatable(node, "memory", 1),
+            used_cpu_millis=cpu,
+            used_memory_bytes=memory,
+        ))
     return sorted(result, key=lambda m: m.name)

@@ -67,8 +67,16 @@ from pathways.wire import pathways_pb2 as pb
 from pathways.wire.slice_token import new_token
 from pathways.wording import fraction, plural
 from pathways_operator.core.admission import QueuedGang, admit
+from pathways_operator.core.admission_policy import priority_class_refusal, refused_backoff
 from pathways_operator.core.phases import SlicePhase, check_transition
-from pathways_operator.core.placement import GangRequest, HostAssignment, Machine, Placement, Unplaceable
+from pathways_operator.core.placement import (
+    GangRequest,
+    HostAssignment,
+    HostResources,
+    Machine,
+    Placement,
+    Unplaceable,
+)
 from pathways_operator.core.preemption import RunningGang, choose_victims
 from pathways_operator.core.reasons import (
     Condition,
@@ -86,6 +94,7 @@ from pathways_operator.k8s.gang_pods import (
     WorkerDefaults,
     host_name,
     host_pod_manifest,
+    host_resources,
     placement_from_json,
     pod_name,
     token_secret_manifest,
@@ -108,6 +117,17 @@ _IDLE = 10.0
 
 _S = SlicePhase
 _C = SliceConditionType
+
+_REFUSED_STATUSES = frozenset({400, 403, 422})
+"""HTTP statuses of a pod creation the API server refused on its merits (quota, policy, validation)."""
+
+
+class _PodRefused(Exception):
+    """Creating a pod of the gang was refused by the API server; carries its answer."""
+
+    def __init__(self, error: KubeError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +179,7 @@ class SliceReconciler:
         wake: Callable[[str], None] = lambda key: None,
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics | None = None,
+        allow_system_priority_classes: bool = False,
     ) -> None:
         self._api = api
         self._registry = registry
@@ -180,6 +201,9 @@ class SliceReconciler:
         self._evicting: dict[str, str] = {}
         self._drained: dict[str, int] = {}
         """Preempted slice key -> generation whose terminating pods must not be adopted again."""
+        self._allow_system_priority = allow_system_priority_classes
+        self._refusals: dict[str, tuple[int, float, Unplaceable]] = {}
+        """Slice key -> (pod refusals in a row, when it may be placed again, why) after the API refused a pod."""
         """Victim slice key -> why it is preempted (naming the preemptor), until its next look."""
 
     # ------------------------------------------------------------ queries
@@ -223,6 +247,7 @@ class SliceReconciler:
             self._summaries.pop(key, None)
             self._queued_since.pop(key, None)
             self._drained.pop(key, None)
+            self._refusals.pop(key, None)
             self._tokens.pop(key, None)
             self._metrics.slice_phase(key, None)
             self._api.delete_secret(namespace, token_secret_name(name))
@@ -310,7 +335,9 @@ class SliceReconciler:
         return vslice.spec.devices_per_host or self._defaults.devices_per_host or None
 
     def _priority(self, name: str) -> int:
-        """The PriorityClass's value (0 for none, or for a class that does not exist yet)."""
+        """The PriorityClass's value (0 for none, for a class that does not exist yet, or one refused)."""
+        if priority_class_refusal(name, allow_system=self._allow_system_priority):
+            return 0
         found = self._priority_or_none(name)
         return 0 if found is None else found
 
@@ -331,6 +358,16 @@ class SliceReconciler:
             if held is not None:
                 return held
             wanted = vslice.spec.priority_class
+            refused = priority_class_refusal(wanted, allow_system=self._allow_system_priority)
+            if refused:
+                return Unplaceable(vslice.key, Reason.PRIORITY_CLASS_NOT_ALLOWED, refused)
+            try:
+                needs = host_resources(vslice, self._defaults)
+            except ValueError as err:
+                return Unplaceable(vslice.key, Reason.INVALID_SPEC, f"VirtualSlice {vslice.key}: {err}")
+            backing_off = self._backing_off(vslice.key)
+            if backing_off is not None:
+                return backing_off
             if wanted and self._priority_or_none(wanted) is None:
                 return Unplaceable(
                     vslice.key, Reason.PRIORITY_CLASS_NOT_FOUND,
@@ -366,6 +403,9 @@ class SliceReconciler:
                     continue
                 if self._ledger.get(other.key) is not None:
                     continue
+                other_needs = needs if other.key == vslice.key else self._admissible_needs(other)
+                if other_needs is None:
+                    continue  # refused or backing off: it says so at its own reconcile
                 generations[other.key] = generation
                 queue.append(
                     QueuedGang(
@@ -374,6 +414,7 @@ class SliceReconciler:
                             devices=other.spec.devices,
                             devices_per_host=self._host_size(other),
                             island=other.spec.island,
+                            host_resources=other_needs,
                         ),
                         priority=self._priority(other.spec.priority_class),
                         queued_at=other.created,
@@ -388,6 +429,7 @@ class SliceReconciler:
                             devices=vslice.spec.devices,
                             devices_per_host=self._host_size(vslice),
                             island=vslice.spec.island,
+                            host_resources=needs,
                         ),
                         priority=self._priority(vslice.spec.priority_class),
                         queued_at=vslice.created,
@@ -419,8 +461,30 @@ class SliceReconciler:
             self._metrics.queue(by_island)
             assert mine_result is not None, f"admission pass lost slice {vslice.key}"
             if isinstance(mine_result, Unplaceable) and mine_result.reason is Reason.INSUFFICIENT_DEVICES:
-                mine_result = self._preempt_for(vslice, mine_result, slices, all_pods, nodes)
+                mine_result = self._preempt_for(vslice, mine_result, slices, all_pods, nodes, needs)
             return mine_result
+
+    def _admissible_needs(self, vslice: VirtualSliceObject) -> HostResources | None:
+        """What one host of another queued slice needs, or None if that slice is not to be placed now."""
+        if priority_class_refusal(vslice.spec.priority_class, allow_system=self._allow_system_priority):
+            return None
+        if self._backing_off(vslice.key) is not None:
+            return None
+        try:
+            return host_resources(vslice, self._defaults)
+        except ValueError:
+            return None
+
+    def _backing_off(self, key: str) -> Unplaceable | None:
+        """Why the slice is not placed yet if the API server refused its pods a moment ago."""
+        refusal = self._refusals.get(key)
+        if refusal is None:
+            return None
+        _, until, why = refusal
+        left = until - self._clock()
+        if left <= 0:
+            return None
+        return dataclasses.replace(why, message=f"{why.message}; placing the gang again in {left:.0f} s")
 
     def _preempt_for(
         self,
@@ -429,6 +493,7 @@ class SliceReconciler:
         slices: Sequence[VirtualSliceObject],
         all_pods: Sequence[PodView],
         nodes: Sequence[Json],
+        needs: HostResources,
     ) -> Unplaceable:
         """Evict lower-priority gangs if that makes room for ``vslice``; says so in its message."""
         priority = self._priority(vslice.spec.priority_class)
@@ -442,7 +507,7 @@ class SliceReconciler:
             return waiting
         draining = [p for p in all_pods if not p.deleting]
         machines = inventory.machines(nodes, draining, self._ledger.all())
-        request = GangRequest(vslice.key, vslice.spec.devices, self._host_size(vslice), vslice.spec.island)
+        request = GangRequest(vslice.key, vslice.spec.devices, self._host_size(vslice), vslice.spec.island, needs)
         plan = choose_victims(request, priority, running, machines)
         if plan is None or not plan.victims:
             return waiting
@@ -463,7 +528,7 @@ class SliceReconciler:
         )
 
     def _queued(self, vslice: VirtualSliceObject, why: Unplaceable, outcome: _Outcome) -> _Outcome:
-        if why.reason is Reason.INVALID_SPEC:
+        if why.reason in (Reason.INVALID_SPEC, Reason.PRIORITY_CLASS_NOT_ALLOWED):
             self._move(vslice, outcome, _S.FAILED)
             self._condition(vslice, outcome, _C.ADMITTED, "False", why.reason, why.message)
             self._condition(vslice, outcome, _C.READY, "False", why.reason, why.message)
@@ -512,7 +577,10 @@ class SliceReconciler:
         token, problem = self._token(vslice)
         if not token:
             return self._not_ready(vslice, outcome, problem)
-        problem = self._ensure_pods(vslice, reservation, current)
+        try:
+            problem = self._ensure_pods(vslice, reservation, current)
+        except _PodRefused as refused:
+            return self._pods_refused(vslice, reservation, outcome, refused.error)
         ready = [current[h.index] for h in hosts if h.index in current and _serving(current[h.index])]
         outcome.hosts = tuple(
             HostRecord(
@@ -567,6 +635,7 @@ class SliceReconciler:
         if find_condition(outcome.conditions, _C.DEGRADED) is not None:
             self._condition(vslice, outcome, _C.DEGRADED, "False", Reason.GANG_READY, message)
         self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Ready"
+        self._refusals.pop(vslice.key, None)
         outcome.delay = _STEADY
         return outcome
 
@@ -650,9 +719,49 @@ class SliceReconciler:
                 f"pod {name} exists but does not belong to this gang "
                 "(a pod of an earlier VirtualSlice of the same name is still terminating)"
             )
+        except KubeError as err:
+            if err.status in _REFUSED_STATUSES:
+                raise _PodRefused(err) from None
+            raise
         self._api.bind_pod(vslice.namespace, name, host.machine)
         log.info("%s: created pod %s bound to %s", vslice.key, name, host.machine)
         return f"pod {name} created on {host.machine}"
+
+    def _pods_refused(
+        self, vslice: VirtualSliceObject, reservation: Reservation, outcome: _Outcome, err: KubeError
+    ) -> _Outcome:
+        """The API server refused a pod: remove the partial gang; wait and retry (403) or fail (invalid pod)."""
+        key = vslice.key
+        if self._registered.pop(key, None) is not None:
+            self._registry.gang_lost(key, str(err))
+        self._ledger.release(key)
+        self._drained[key] = reservation.generation
+        self._teardown(vslice, [p for p in self._pods_of(vslice) if p.generation == reservation.generation])
+        if err.status == 403:
+            count = self._refusals.get(key, (0, 0.0, None))[0] + 1
+            wait = refused_backoff(count)
+            message = (
+                f"the API server refused a pod of the gang ({err}); the gang's pods were removed so "
+                f"that it holds no devices. A ResourceQuota or admission policy of namespace "
+                f"{vslice.namespace} limits it (kubectl describe resourcequota -n {vslice.namespace})"
+            )
+            self._refusals[key] = (count, self._clock() + wait, Unplaceable(key, Reason.POD_REFUSED, message))
+            message += f"; placing the gang again in {wait:.0f} s"
+            reason, phase = Reason.POD_REFUSED, _S.PENDING
+        else:
+            message = (
+                f"the API server refused a pod of the gang as invalid ({err}); fix spec.resources or "
+                "spec.image and create the VirtualSlice again"
+            )
+            reason, phase = Reason.INVALID_SPEC, _S.FAILED
+        self._move(vslice, outcome, phase)
+        self._condition(vslice, outcome, _C.ADMITTED, "False", reason, message)
+        self._condition(vslice, outcome, _C.READY, "False", reason, message)
+        outcome.events.append(("Warning", str(reason), message))
+        outcome.island, outcome.hosts, outcome.ready_hosts = "", (), ""
+        outcome.delay = _SOON
+        self._summaries[key] = f"VirtualSlice {key} is {outcome.phase}: {message}"
+        return outcome
 
     # ------------------------------------------------------------ failures
 

@@ -1,0 +1,30 @@
+"""Flags of ``python -m pathways_operator`` that change admission, read from argv or PATHWAYS_* variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathways_operator.__main__ import _parser, main
+
+
+def test_system_priority_classes_are_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES", raising=False)
+    assert _parser().parse_args([]).allow_system_priority_classes is False
+    assert _parser().parse_args(["--allow-system-priority-classes"]).allow_system_priority_classes is True
+    monkeypatch.setenv("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES", "true")
+    assert _parser().parse_args([]).allow_system_priority_classes is True
+    monkeypatch.setenv("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES", "false")
+    assert _parser().parse_args([]).allow_system_priority_classes is False
+
+
+def test_a_flag_variable_that_is_not_a_boolean_stops_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES", "maybe")
+    with pytest.raises(SystemExit, match="PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES='maybe': expected true or false"):
+        _parser()
+
+
+def test_malformed_worker_resources_stop_the_operator_naming_the_quantity(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--worker-resources", '{"requests": {"cpu": "lots"}}'])
+    assert stopped.value.code == 2
+    assert "--worker-resources.requests.cpu: 'lots' is not a Kubernetes quantity" in capsys.readouterr().err
