@@ -149,6 +149,18 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     assert len(rendered_crds) == len(crds) == 2
 
 
+def test_system_priority_classes_stay_refused_unless_the_chart_allows_them(helm: Helm) -> None:
+    def env(*sets: str) -> dict[str, str]:
+        (container,) = by_kind(helm.template("kp", "pathways-system", *sets, crds=False), "Deployment")[
+            "spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    assert env()["PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"] == "false"
+    assert env("operator.allowSystemPriorityClasses=true")["PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"] == "true"
+    bad = helm("template", "x", str(CHART), "--set", "worker.resources.requests.cpu=lots", check=False)
+    assert bad.returncode != 0 and "worker.resources.requests.cpu" in bad.stderr.replace("/", "."), bad.stderr
+
+
 # -- applied to the API server -----------------------------------------------------------
 
 
