@@ -110,4 +110,4 @@ def test_two_gangs_admitted_together_never_over_commit_cpu() -> None:
     r = admit(q, island("a", 1, 8, cpu=8_000), now=NOW)
     assert names(r.admitted) == ["x"]
     assert names(r.waiting) == ["y"]
-    assert "free cpu/memory for only 0 of 1 hosts" in r.waiting[0].message
+    assert "free cpu/memory for only 0 of 1 host" in r.waiting[0].message
