@@ -158,6 +158,7 @@ def test_kopf_bookkeeping_survives_pruning(crd: dict[str, Any]) -> None:
         (VSLICE, "spec.island", "island", "VirtualSlice"),
         (PROGRAM, "spec.slices", "slices", "PathwaysProgram"),
         (PROGRAM, "spec.source", "source", "PathwaysProgram"),
+        (PROGRAM, "spec.steps", "steps", "PathwaysProgram"),
     ],
 )
 def test_immutable_fields_are_guarded_with_a_fix_in_the_message(
@@ -171,6 +172,11 @@ def test_optional_immutable_fields_cannot_be_added_or_removed() -> None:
     spec_rules = {r["rule"] for r in rules(at(schema(VSLICE), "spec"))}
     assert "has(self.devicesPerHost) == has(oldSelf.devicesPerHost)" in spec_rules
     assert "has(self.island) == has(oldSelf.island)" in spec_rules
+
+
+def test_steps_are_documented_as_immutable() -> None:
+    assert "slices, source and steps are immutable" in " ".join(at(schema(PROGRAM), "spec")["description"].split())
+    assert "Immutable" in at(schema(PROGRAM), "spec.steps")["description"]
 
 
 def test_program_slice_and_source_rules() -> None:
