@@ -179,6 +179,25 @@ def test_steps_are_documented_as_immutable() -> None:
     assert "Immutable" in at(schema(PROGRAM), "spec.steps")["description"]
 
 
+def _volume_pattern() -> re.Pattern[str]:
+    (rule,) = rules(at(schema(PROGRAM), "spec.checkpoint.volume"))
+    found = re.fullmatch(r"self\.matches\('(.*)'\)", rule["rule"])
+    assert found is not None, rule
+    assert "not a path" in rule["message"]
+    return re.compile(found.group(1))
+
+
+@pytest.mark.parametrize(
+    ("volume", "ok"),
+    [("training-ckpt", True), ("ckpt.v2", True), ("a", True),
+     ("../../../../tmp/x", False), ("/tmp/abs", False), ("../other-namespace-claim", False),
+     ("..", False), (".", False), ("a/b", False), ("a..b", False), ("Ckpt", False), ("-a", False)],
+)
+def test_checkpoint_volume_accepts_only_a_claim_name(volume: str, ok: bool) -> None:
+    assert bool(_volume_pattern().search(volume)) is ok
+    assert at(schema(PROGRAM), "spec.checkpoint.volume")["maxLength"] == 253
+
+
 def test_program_slice_and_source_rules() -> None:
     slices = at(schema(PROGRAM), "spec.slices")
     assert slices["minItems"] == 1

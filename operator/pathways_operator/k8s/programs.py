@@ -35,13 +35,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pathways.compiled import CompiledProgram
 from pathways.errors import InvalidProgramError
 from pathways.kube import DRIVER_LOG_KEY, driver_log_config_map
 from pathways.wording import fraction, plural
 
+from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.reasons import (
     Condition,
@@ -161,6 +162,7 @@ class ProgramReconciler:
             self._finish(program)
             return _IDLE
         try:
+            self.checkpoint_dir(program)
             self._check_source(program)
             slices = self._slices(program)
             self._check_compiled_slices(program, slices)
@@ -448,11 +450,20 @@ class ProgramReconciler:
         outcome.delay = _SOON
 
     def checkpoint_dir(self, program: ProgramObject) -> Path | None:
-        """``<checkpoint-root>/<namespace>/<spec.checkpoint.volume>/<program>-<uid8>``, or None."""
+        """``<checkpoint-root>/<namespace>/<spec.checkpoint.volume>/<program>-<uid8>``, or None.
+
+        Raises InvalidProgram, naming spec.checkpoint.volume, for a volume that would leave
+        the namespace's directory (:func:`checkpoint_paths.checkpoint_path`).
+        """
         checkpoint = program.spec.checkpoint
         if checkpoint is None or self._checkpoint_root is None:
             return None
-        return self._checkpoint_root / program.namespace / checkpoint.volume / f"{program.name}-{program.uid[:8]}"
+        try:
+            where = checkpoint_path(PurePosixPath(self._checkpoint_root), program.namespace,
+                                    checkpoint.volume, program.name, program.uid)
+        except CheckpointPathError as err:
+            raise InvalidProgram(Reason.INVALID_SPEC, str(err)) from None
+        return Path(where)
 
     def _suspend(self, program: ProgramObject, outcome: _Outcome, done: int) -> None:
         """spec.suspend: let the driver finish its step and snapshot, then release the slices.
