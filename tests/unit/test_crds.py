@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pathways_operator.core.object_names import LABEL_VALUE_MAX
 from pathways_operator.core.phases import ProgramPhase, SlicePhase
 from pathways_operator.core.reasons import Reason
 
@@ -177,6 +178,32 @@ def test_optional_immutable_fields_cannot_be_added_or_removed() -> None:
 def test_steps_are_documented_as_immutable() -> None:
     assert "slices, source and steps are immutable" in " ".join(at(schema(PROGRAM), "spec")["description"].split())
     assert "Immutable" in at(schema(PROGRAM), "spec.steps")["description"]
+
+
+def _create_only_rules(crd: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Root rules that run on create only: names cannot change, and stored objects stay updatable."""
+    found = [r for r in rules(schema(crd)) if r.get("optionalOldSelf")]
+    assert all(r["rule"].startswith("oldSelf.hasValue() || ") for r in found), found
+    return found
+
+
+@pytest.mark.parametrize(("crd", "label"), [(VSLICE, "pathways.dev/slice"), (PROGRAM, "pathways.dev/program")],
+                         ids=["VirtualSlice", "PathwaysProgram"])
+def test_names_longer_than_a_label_value_are_refused_on_create(crd: dict[str, Any], label: str) -> None:
+    (name_rule,) = [r for r in _create_only_rules(crd) if r["rule"].endswith("self.metadata.name.size() <= 63")]
+    assert name_rule["message"].startswith(f"metadata.name may have at most {LABEL_VALUE_MAX} characters")
+    assert label in name_rule["message"]
+
+
+def test_template_slice_names_derived_from_the_program_name_are_bounded() -> None:
+    derived = [r for r in _create_only_rules(PROGRAM) if "s.name.size()" in r["rule"]]
+    assert [" ".join(r["rule"].split()) for r in derived] == [
+        "oldSelf.hasValue() || self.spec.slices.all(s, !has(s.template) || "
+        "self.metadata.name.size() + 1 + s.name.size() <= 63)"
+    ]
+    assert derived[0]["message"].startswith(
+        "metadata.name and spec.slices[].name make a VirtualSlice name longer than 63 characters"
+    )
 
 
 def _volume_pattern() -> re.Pattern[str]:

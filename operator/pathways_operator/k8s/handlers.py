@@ -12,6 +12,11 @@ event of one of a slice's pods, and, for programs, any change of a slice in
 their namespace. Handlers here are a few lines each; all decisions live in
 ``slices`` and ``programs`` (and, below them, ``pathways_operator.core``).
 
+Deletion never waits on the operator for long: kopf's finalizer is removed once the
+daemon has stopped (``cancellation_timeout``) and the deletion handler has succeeded or
+used up its ``DELETE_RETRIES``, so an object the operator cannot serve (one stored before
+the CRD refused its name, say) is still deleted by ``kubectl delete``.
+
 Kopf's own bookkeeping (handler progress, the last-handled spec) is kept in
 annotations with the ``pathways.dev`` prefix, not in ``status``: status is the
 operator's report and is written only by the reconcilers, through the status
@@ -48,6 +53,11 @@ log = logging.getLogger(__name__)
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 RECONCILE_THREADS = 32
 ERROR_RETRY_S = 2.0
+DELETE_RETRIES = 5
+DELETE_BACKOFF_S = 3.0
+"""A deletion clean-up that keeps failing is tried this many times, this far apart, then
+given up (kopf records it as failed and posts a Warning Event), so the finalizer always
+goes: what the clean-up missed is owned by the deleted object and garbage-collected."""
 
 
 def slice_key(namespace: str, name: str) -> str:
@@ -181,7 +191,8 @@ def register(
     async def slice_changed(name: str, namespace: str | None, **_: Any) -> None:
         wakeups.wake(slice_key(namespace or "default", name))
 
-    @kopf.on.delete(GROUP, VERSION, SLICE_PLURAL, registry=registry)
+    @kopf.on.delete(GROUP, VERSION, SLICE_PLURAL, registry=registry,
+                    retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_S)
     async def slice_deleted(name: str, namespace: str | None, **_: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(executor, slices.deleted, namespace or "default", name)
@@ -212,7 +223,8 @@ def register(
     async def program_changed(name: str, namespace: str | None, **_: Any) -> None:
         wakeups.wake(program_key(namespace or "default", name))
 
-    @kopf.on.delete(GROUP, VERSION, PROGRAM_PLURAL, registry=registry)
+    @kopf.on.delete(GROUP, VERSION, PROGRAM_PLURAL, registry=registry,
+                    retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_S)
     async def program_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(executor, programs.deleted, namespace or "default", name, uid)

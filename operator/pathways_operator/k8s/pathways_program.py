@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from pathways_operator.core.object_names import inline_slice_name
 from pathways_operator.core.phases import ProgramPhase
 from pathways_operator.core.reasons import Condition
 from pathways_operator.k8s.cluster_api import Json
@@ -188,4 +189,4 @@ class ProgramObject:
 
     def inline_slice_name(self, slice_name: str) -> str:
         """The VirtualSlice created for template ``slice_name``: ``<program>-<slice name>``."""
-        return f"{self.name}-{slice_name}"
+        return inline_slice_name(self.name, slice_name)

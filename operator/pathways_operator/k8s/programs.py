@@ -43,6 +43,7 @@ from pathways.kube import DRIVER_LOG_KEY, driver_log_config_map
 from pathways.wording import fraction, plural
 
 from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
+from pathways_operator.core.object_names import program_name_problem
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.reasons import (
     Condition,
@@ -162,6 +163,7 @@ class ProgramReconciler:
             self._finish(program)
             return _IDLE
         try:
+            self._check_names(program)
             self.checkpoint_dir(program)
             self._check_source(program)
             slices = self._slices(program)
@@ -191,6 +193,14 @@ class ProgramReconciler:
             self._locks.pop(key, None)
 
     # ------------------------------------------------------------ validation and slices
+
+    @staticmethod
+    def _check_names(program: ProgramObject) -> None:
+        """Names too long for the labels and VirtualSlices derived from them (stored before the CRD refused them)."""
+        templates = [(i, e.name) for i, e in enumerate(program.spec.slices) if e.template is not None]
+        problem = program_name_problem(program.name, templates)
+        if problem is not None:
+            raise InvalidProgram(Reason.INVALID_SPEC, problem)
 
     def _check_source(self, program: ProgramObject) -> None:
         spec = program.spec

@@ -68,6 +68,7 @@ from pathways.wire.slice_token import new_token
 from pathways.wording import fraction, plural
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.admission_policy import priority_class_refusal, refused_backoff
+from pathways_operator.core.object_names import slice_name_problem
 from pathways_operator.core.phases import SlicePhase, check_transition
 from pathways_operator.core.placement import (
     GangRequest,
@@ -232,6 +233,10 @@ class SliceReconciler:
             vslice = VirtualSliceObject.from_manifest(raw)
             if vslice.deleting:
                 return _IDLE  # the deletion handler tears the gang down
+            problem = slice_name_problem(vslice.name)
+            if problem is not None:  # stored before the CRD refused it: no label can select its pods
+                self._write_status(vslice, self._refused(vslice, problem))
+                return _IDLE
             pods = self._pods_of(vslice)
             outcome = self._decide(vslice, pods)
             self._write_status(vslice, outcome)
@@ -257,6 +262,18 @@ class SliceReconciler:
                     self._api.delete_pod(namespace, pod.name)
         with self._locks_guard:
             self._slice_locks.pop(key, None)
+
+    def _refused(self, vslice: VirtualSliceObject, problem: str) -> _Outcome:
+        """Failed for a spec the operator cannot serve; nothing was created for it."""
+        status = vslice.status
+        outcome = _Outcome(phase=status.phase or _S.PENDING, conditions=list(status.conditions),
+                           restarts=status.restarts, delay=_IDLE)
+        if outcome.phase is not _S.FAILED:
+            self._move(vslice, outcome, _S.FAILED)
+            self._condition(vslice, outcome, _C.ADMITTED, "False", Reason.INVALID_SPEC, problem)
+            self._condition(vslice, outcome, _C.READY, "False", Reason.INVALID_SPEC, problem)
+            outcome.events.append(("Warning", str(Reason.INVALID_SPEC), problem))
+        return outcome
 
     def _pods_of(self, vslice: VirtualSliceObject) -> list[PodView]:
         """The slice's pods: labelled with its name and owned by this incarnation of it."""
