@@ -43,5 +43,9 @@ def gang(
     on: str | None = None,
     priority: int = 0,
     at: float = 0.0,
+    group: str = "",
+    size: int = 1,
 ) -> QueuedGang:
-    return QueuedGang(GangRequest(slice_, devices, per_host, on), priority=priority, queued_at=at)
+    return QueuedGang(
+        GangRequest(slice_, devices, per_host, on), priority=priority, queued_at=at, group=group, group_size=size
+    )

@@ -111,3 +111,70 @@ def test_two_gangs_admitted_together_never_over_commit_cpu() -> None:
     assert names(r.admitted) == ["x"]
     assert names(r.waiting) == ["y"]
     assert "free cpu/memory for only 0 of 1 host" in r.waiting[0].message
+
+
+# -- admission groups: a program's slices are admitted whole or not at all ---------------------
+
+
+def test_two_groups_compete_and_only_the_one_that_fits_whole_is_placed() -> None:
+    # Two islands of 8. Program p holds a:8 + b:4; q wants b:4 + a:8 and must take nothing
+    # while a is full, although its b slice alone would fit in b's free 4.
+    machines = island("a", 2, 4, used=(4, 4)) + island("b", 2, 4, used=(4,))
+    q = [gang("q-stage1", 4, on="b", at=1, group="q", size=2), gang("q-stage0", 8, on="a", at=1, group="q", size=2)]
+    r = admit(q, machines, now=NOW)
+    assert r.admitted == [], "no slice of a group that does not fit whole is placed"
+    assert names(r.waiting) == ["q-stage0", "q-stage1"]
+    stage0, stage1 = r.waiting
+    assert stage0.reason is Reason.INSUFFICIENT_DEVICES
+    assert "admission group 'q' (2 slices) is admitted whole or not at all" in stage0.message
+    assert stage1.reason is Reason.ADMISSION_GROUP_WAITING
+    assert "slice 'q-stage1' holds no devices while slice 'q-stage0'" in stage1.message
+
+
+def test_first_group_in_queue_order_takes_the_room_and_the_second_places_nothing() -> None:
+    machines = island("a", 2, 4) + island("b", 2, 4)
+    q = [
+        gang("p0", 8, at=1, group="p", size=2), gang("p1", 4, at=1, group="p", size=2),
+        gang("q0", 4, at=2, group="q", size=2), gang("q1", 8, at=2, group="q", size=2),
+    ]
+    r = admit(q, machines, now=NOW)
+    assert sorted(names(r.admitted)) == ["p0", "p1"]
+    assert sorted(names(r.waiting)) == ["q0", "q1"]
+    assert {w.reason for w in r.waiting} == {Reason.INSUFFICIENT_DEVICES, Reason.ADMISSION_GROUP_WAITING}
+
+
+def test_devices_of_a_refused_group_stay_free_for_gangs_behind_it() -> None:
+    # Group g (4 + 16) cannot fit: its 4-device slice must not eat the room of "solo".
+    machines = island("a", 2, 4)
+    q = [gang("g0", 4, at=1, group="g", size=2), gang("g1", 16, at=1, group="g", size=2), gang("solo", 8, at=2)]
+    r = admit(q, machines, now=NOW)
+    assert names(r.admitted) == ["solo"]
+    assert sorted(names(r.waiting)) == ["g0", "g1"]
+
+
+def test_group_waits_until_all_its_slices_exist() -> None:
+    r = admit([gang("p0", 4, at=1, group="p", size=2)], island("a", 2, 4), now=NOW)
+    assert r.admitted == []
+    (waiting,) = r.waiting
+    assert waiting.reason is Reason.ADMISSION_GROUP_INCOMPLETE
+    assert "admission group 'p' (2 in all); 1 exist so far, waiting for 1 more" in waiting.message
+
+
+def test_group_member_is_admitted_alone_when_the_rest_already_holds_devices() -> None:
+    # p1 runs already (holding); p0 was recreated and queues again by itself.
+    r = admit([gang("p0", 4, at=1, group="p", size=2)], island("a", 2, 4), now=NOW, holding={"p": 1})
+    assert names(r.admitted) == ["p0"]
+
+
+def test_group_takes_its_place_in_the_queue_from_its_first_member() -> None:
+    # "late" is older than every member of g but g's "g0" is older still.
+    machines = island("a", 2, 4)
+    q = [gang("late", 8, at=2), gang("g0", 4, at=1, group="g", size=2), gang("g1", 4, at=3, group="g", size=2)]
+    r = admit(q, machines, now=NOW)
+    assert sorted(names(r.admitted)) == ["g0", "g1"]
+    assert names(r.waiting) == ["late"]
+
+
+def test_group_size_below_one_is_rejected() -> None:
+    with pytest.raises(ValueError, match="admission group size 0"):
+        admit([gang("x", 4, group="g", size=0)], island("a", 1, 4), now=NOW)

@@ -29,12 +29,27 @@ low-priority gang; that is priority working as intended. Reservations are
 recomputed from scratch on every call, so they need no stored state and
 survive an operator restart (``queued_at`` comes from the object, e.g. its
 creation time).
+
+Admission groups
+----------------
+Gangs that are only useful together (the slices of one program: stage 0 on
+one, stage 1 on another) share a ``group`` and say how many gangs the group has
+in all (``group_size``). A group is admitted whole or not at all, as Kueue
+admits a workload: its queued gangs are placed one after the other against a
+trial copy of the inventory, and only if every one of them fits is the trial
+kept; otherwise none is admitted and the inventory is as if the group had not
+been considered, so a group never holds devices while part of it waits. A group
+whose gangs are not all known yet (queued now, or already holding devices:
+``holding``) waits for the missing ones. A group takes its place in the queue
+from its first gang in queue order. When a group does not fit, the gang that
+did not fit keeps its own reason (and may reserve its island like any gang);
+the others wait with ``AdmissionGroupWaiting``, naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pathways.wording import plural
 from pathways_operator.core.placement import (
@@ -61,11 +76,15 @@ class QueuedGang:
     """Higher is admitted first (the value of the slice's PriorityClass)."""
     queued_at: float = 0.0
     """Seconds on any fixed clock (creationTimestamp is fine); earlier is admitted first."""
+    group: str = ""
+    """Admission group: gangs of one group are admitted together or not at all ("": none)."""
+    group_size: int = 1
+    """How many gangs the group has in all, queued or already holding devices."""
 
 
 @dataclasses.dataclass(frozen=True)
 class AdmissionResult:
-    """One admission decision; ``admitted`` and ``waiting`` are in queue order."""
+    """One admission decision; ``admitted`` in the order decided, ``waiting`` in queue order."""
 
     admitted: list[Placement]
     waiting: list[Unplaceable]
@@ -78,36 +97,74 @@ def queue_order(queue: Sequence[QueuedGang]) -> list[QueuedGang]:
     return sorted(queue, key=lambda g: (-g.priority, g.queued_at, g.request.slice))
 
 
+def admission_units(queue: Sequence[QueuedGang]) -> list[list[QueuedGang]]:
+    """The queue as units admitted whole: one per group, one per ungrouped gang, in queue order."""
+    units: list[list[QueuedGang]] = []
+    by_group: dict[str, list[QueuedGang]] = {}
+    for gang in queue_order(queue):
+        if not gang.group:
+            units.append([gang])
+        elif gang.group in by_group:
+            by_group[gang.group].append(gang)
+        else:
+            by_group[gang.group] = [gang]
+            units.append(by_group[gang.group])
+    return units
+
+
 def admit(
     queue: Sequence[QueuedGang],
     machines: Sequence[Machine],
     *,
     now: float,
     reserve_after: float = DEFAULT_RESERVE_AFTER_S,
+    holding: Mapping[str, int] | None = None,
 ) -> AdmissionResult:
     """Decide which gangs of ``queue`` are placed now; the rest wait, each with its reason.
 
     ``machines`` must already count the devices of every running gang as used.
-    Raises ValueError if a slice is queued twice or the inventory is impossible.
+    ``holding`` maps an admission group to how many of its gangs already hold
+    devices (admitted earlier; they count towards the group being complete).
+    Raises ValueError if a slice is queued twice, a group size is below 1, or
+    the inventory is impossible.
     """
     check_machines(machines)
     seen: set[str] = set()
     for gang in queue:
         if gang.request.slice in seen:
             raise ValueError(f"slice {gang.request.slice!r} is queued twice for admission")
+        if gang.group_size < 1:
+            raise ValueError(
+                f"slice {gang.request.slice!r}: admission group size {gang.group_size} is below 1"
+            )
         seen.add(gang.request.slice)
 
+    held = holding or {}
     inventory = list(machines)
     admitted: list[Placement] = []
     waiting: list[Unplaceable] = []
     reserved: dict[str, str] = {}
-    for gang in queue_order(queue):
-        outcome = _place_outside(gang.request, inventory, reserved, now, queue)
-        if isinstance(outcome, Placement):
-            admitted.append(outcome)
-            inventory = reserve(inventory, outcome)
+    for unit in admission_units(queue):
+        missing = _missing_members(unit, held)
+        if missing:
+            waiting.extend(missing)
             continue
-        waiting.append(outcome)
+        trial = inventory
+        placed: list[Placement] = []
+        refused: tuple[QueuedGang, Unplaceable] | None = None
+        for gang in unit:
+            outcome = _place_outside(gang.request, trial, reserved, now, queue)
+            if isinstance(outcome, Unplaceable):
+                refused = (gang, outcome)
+                break
+            placed.append(outcome)
+            trial = reserve(trial, outcome)
+        if refused is None:
+            admitted.extend(placed)
+            inventory = trial
+            continue
+        gang, outcome = refused
+        waiting.extend(_group_refused(unit, gang, outcome))
         island = outcome.closest_island
         if (
             outcome.reason is Reason.INSUFFICIENT_DEVICES
@@ -116,7 +173,58 @@ def admit(
             and now - gang.queued_at >= reserve_after
         ):
             reserved[island] = gang.request.slice
+    position = {g.request.slice: i for i, g in enumerate(queue_order(queue))}
+    waiting.sort(key=lambda w: position[w.slice])
     return AdmissionResult(admitted, waiting, reserved)
+
+
+def _group_size(unit: Sequence[QueuedGang]) -> int:
+    return max(g.group_size for g in unit)
+
+
+def _missing_members(unit: Sequence[QueuedGang], holding: Mapping[str, int]) -> list[Unplaceable]:
+    """Every gang of ``unit`` waiting, if some gangs of its group are not known yet; else []."""
+    group = unit[0].group
+    if not group:
+        return []
+    size = _group_size(unit)
+    present = len(unit) + holding.get(group, 0)
+    if present >= size:
+        return []
+    return [
+        Unplaceable(
+            g.request.slice,
+            Reason.ADMISSION_GROUP_INCOMPLETE,
+            f"slice {g.request.slice!r} is admitted together with the other slices of admission "
+            f"group {group!r} ({size} in all); {present} exist so far, waiting for "
+            f"{size - present} more",
+        )
+        for g in unit
+    ]
+
+
+def _group_refused(
+    unit: Sequence[QueuedGang], refused: QueuedGang, why: Unplaceable
+) -> list[Unplaceable]:
+    """The waiting outcomes of a unit one of whose gangs, ``refused``, did not fit."""
+    if len(unit) == 1 and not unit[0].group:
+        return [why]
+    group, size = unit[0].group, _group_size(unit)
+    whole = f"admission group {group!r} ({size} slices) is admitted whole or not at all"
+    result = []
+    for gang in unit:
+        if gang is refused:
+            result.append(dataclasses.replace(why, message=f"{why.message}; its {whole}"))
+        else:
+            result.append(
+                Unplaceable(
+                    gang.request.slice,
+                    Reason.ADMISSION_GROUP_WAITING,
+                    f"slice {gang.request.slice!r} holds no devices while slice "
+                    f"{refused.request.slice!r} of its {whole}: {why.message}",
+                )
+            )
+    return result
 
 
 def _place_outside(

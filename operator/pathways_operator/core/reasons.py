@@ -88,6 +88,12 @@ class Reason(enum.StrEnum):
     POD_REFUSED = "PodRefused"
     """The API server refused a pod of the gang (ResourceQuota, admission policy); the gang was
     torn down and is placed again after a back-off."""
+    ADMISSION_GROUP_INCOMPLETE = "AdmissionGroupIncomplete"
+    """Some slices of the slice's admission group do not exist yet; none is admitted before all are."""
+    ADMISSION_GROUP_WAITING = "AdmissionGroupWaiting"
+    """The slice would fit, but another slice of its admission group does not: none is admitted."""
+    OBJECT_NOT_OWNED = "ObjectNotOwned"
+    """An object the slice needs (its token Secret, a pod name) exists and is not the slice's own."""
     # Programs.
     WAITING_FOR_SLICES = "WaitingForSlices"
     """A slice the program uses is not Ready yet."""
