@@ -128,7 +128,10 @@ def test_two_groups_compete_and_only_the_one_that_fits_whole_is_placed() -> None
     assert stage0.reason is Reason.INSUFFICIENT_DEVICES
     assert "admission group 'q' (2 slices) is admitted whole or not at all" in stage0.message
     assert stage1.reason is Reason.ADMISSION_GROUP_WAITING
-    assert "slice 'q-stage1' holds no devices while slice 'q-stage0'" in stage1.message
+    assert stage1.message.startswith(
+        "slice 'q-stage1' holds no devices until its whole admission group 'q' (2 slices) fits: "
+        "slice 'q-stage0' needs 8 devices"
+    ), stage1.message
 
 
 def test_first_group_in_queue_order_takes_the_room_and_the_second_places_nothing() -> None:

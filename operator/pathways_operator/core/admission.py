@@ -220,8 +220,8 @@ def _group_refused(
                 Unplaceable(
                     gang.request.slice,
                     Reason.ADMISSION_GROUP_WAITING,
-                    f"slice {gang.request.slice!r} holds no devices while slice "
-                    f"{refused.request.slice!r} of its {whole}: {why.message}",
+                    f"slice {gang.request.slice!r} holds no devices until its whole admission group "
+                    f"{group!r} ({size} slices) fits: {why.message}",
                 )
             )
     return result

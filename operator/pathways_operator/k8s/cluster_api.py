@@ -62,6 +62,11 @@ def _decode(response: Any) -> Json:
     return data
 
 
+def _precondition(uid: str) -> kclient.V1DeleteOptions:
+    """DeleteOptions that make the API server refuse (409) if the name now holds another object."""
+    return kclient.V1DeleteOptions(preconditions=kclient.V1Preconditions(uid=uid))
+
+
 def now_rfc3339() -> str:
     """The current time as the API server writes timestamps (seconds, UTC, 'Z')."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -144,13 +149,24 @@ class ClusterApi:
             ),
         )
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def get_pod(self, namespace: str, name: str) -> Json | None:
+        return self._get_or_none(
+            f"reading pod {namespace}/{name}",
+            lambda: _decode(self.core.read_namespaced_pod(name, namespace, _preload_content=False)),
+        )
+
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int | None = None) -> None:
+        """Delete the pod of that name only if it is still the object ``uid`` (names are reused).
+
+        Gone already, or replaced by another object of the same name: nothing is deleted.
+        """
         try:
             self.core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=grace_seconds, _preload_content=False
+                name, namespace, grace_period_seconds=grace_seconds, body=_precondition(uid),
+                _preload_content=False,
             )
         except ApiException as err:
-            if err.status != 404:
+            if err.status not in (404, 409):
                 raise KubeError(f"deleting pod {namespace}/{name}", int(err.status or 0), _detail(err)) from None
 
     # ------------------------------------------------------------ custom resources
@@ -205,16 +221,28 @@ class ClusterApi:
         )
         return reply
 
-    def delete_slice(self, namespace: str, name: str) -> None:
+    def delete_slice(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete the VirtualSlice; given ``uid``, only if the name still holds that object."""
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, SLICE_PLURAL, name, propagation_policy="Background"
+                GROUP, VERSION, namespace, SLICE_PLURAL, name, propagation_policy="Background",
+                body=_precondition(uid) if uid else None,
             )
         except ApiException as err:
-            if err.status != 404:
+            if err.status not in (404, 409):
                 raise KubeError(
                     f"deleting VirtualSlice {namespace}/{name}", int(err.status or 0), _detail(err)
                 ) from None
+
+    def annotate_slice(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (None: remove) annotations of the VirtualSlice, provided it is still the object ``uid``."""
+        patch = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        self._call(
+            f"annotating VirtualSlice {namespace}/{name}",
+            lambda: self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, SLICE_PLURAL, name, patch, field_manager=FIELD_MANAGER
+            ),
+        )
 
     def patch_slice_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self._patch_status(SLICE_PLURAL, namespace, name, status)
@@ -272,11 +300,14 @@ class ClusterApi:
             )
         )
 
-    def delete_secret(self, namespace: str, name: str) -> None:
+    def delete_secret(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the Secret of that name only if it is still the object ``uid``."""
         try:
-            self.core.delete_namespaced_secret(name, namespace, _preload_content=False)
+            self.core.delete_namespaced_secret(
+                name, namespace, body=_precondition(uid), _preload_content=False
+            )
         except ApiException as err:
-            if err.status != 404:
+            if err.status not in (404, 409):
                 raise KubeError(f"deleting Secret {namespace}/{name}", int(err.status or 0), _detail(err)) from None
 
     def priority_value(self, priority_class: str) -> int | None:

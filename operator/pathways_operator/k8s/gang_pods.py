@@ -44,6 +44,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from pathways_operator.core.ownership import controller_of, owner_refs
 from pathways_operator.core.placement import HostAssignment, HostResources, Placement
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.resources import (
@@ -408,7 +409,8 @@ class PodView:
     slice: str | None
     host_index: int | None
     generation: int | None
-    owner_uids: frozenset[str]
+    controller_uid: str
+    """The uid of the pod's controller (ownerReference with ``controller: true``), or ""."""
     failure: str
     """Why the host is gone ("container worker exited with code 1 (Error)"), or ""."""
     placement_json: str
@@ -443,7 +445,7 @@ class PodView:
             slice=labels.get(SLICE_LABEL),
             host_index=_label_int(labels, HOST_INDEX_LABEL),
             generation=_label_int(labels, GENERATION_LABEL),
-            owner_uids=frozenset(str(o.get("uid")) for o in meta.get("ownerReferences") or []),
+            controller_uid=controller.uid if (controller := controller_of(owner_refs(meta))) else "",
             failure=_failure(phase, status),
             placement_json=str((meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION) or ""),
             cpu_millis=holds.cpu_millis,

@@ -193,9 +193,9 @@ def register(
 
     @kopf.on.delete(GROUP, VERSION, SLICE_PLURAL, registry=registry,
                     retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_S)
-    async def slice_deleted(name: str, namespace: str | None, **_: Any) -> None:
+    async def slice_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(executor, slices.deleted, namespace or "default", name)
+        await loop.run_in_executor(executor, slices.deleted, namespace or "default", name, uid)
         wakeups.wake_prefix("slice:")  # queued slices may fit now
 
     @kopf.on.event(GROUP, VERSION, SLICE_PLURAL, registry=registry)

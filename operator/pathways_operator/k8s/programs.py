@@ -58,6 +58,8 @@ from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverStatu
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
 from pathways_operator.k8s.resources import (
+    ADMISSION_GROUP_LABEL,
+    ADMISSION_GROUP_SIZE_ANNOTATION,
     API_VERSION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -331,13 +333,19 @@ class ProgramReconciler:
         spec = template.to_manifest()
         if program.spec.priority_class and "priorityClassName" not in spec:
             spec["priorityClassName"] = program.spec.priority_class
+        inline = sum(1 for entry in program.spec.slices if entry.template is not None)
         body = {
             "apiVersion": API_VERSION,
             "kind": SLICE_KIND,
             "metadata": {
                 "name": name,
                 "namespace": program.namespace,
-                "labels": {PROGRAM_LABEL: program.name, MANAGED_BY_LABEL: MANAGED_BY},
+                "labels": {
+                    PROGRAM_LABEL: program.name,
+                    MANAGED_BY_LABEL: MANAGED_BY,
+                    ADMISSION_GROUP_LABEL: program.uid,  # admitted whole or not at all
+                },
+                "annotations": {ADMISSION_GROUP_SIZE_ANNOTATION: str(inline)},
                 "ownerReferences": [program.owner_reference()],
             },
             "spec": spec,

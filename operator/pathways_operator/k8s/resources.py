@@ -38,6 +38,18 @@ PLACEMENT_ANNOTATION = "pathways.dev/placement"
 """On every pod of a gang: the whole placement as JSON, so a restarted operator
 knows which devices the gang holds even for hosts whose pods do not exist yet."""
 
+ADMISSION_GROUP_LABEL = "pathways.dev/admission-group"
+"""On VirtualSlices admitted together or not at all: the group's name (a program's
+inline slices: the program's uid)."""
+ADMISSION_GROUP_SIZE_ANNOTATION = "pathways.dev/admission-group-size"
+"""With ``ADMISSION_GROUP_LABEL``: how many VirtualSlices the group has in all."""
+
+RESTARTS_ANNOTATION = "pathways.dev/restarts"
+"""On a VirtualSlice, written by the operator: gangs recreated so far (the slice record;
+``status.restarts`` only reports it)."""
+FAILURE_ANNOTATION = "pathways.dev/failure"
+"""On a VirtualSlice, written by the operator: why the slice failed for good, if it did."""
+
 SCHEDULER_NAME = "pathways"
 """Pods with this schedulerName are bound by the operator, never by kube-scheduler."""
 

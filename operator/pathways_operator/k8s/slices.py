@@ -14,9 +14,11 @@ Pending
     takes every queued slice, the machines from ``inventory`` and calls
     ``core.admission.admit``, so a gang is placed on one island as a whole, or
     not at all, before any of its pods exists; a slice that does not fit says
-    why (``Admitted=False``, the core's reason and message). Admitted
-    placements go into the reservation ledger, which keeps their devices
-    counted as used until the pods exist and hold them.
+    why (``Admitted=False``, the core's reason and message). Slices labelled
+    with one ``pathways.dev/admission-group`` (a program's inline slices) are
+    admitted together or not at all. Admitted placements go into the
+    reservation ledger, which keeps their devices counted as used until the
+    pods exist and hold them.
 Launching
     pods are created and bound by the operator itself (``schedulerName:
     pathways``, the Binding API), host 0 first; the others once host 0 has a
@@ -44,12 +46,21 @@ Recovering
     since a JAX job cannot take a replacement process. After
     ``failurePolicy.maxRestarts`` recreations the slice is Failed instead.
 
-Where the truth lives, so that a restart loses nothing: pods carry their
-generation (``status.restarts`` at creation) and the whole placement
-(annotation); ``status`` records the placement and the restarts. The
-reservation ledger is a cache of those, rebuilt from them on first use.
-Each slice's token (the credential its hosts demand) lives in a Secret the
-slice owns, created before its first pod and read back after a restart.
+Where the truth lives, so that a restart loses nothing and a forged
+``status`` changes nothing: pods carry their generation (the restart count at
+creation) and the whole placement (annotation); the *slice record* (restarts,
+and why the slice failed for good) is kept in the operator's annotations on the
+VirtualSlice (``pathways.dev/restarts``, ``pathways.dev/failure``). Each reconcile starts from the phase ``core.slice_phase`` derives from
+these, never from ``status``, which is only written (and read back only to keep
+conditions' transition times and to post Events on changes). The reservation
+ledger is a cache, rebuilt from pods on first use.
+
+Ownership: each slice's token (the credential its hosts demand) lives in a
+Secret the slice controls, created before it is admitted. The operator acts
+only on objects whose controller ownerReference is the slice's uid
+(``core.ownership``): a Secret or pod that merely bears the slice's name or
+label is never used, adopted or deleted; the slice waits out of the admission
+queue, ``Admitted=False, reason=ObjectNotOwned``, naming the object.
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ from pathways.wording import fraction, plural
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.admission_policy import priority_class_refusal, refused_backoff
 from pathways_operator.core.object_names import slice_name_problem
+from pathways_operator.core.ownership import Ownership, describe_controller, owner_refs, ownership
 from pathways_operator.core.phases import SlicePhase, check_transition
 from pathways_operator.core.placement import (
     GangRequest,
@@ -85,7 +97,15 @@ from pathways_operator.core.reasons import (
     Reason,
     SliceConditionType,
     find_condition,
+    is_condition_true,
     set_condition,
+)
+from pathways_operator.core.slice_phase import (
+    SliceObservation,
+    SliceRecord,
+    current_generation,
+    observed_phase,
+    parse_record,
 )
 from pathways_operator.k8s import inventory
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json, KubeError, now_rfc3339
@@ -103,7 +123,13 @@ from pathways_operator.k8s.gang_pods import (
 )
 from pathways_operator.k8s.inventory import Reservation, ReservationLedger
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_operator.k8s.resources import SIDECAR_PORT, SLICE_LABEL
+from pathways_operator.k8s.resources import (
+    FAILURE_ANNOTATION,
+    RESTARTS_ANNOTATION,
+    SIDECAR_PORT,
+    SLICE_KIND,
+    SLICE_LABEL,
+)
 from pathways_operator.k8s.sidecar_health import unready_hosts
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
 
@@ -154,6 +180,32 @@ class GangRegistry(Protocol):
     def describe(self) -> pb.ClusterInfo: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class _SliceSecret:
+    """The slice's own token Secret: the hosts' credential."""
+
+    uid: str
+    token: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _InTheWay:
+    """An object the slice needs is not its own (or not usable yet); the message says which and what to do."""
+
+    message: str
+    warning: bool = False
+    """True when a person must act (a Warning Event); False while it resolves by itself."""
+
+
+class _PodInTheWay(Exception):
+    """Creating a host pod found a pod of that name that the slice does not control."""
+
+    def __init__(self, pod: str, why: _InTheWay) -> None:
+        super().__init__(why.message)
+        self.pod = pod
+        self.why = why
+
+
 @dataclasses.dataclass
 class _Outcome:
     """What one reconcile decided: the status to write and the events to record."""
@@ -192,20 +244,26 @@ class SliceReconciler:
         self._slice_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._registered: dict[str, tuple[int, tuple[str, ...]]] = {}
-        self._tokens: dict[str, str] = {}
-        """Slice key -> its token, as read from or written to its Secret."""
+        self._secrets: dict[str, _SliceSecret] = {}
+        """Slice key -> its token Secret, as last read or written."""
+        self._blocked: dict[str, str] = {}
+        """Slice key -> the object in its way (kept out of the admission queue until it is gone)."""
+        self._pod_conflicts: dict[str, str] = {}
+        """Slice key -> the name of a pod, not the slice's own, that took one of its pod names."""
+        self._seen: dict[str, tuple[Reservation, frozenset[int]]] = {}
+        """Slice key -> host indices whose pods this process has seen for its current reservation."""
         self._summaries: dict[str, str] = {}
         self._machines: list[Machine] = []
         self._priorities: dict[str, int] = {}
         self._metrics = metrics or OperatorMetrics()
         self._queued_since: dict[str, float] = {}
         self._evicting: dict[str, str] = {}
+        """Victim slice key -> why it is preempted (naming the preemptor), until its next look."""
         self._drained: dict[str, int] = {}
         """Preempted slice key -> generation whose terminating pods must not be adopted again."""
         self._allow_system_priority = allow_system_priority_classes
         self._refusals: dict[str, tuple[int, float, Unplaceable]] = {}
         """Slice key -> (pod refusals in a row, when it may be placed again, why) after the API refused a pod."""
-        """Victim slice key -> why it is preempted (naming the preemptor), until its next look."""
 
     # ------------------------------------------------------------ queries
 
@@ -242,24 +300,35 @@ class SliceReconciler:
             self._write_status(vslice, outcome)
             return outcome.delay
 
-    def deleted(self, namespace: str, name: str) -> None:
-        """The slice is being deleted: tell the controller, free its devices, remove its pods."""
+    def deleted(self, namespace: str, name: str, uid: str) -> None:
+        """The slice ``uid`` is being deleted: tell the controller, free its devices, remove its objects.
+
+        Only objects this slice controls are deleted (its Secret, its pods); a Secret
+        or pod that merely has the slice's name or label is someone else's and stays.
+        """
         key = f"{namespace}/{name}"
         with self._lock_for(key):
             self._registry.unregister_gang(key)
             self._registered.pop(key, None)
             self._ledger.release(key)
-            self._summaries.pop(key, None)
-            self._queued_since.pop(key, None)
-            self._drained.pop(key, None)
-            self._refusals.pop(key, None)
-            self._tokens.pop(key, None)
+            for state in (self._summaries, self._queued_since, self._drained, self._refusals, self._secrets,
+                          self._blocked, self._pod_conflicts, self._seen):
+                state.pop(key, None)
             self._metrics.slice_phase(key, None)
-            self._api.delete_secret(namespace, token_secret_name(name))
+            secret_name = token_secret_name(name)
+            secret = self._api.get_secret(namespace, secret_name)
+            if secret is not None:
+                meta = secret["metadata"]
+                refs = owner_refs(meta)
+                if ownership(refs, kind=SLICE_KIND, name=name, uid=uid) is Ownership.OWNED:
+                    self._api.delete_secret(namespace, secret_name, str(meta.get("uid") or ""))
+                else:
+                    log.info("%s: leaving Secret %s alone: it is not this VirtualSlice's (%s)",
+                             key, secret_name, describe_controller(refs))
             for raw in self._api.list_pods(namespace, f"{SLICE_LABEL}={name}"):
                 pod = PodView.from_manifest(raw)
-                if not pod.deleting:
-                    self._api.delete_pod(namespace, pod.name)
+                if pod.controller_uid == uid and not pod.deleting:
+                    self._api.delete_pod(namespace, pod.name, pod.uid)
         with self._locks_guard:
             self._slice_locks.pop(key, None)
 
@@ -276,68 +345,183 @@ class SliceReconciler:
         return outcome
 
     def _pods_of(self, vslice: VirtualSliceObject) -> list[PodView]:
-        """The slice's pods: labelled with its name and owned by this incarnation of it."""
+        """The slice's pods: labelled with its name and controlled by this incarnation of it."""
         raw = self._api.list_pods(vslice.namespace, f"{SLICE_LABEL}={vslice.name}")
-        return [p for p in map(PodView.from_manifest, raw) if vslice.uid in p.owner_uids]
+        return [p for p in map(PodView.from_manifest, raw) if p.controller_uid == vslice.uid]
 
     def _decide(self, vslice: VirtualSliceObject, pods: list[PodView]) -> _Outcome:
-        status = vslice.status
-        generation = max([status.restarts, *(p.generation or 0 for p in pods)])
-        outcome = _Outcome(
-            phase=status.phase or _S.PENDING,
-            conditions=list(status.conditions),
-            restarts=generation,
-            island=status.island,
-            hosts=status.hosts,
-            ready_hosts=status.ready_hosts,
-        )
-        if outcome.phase is _S.FAILED:
-            self._teardown(vslice, pods)
-            outcome.delay = _IDLE
-            return outcome
-        if vslice.spec.suspend:
-            return self._suspend(vslice, pods, outcome)
-        evicted = self._evicting.pop(vslice.key, None)
-        if evicted is not None and outcome.phase in (_S.LAUNCHING, _S.READY):
-            return self._preempted(vslice, pods, outcome, evicted)
-        if outcome.phase is _S.SUSPENDED:
-            self._move(vslice, outcome, _S.PENDING)
-            self._condition(vslice, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
-                            "spec.suspend is false; the slice is queued for devices again")
-
-        reservation = self._reservation(vslice, pods, generation)
+        key = vslice.key
+        secret = self._secret(vslice)
+        record = _record(vslice)
+        generation = current_generation(record.restarts, ((p.generation or 0, p.deleting) for p in pods))
+        failure = record.failure
+        reservation = None if failure else self._reservation(vslice, pods, generation)
         current = {
             p.host_index: p
             for p in pods
             if p.generation == generation and p.host_index is not None and reservation is not None
         }
         strays = [p for p in pods if p.host_index not in current or current[p.host_index] is not p]
+        registered = self._registered.get(key)
+        observed = SliceObservation(
+            failure=failure,
+            suspended=vslice.spec.suspend,
+            placed=reservation is not None,
+            hosts=len(reservation.placement.hosts) if reservation is not None else 0,
+            pods=len(current),
+            registered=registered is not None and registered[0] == generation,
+            draining=bool(strays),
+            preempted=self._drained.get(key) == generation,
+        )
+        outcome = _Outcome(
+            phase=observed_phase(observed),
+            conditions=list(vslice.status.conditions),
+            restarts=generation,
+        )
+        if outcome.phase is _S.FAILED:
+            return self._failed_for_good(vslice, pods, outcome, failure)
+        if vslice.spec.suspend:
+            return self._suspend(vslice, pods, outcome)
+        evicted = self._evicting.pop(key, None)
+        if evicted is not None and outcome.phase in (_S.LAUNCHING, _S.READY):
+            return self._preempted(vslice, pods, outcome, evicted)
+        if is_condition_true(outcome.conditions, _C.SUSPENDED):
+            self._condition(vslice, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
+                            "spec.suspend is false; the slice is queued for devices again")
+
         self._teardown(vslice, strays)
 
         if reservation is not None:
-            loss = self._loss(vslice, reservation, current, generation)
+            loss = self._loss(vslice, reservation, current)
             if loss:
                 return self._recreate(vslice, list(current.values()), outcome, loss)
             return self._launch(vslice, reservation, current, outcome)
 
         if strays:
             outcome.delay = _SOON
-            self._summaries[vslice.key] = (
-                f"VirtualSlice {vslice.key} is {outcome.phase}: waiting for "
+            self._summaries[key] = (
+                f"VirtualSlice {key} is {outcome.phase}: waiting for "
                 f"{plural(len(strays), 'pod')} of its previous gang to terminate"
             )
             return outcome
-        placed = self._admit(vslice)
+        in_the_way = secret if isinstance(secret, _InTheWay) else self._pod_in_the_way(vslice)
+        if in_the_way is not None:
+            return self._not_owned(vslice, outcome, in_the_way)
+        self._blocked.pop(key, None)
+        placed = self._admit(vslice, generation)
         if isinstance(placed, Reservation):
             return self._launch(vslice, placed, {}, outcome)
         return self._queued(vslice, placed, outcome)
+
+    # ------------------------------------------------------------ ownership and the slice record
+
+    def _secret(self, vslice: VirtualSliceObject) -> _SliceSecret | _InTheWay:
+        """The slice's token Secret (made first if missing), or what is in its way.
+
+        The Secret is used only if this slice controls it: one of that name that is
+        someone else's is neither adopted nor changed, and the slice says so.
+        """
+        cached = self._secrets.get(vslice.key)
+        if cached is not None:
+            return cached
+        namespace, name = vslice.namespace, token_secret_name(vslice.name)
+        secret = self._api.get_secret(namespace, name)
+        if secret is None:
+            try:
+                secret = self._api.create_secret(namespace, token_secret_manifest(vslice, new_token()))
+            except AlreadyExists:
+                return _InTheWay(f"Secret {namespace}/{name} appeared while creating it; looking again")
+            log.info("%s: created Secret %s with the slice token", vslice.key, name)
+        meta = secret["metadata"]
+        refs = owner_refs(meta)
+        owner = ownership(refs, kind=SLICE_KIND, name=vslice.name, uid=vslice.uid)
+        if owner is Ownership.EARLIER:
+            return _InTheWay(
+                f"Secret {namespace}/{name} belongs to an earlier VirtualSlice {vslice.name} that was "
+                "deleted; waiting for the garbage collector to delete it"
+            )
+        if owner is Ownership.FOREIGN:
+            return _InTheWay(
+                f"Secret {namespace}/{name} exists and is not this VirtualSlice's "
+                f"({describe_controller(refs)}); the operator neither uses nor deletes a Secret it does "
+                "not control: delete or rename that Secret, or give the VirtualSlice another name",
+                warning=True,
+            )
+        raw = (secret.get("data") or {}).get(TOKEN_KEY, "")
+        token = base64.b64decode(raw).decode() if raw else ""
+        if not token:
+            return _InTheWay(
+                f"Secret {namespace}/{name} has no data.{TOKEN_KEY}; delete it and the operator makes a new one",
+                warning=True,
+            )
+        found = _SliceSecret(uid=str(meta.get("uid") or ""), token=token)
+        self._secrets[vslice.key] = found
+        return found
+
+    def _save_record(self, vslice: VirtualSliceObject, record: SliceRecord) -> None:
+        """Keep ``record`` in the slice's annotations, where a restarted operator finds it."""
+        try:
+            self._api.annotate_slice(
+                vslice.namespace, vslice.name, vslice.uid,
+                {RESTARTS_ANNOTATION: str(record.restarts), FAILURE_ANNOTATION: record.failure or None},
+            )
+        except KubeError as err:
+            if err.status not in (404, 409, 422):
+                raise
+            log.info("%s: the slice was deleted or replaced; its record (%s) is not kept: %s",
+                     vslice.key, record, err)
+
+    def _pod_in_the_way(self, vslice: VirtualSliceObject) -> _InTheWay | None:
+        """The pod, not this slice's, that took one of its pod names, while it is still there."""
+        name = self._pod_conflicts.get(vslice.key)
+        if name is None:
+            return None
+        found = self._api.get_pod(vslice.namespace, name)
+        if found is None or self._pod_ownership(vslice, found) is not Ownership.FOREIGN:
+            self._pod_conflicts.pop(vslice.key, None)
+            return None
+        return _foreign_pod(vslice, name, found)
+
+    @staticmethod
+    def _pod_ownership(vslice: VirtualSliceObject, pod: Json) -> Ownership:
+        return ownership(owner_refs(pod.get("metadata") or {}), kind=SLICE_KIND, name=vslice.name, uid=vslice.uid)
+
+    def _not_owned(self, vslice: VirtualSliceObject, outcome: _Outcome, why: _InTheWay) -> _Outcome:
+        """Wait, out of the admission queue, for an object in the slice's way to go; say which."""
+        self._blocked[vslice.key] = why.message
+        self._move(vslice, outcome, _S.PENDING)
+        previous = find_condition(outcome.conditions, _C.ADMITTED)
+        if previous is None or (previous.reason, previous.message) != (str(Reason.OBJECT_NOT_OWNED), why.message):
+            kind = "Warning" if why.warning else "Normal"
+            outcome.events.append((kind, str(Reason.OBJECT_NOT_OWNED), why.message))
+        self._condition(vslice, outcome, _C.ADMITTED, "False", Reason.OBJECT_NOT_OWNED, why.message)
+        self._condition(vslice, outcome, _C.READY, "False", Reason.OBJECT_NOT_OWNED,
+                        "the gang is not placed; see the Admitted condition")
+        outcome.island, outcome.hosts, outcome.ready_hosts = "", (), ""
+        outcome.delay = _STEADY
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is {outcome.phase}: {why.message}"
+        return outcome
+
+    def _failed_for_good(
+        self, vslice: VirtualSliceObject, pods: Sequence[PodView], outcome: _Outcome, failure: str
+    ) -> _Outcome:
+        """A slice whose record says it failed: no pods, no devices, and a status that says why."""
+        if self._registered.pop(vslice.key, None) is not None:
+            self._registry.gang_lost(vslice.key, failure)
+        self._ledger.release(vslice.key)
+        self._teardown(vslice, pods)
+        self._condition(vslice, outcome, _C.READY, "False", Reason.RESTARTS_EXHAUSTED, failure)
+        self._condition(vslice, outcome, _C.DEGRADED, "True", Reason.RESTARTS_EXHAUSTED, failure)
+        outcome.delay = _IDLE
+        self._summaries[vslice.key] = f"VirtualSlice {vslice.key} is Failed: {failure}"
+        return outcome
 
     # ------------------------------------------------------------ admission
 
     def _reservation(
         self, vslice: VirtualSliceObject, pods: Sequence[PodView], generation: int
     ) -> Reservation | None:
-        """The slice's admitted placement for this generation: ledger, else pods, else status."""
+        """The slice's admitted placement for this generation: the ledger's, else its pods' annotation."""
         held = self._ledger.get(vslice.key)
         if held is not None and held.generation == generation:
             return held
@@ -368,12 +552,20 @@ class SliceReconciler:
             self._priorities[name] = value
         return self._priorities[name]
 
-    def _admit(self, vslice: VirtualSliceObject) -> Reservation | Unplaceable:
-        """One admission pass over every queued slice; returns this slice's outcome."""
+    def _admit(self, vslice: VirtualSliceObject, generation: int) -> Reservation | Unplaceable:
+        """One admission pass over every queued slice; returns this slice's outcome.
+
+        Slices of one admission group are admitted together or not at all
+        (``core.admission``); ``holding`` tells the core which of a group's slices
+        already hold devices.
+        """
         with self._admission_lock:
             held = self._ledger.get(vslice.key)
             if held is not None:
                 return held
+            size = vslice.admission_group_size() if vslice.admission_group else 1
+            if isinstance(size, str):
+                return Unplaceable(vslice.key, Reason.INVALID_SPEC, size)
             wanted = vslice.spec.priority_class
             refused = priority_class_refusal(wanted, allow_system=self._allow_system_priority)
             if refused:
@@ -397,9 +589,8 @@ class SliceReconciler:
             owned: dict[str, list[PodView]] = {}
             uids = {s.uid: s.key for s in slices}
             for pod in all_pods:
-                for uid in pod.owner_uids:
-                    if uid in uids:
-                        owned.setdefault(uids[uid], []).append(pod)
+                if pod.controller_uid in uids:
+                    owned.setdefault(uids[pod.controller_uid], []).append(pod)
             alive = {s.key for s in slices if not s.deleting}
             for stale in self._ledger.all():
                 if stale.key not in alive:
@@ -410,51 +601,41 @@ class SliceReconciler:
                 if other.deleting:
                     continue
                 mine = owned.get(other.key, [])
-                generation = max([other.status.restarts, *(p.generation or 0 for p in mine)])
-                if self._ledger.get(other.key) is None and self._drained.get(other.key) != generation:
-                    recorded = _recorded_reservation(other, mine, generation)
+                other_generation = (
+                    generation if other.key == vslice.key
+                    else current_generation(_record(other).restarts, ((p.generation or 0, p.deleting) for p in mine))
+                )
+                if self._ledger.get(other.key) is None and self._drained.get(other.key) != other_generation:
+                    recorded = _recorded_reservation(other, mine, other_generation)
                     if recorded is not None:
                         self._ledger.adopt(recorded)
                         continue
-                if other.key != vslice.key and not _wants_devices(other, mine):
+                if other.key != vslice.key and not self._wants_devices(other, mine):
                     continue
                 if self._ledger.get(other.key) is not None:
                     continue
                 other_needs = needs if other.key == vslice.key else self._admissible_needs(other)
                 if other_needs is None:
                     continue  # refused or backing off: it says so at its own reconcile
-                generations[other.key] = generation
-                queue.append(
-                    QueuedGang(
-                        GangRequest(
-                            slice=other.key,
-                            devices=other.spec.devices,
-                            devices_per_host=self._host_size(other),
-                            island=other.spec.island,
-                            host_resources=other_needs,
-                        ),
-                        priority=self._priority(other.spec.priority_class),
-                        queued_at=other.created,
-                    )
-                )
+                gang = self._queued_gang(other, other_needs)
+                if gang is None:
+                    continue  # its own look reports what is wrong
+                generations[other.key] = other_generation
+                queue.append(gang)
             if vslice.key not in generations:
-                generations[vslice.key] = vslice.status.restarts
-                queue.append(
-                    QueuedGang(
-                        GangRequest(
-                            slice=vslice.key,
-                            devices=vslice.spec.devices,
-                            devices_per_host=self._host_size(vslice),
-                            island=vslice.spec.island,
-                            host_resources=needs,
-                        ),
-                        priority=self._priority(vslice.spec.priority_class),
-                        queued_at=vslice.created,
-                    )
-                )
+                own = self._queued_gang(vslice, needs)
+                if own is None:  # its admission group size was read above; it cannot change here
+                    raise AssertionError(f"admission pass lost slice {vslice.key}")
+                generations[vslice.key] = generation
+                queue.append(own)
+            holding: dict[str, int] = {}
+            for other in slices:
+                group = other.admission_group
+                if group and not other.deleting and (self._ledger.get(other.key) or owned.get(other.key)):
+                    holding[group] = holding.get(group, 0) + 1
             machines = inventory.machines(nodes, all_pods, self._ledger.all())
             self._machines = machines
-            result = admit(queue, machines, now=self._clock())
+            result = admit(queue, machines, now=self._clock(), holding=holding)
             mine_result: Reservation | Unplaceable | None = None
             now = self._clock()
             created = {s.key: s.created for s in slices}
@@ -503,6 +684,35 @@ class SliceReconciler:
             return None
         return dataclasses.replace(why, message=f"{why.message}; placing the gang again in {left:.0f} s")
 
+    def _wants_devices(self, other: VirtualSliceObject, pods: Sequence[PodView]) -> bool:
+        """In the admission queue: alive, not suspended, not failed or blocked, and holding no pods."""
+        return not (
+            other.deleting
+            or other.spec.suspend
+            or _record(other).failure
+            or other.key in self._blocked
+            or pods
+        )
+
+    def _queued_gang(self, other: VirtualSliceObject, needs: HostResources) -> QueuedGang | None:
+        """The slice as the admission queue sees it; None if its admission group is unreadable."""
+        size = other.admission_group_size() if other.admission_group else 1
+        if isinstance(size, str):
+            return None
+        return QueuedGang(
+            GangRequest(
+                slice=other.key,
+                devices=other.spec.devices,
+                devices_per_host=self._host_size(other),
+                island=other.spec.island,
+                host_resources=needs,
+            ),
+            priority=self._priority(other.spec.priority_class),
+            queued_at=other.created,
+            group=other.admission_group,
+            group_size=size,
+        )
+
     def _preempt_for(
         self,
         vslice: VirtualSliceObject,
@@ -547,9 +757,11 @@ class SliceReconciler:
     def _queued(self, vslice: VirtualSliceObject, why: Unplaceable, outcome: _Outcome) -> _Outcome:
         if why.reason in (Reason.INVALID_SPEC, Reason.PRIORITY_CLASS_NOT_ALLOWED):
             self._move(vslice, outcome, _S.FAILED)
+            previous = find_condition(outcome.conditions, _C.ADMITTED)
+            if previous is None or previous.reason != why.reason:
+                outcome.events.append(("Warning", str(why.reason), why.message))
             self._condition(vslice, outcome, _C.ADMITTED, "False", why.reason, why.message)
             self._condition(vslice, outcome, _C.READY, "False", why.reason, why.message)
-            outcome.events.append(("Warning", str(why.reason), why.message))
             outcome.delay = _IDLE
         else:
             self._move(vslice, outcome, _S.PENDING)
@@ -576,14 +788,14 @@ class SliceReconciler:
     ) -> _Outcome:
         placement = reservation.placement
         hosts = placement.hosts
+        if not is_condition_true(outcome.conditions, _C.ADMITTED):
+            nodes = ", ".join(sorted({h.machine for h in hosts}))
+            outcome.events.append((
+                "Normal", str(Reason.ADMITTED),
+                f"Admitted on {placement.island}: {plural(len(hosts), 'host')} of "
+                f"{plural(placement.devices_per_host, 'device')} on {nodes}",
+            ))
         if outcome.phase is not _S.READY:
-            if outcome.phase is not _S.LAUNCHING:
-                nodes = ", ".join(sorted({h.machine for h in hosts}))
-                outcome.events.append((
-                    "Normal", str(Reason.ADMITTED),
-                    f"Admitted on {placement.island}: {plural(len(hosts), 'host')} of "
-                    f"{plural(placement.devices_per_host, 'device')} on {nodes}",
-                ))
             self._move(vslice, outcome, _S.LAUNCHING)
         self._condition(
             vslice, outcome, _C.ADMITTED, "True", Reason.ADMITTED,
@@ -591,13 +803,17 @@ class SliceReconciler:
             f"{placement.island} ({', '.join(h.machine for h in hosts)})",
         )
         outcome.island = placement.island
-        token, problem = self._token(vslice)
-        if not token:
-            return self._not_ready(vslice, outcome, problem)
+        secret = self._secret(vslice)
+        if isinstance(secret, _InTheWay):
+            return self._give_back(vslice, current, outcome, secret)
+        token = secret.token
         try:
             problem = self._ensure_pods(vslice, reservation, current)
         except _PodRefused as refused:
             return self._pods_refused(vslice, reservation, outcome, refused.error)
+        except _PodInTheWay as err:
+            self._pod_conflicts[vslice.key] = err.pod
+            return self._give_back(vslice, current, outcome, err.why)
         ready = [current[h.index] for h in hosts if h.index in current and _serving(current[h.index])]
         outcome.hosts = tuple(
             HostRecord(
@@ -641,7 +857,7 @@ class SliceReconciler:
                 log.exception("registering the gang of %s with the controller failed", vslice.key)
                 return self._not_ready(vslice, outcome, f"the controller refused the gang: {err}")
             self._registered[vslice.key] = (reservation.generation, addresses)
-        if outcome.phase is not _S.READY:
+        if not is_condition_true(outcome.conditions, _C.READY):
             outcome.events.append((
                 "Normal", str(Reason.GANG_READY),
                 f"Gang ready on {placement.island}: {', '.join(addresses)}",
@@ -656,31 +872,15 @@ class SliceReconciler:
         outcome.delay = _STEADY
         return outcome
 
-    def _token(self, vslice: VirtualSliceObject) -> tuple[str, str]:
-        """The slice's token from its Secret, made first if missing; ("", why) when unusable."""
-        token = self._tokens.get(vslice.key)
-        if token:
-            return token, ""
-        name = token_secret_name(vslice.name)
-        secret = self._api.get_secret(vslice.namespace, name)
-        if secret is None:
-            try:
-                secret = self._api.create_secret(vslice.namespace, token_secret_manifest(vslice, new_token()))
-            except AlreadyExists:
-                return "", f"Secret {name} appeared while creating it; looking again"
-            log.info("%s: created Secret %s with the slice token", vslice.key, name)
-        owners = {ref.get("uid") for ref in secret["metadata"].get("ownerReferences") or []}
-        if vslice.uid not in owners:
-            return "", (
-                f"Secret {vslice.namespace}/{name} exists but is not owned by this VirtualSlice "
-                "(an earlier slice's, still being deleted, or someone else's): delete it or rename the slice"
-            )
-        raw = (secret.get("data") or {}).get(TOKEN_KEY, "")
-        token = base64.b64decode(raw).decode() if raw else ""
-        if not token:
-            return "", f"Secret {vslice.namespace}/{name} has no data.{TOKEN_KEY}; delete it and the operator makes a new one"
-        self._tokens[vslice.key] = token
-        return token, ""
+    def _give_back(
+        self, vslice: VirtualSliceObject, current: dict[int, PodView], outcome: _Outcome, why: _InTheWay
+    ) -> _Outcome:
+        """An object in the way of an admitted gang: release its devices and pods, wait out of the queue."""
+        if self._registered.pop(vslice.key, None) is not None:
+            self._registry.gang_lost(vslice.key, why.message)
+        self._ledger.release(vslice.key)
+        self._teardown(vslice, list(current.values()))
+        return self._not_owned(vslice, outcome, why)
 
     def _controller_has(self, addresses: tuple[str, ...]) -> bool:
         """Whether the controller still streams to exactly these hosts (a broken link drops a gang)."""
@@ -732,10 +932,15 @@ class SliceReconciler:
         try:
             self._api.create_pod(vslice.namespace, manifest)
         except AlreadyExists:
-            return (
-                f"pod {name} exists but does not belong to this gang "
-                "(a pod of an earlier VirtualSlice of the same name is still terminating)"
-            )
+            found = self._api.get_pod(vslice.namespace, name)
+            if found is None:
+                return f"pod {name} was deleted while creating it; creating it again"
+            owner = self._pod_ownership(vslice, found)
+            if owner is Ownership.FOREIGN:
+                raise _PodInTheWay(name, _foreign_pod(vslice, name, found)) from None
+            if owner is Ownership.EARLIER:
+                return f"pod {name} of an earlier VirtualSlice {vslice.name} is still terminating"
+            return f"pod {name} of an earlier gang of this slice is still terminating"
         except KubeError as err:
             if err.status in _REFUSED_STATUSES:
                 raise _PodRefused(err) from None
@@ -782,14 +987,13 @@ class SliceReconciler:
 
     # ------------------------------------------------------------ failures
 
-    def _loss(
-        self,
-        vslice: VirtualSliceObject,
-        reservation: Reservation,
-        current: dict[int, PodView],
-        generation: int,
-    ) -> str:
-        """Why the gang is broken ("pod x-1 failed: ..."), or "" while it is whole or still growing."""
+    def _loss(self, vslice: VirtualSliceObject, reservation: Reservation, current: dict[int, PodView]) -> str:
+        """Why the gang is broken ("pod x-1 failed: ..."), or "" while it is whole or still growing.
+
+        A pod that vanished between two looks (deleted with no grace period) is
+        noticed because this process saw it before for the same reservation; after
+        an operator restart it is simply created again.
+        """
         gone = self._missing_nodes(current.values())
         for index in sorted(current):
             if current[index].node in gone:
@@ -801,17 +1005,23 @@ class SliceReconciler:
                 return f"pod {pod.name} was deleted"
             if pod.failure:
                 return f"pod {pod.name} failed: {pod.failure}"
-        if vslice.status.restarts != generation:
-            return ""
-        for host in vslice.status.hosts:
-            if host.pod and host.index not in current:
-                return f"pod {host.pod} disappeared"
+        seen_for, seen = self._seen.get(vslice.key, (None, frozenset[int]()))
+        if seen_for is not reservation:
+            seen = frozenset()
+        missing = sorted(seen - current.keys())
+        if missing:
+            return f"pod {pod_name(vslice.name, missing[0])} disappeared"
+        self._seen[vslice.key] = (reservation, seen | current.keys())
         return ""
 
     def _recreate(
         self, vslice: VirtualSliceObject, pods: list[PodView], outcome: _Outcome, loss: str
     ) -> _Outcome:
-        """Tear the whole gang down; queue it again, or fail it when restarts are used up."""
+        """Tear the whole gang down; queue it again, or fail it when restarts are used up.
+
+        The restart count (or the failure) goes into the slice record first, so a
+        restart of the operator in between neither forgets nor repeats it.
+        """
         self._registry.gang_lost(vslice.key, loss)
         self._registered.pop(vslice.key, None)
         self._ledger.release(vslice.key)
@@ -822,6 +1032,7 @@ class SliceReconciler:
                 f"{loss}; the gang was already recreated {plural(outcome.restarts, 'time')} "
                 f"(failurePolicy.maxRestarts={limit})"
             )
+            self._save_record(vslice, SliceRecord(outcome.restarts, message))
             self._move(vslice, outcome, _S.FAILED)
             self._condition(vslice, outcome, _C.READY, "False", Reason.RESTARTS_EXHAUSTED, message)
             self._condition(vslice, outcome, _C.DEGRADED, "True", Reason.RESTARTS_EXHAUSTED, message)
@@ -829,6 +1040,7 @@ class SliceReconciler:
             outcome.delay = _IDLE
         else:
             outcome.restarts += 1
+            self._save_record(vslice, SliceRecord(outcome.restarts))
             self._queued_since[vslice.key] = self._clock()
             message = (
                 f"{loss}; recreating the whole gang (restart {outcome.restarts} of {limit})"
@@ -858,10 +1070,13 @@ class SliceReconciler:
         """Delete the gang's pods; those on a deleted Node at once (grace 0: no kubelet will confirm)."""
         gone = self._missing_nodes(pods)
         for pod in pods:
+            if pod.controller_uid != vslice.uid:
+                log.error("%s: not deleting pod %s: it is not this slice's", vslice.key, pod.name)
+                continue
             if pod.node in gone:
-                self._api.delete_pod(pod.namespace, pod.name, grace_seconds=0)
+                self._api.delete_pod(pod.namespace, pod.name, pod.uid, grace_seconds=0)
             elif not pod.deleting:
-                self._api.delete_pod(pod.namespace, pod.name)
+                self._api.delete_pod(pod.namespace, pod.name, pod.uid)
 
     def _preempted(
         self, vslice: VirtualSliceObject, pods: list[PodView], outcome: _Outcome, why: str
@@ -944,38 +1159,32 @@ def _serving(pod: PodView) -> bool:
     return pod.phase == "Running" and pod.ready and bool(pod.ip) and not pod.deleting
 
 
-def _wants_devices(vslice: VirtualSliceObject, pods: Sequence[PodView]) -> bool:
-    """In the admission queue: alive, not suspended, not failed, and holding no pods."""
-    return not (
-        vslice.deleting
-        or vslice.spec.suspend
-        or vslice.status.phase in (_S.FAILED, _S.SUSPENDED)
-        or pods
-    )
-
-
 def _recorded_reservation(
     vslice: VirtualSliceObject, pods: Sequence[PodView], generation: int
 ) -> Reservation | None:
-    """The placement a slice's pods or status record for ``generation``, if any."""
+    """The placement the slice's pods of ``generation`` record in their annotation, if any.
+
+    ``status`` is not consulted: it is a report anyone with access to the status
+    subresource can rewrite, and a gang without pods holds no devices anyway.
+    """
     for pod in pods:
         if pod.generation == generation and pod.placement_json:
             placement = placement_from_json(vslice.key, pod.placement_json)
             if placement is not None:
                 return Reservation(vslice.namespace, vslice.name, generation, placement)
-    status = vslice.status
-    admitted = find_condition(status.conditions, str(_C.ADMITTED))
-    if (
-        status.phase in (_S.LAUNCHING, _S.READY)
-        and status.restarts == generation
-        and status.island
-        and status.hosts
-        and all(h.node for h in status.hosts)
-        and admitted is not None
-        and admitted.status == "True"
-    ):
-        hosts = tuple(HostAssignment(h.index, h.node, h.devices) for h in status.hosts)
-        return Reservation(
-            vslice.namespace, vslice.name, generation, Placement(vslice.key, status.island, hosts)
-        )
     return None
+
+
+def _record(vslice: VirtualSliceObject) -> SliceRecord:
+    """The slice record the operator keeps in the slice's annotations."""
+    return parse_record(vslice.annotations.get(RESTARTS_ANNOTATION), vslice.annotations.get(FAILURE_ANNOTATION))
+
+
+def _foreign_pod(vslice: VirtualSliceObject, name: str, pod: Json) -> _InTheWay:
+    refs = owner_refs(pod.get("metadata") or {})
+    return _InTheWay(
+        f"pod {vslice.namespace}/{name} exists and is not this VirtualSlice's ({describe_controller(refs)}); "
+        "host pods of the slice take that name and the operator neither uses nor deletes a pod it does "
+        "not control: delete or rename that pod, or give the VirtualSlice another name",
+        warning=True,
+    )

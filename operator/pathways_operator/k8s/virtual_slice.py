@@ -17,7 +17,12 @@ from typing import Any
 from pathways_operator.core.phases import SlicePhase
 from pathways_operator.core.reasons import Condition
 from pathways_operator.k8s.cluster_api import Json
-from pathways_operator.k8s.resources import API_VERSION, SLICE_KIND
+from pathways_operator.k8s.resources import (
+    ADMISSION_GROUP_LABEL,
+    ADMISSION_GROUP_SIZE_ANNOTATION,
+    API_VERSION,
+    SLICE_KIND,
+)
 
 DEFAULT_MAX_RESTARTS = 3
 
@@ -165,6 +170,23 @@ class VirtualSliceObject:
     labels: Mapping[str, str]
     spec: SliceSpec
     status: SliceStatus
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def admission_group(self) -> str:
+        """The admission group the slice is admitted with, whole or not at all ("": none)."""
+        return self.labels.get(ADMISSION_GROUP_LABEL, "")
+
+    def admission_group_size(self) -> int | str:
+        """How many slices its admission group has; a message naming the annotation if unusable."""
+        text = self.annotations.get(ADMISSION_GROUP_SIZE_ANNOTATION, "")
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+        return (
+            f"metadata.annotations[{ADMISSION_GROUP_SIZE_ANNOTATION!r}] is {text!r}: a VirtualSlice "
+            f"labelled {ADMISSION_GROUP_LABEL}={self.admission_group} needs the number of slices "
+            "in its admission group there, a positive integer such as \"2\""
+        )
 
     @property
     def key(self) -> str:
@@ -182,6 +204,7 @@ class VirtualSliceObject:
             created=parse_timestamp(str(meta.get("creationTimestamp") or "")),
             deleting=bool(meta.get("deletionTimestamp")),
             labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
             spec=SliceSpec.from_manifest(raw.get("spec") or {}),
             status=SliceStatus.from_manifest(raw.get("status") or {}),
         )
