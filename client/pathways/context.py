@@ -40,12 +40,18 @@ once all of the program's VirtualSlices are Ready. ``ctx`` is a
 
 The function returns ``dict[str, array-like]``: the program's results, which
 the operator stores as JSON in the ConfigMap named by ``status.results``, so
-keep them small (metrics, a few parameters).
+keep them small (metrics, a few parameters): each key is a ConfigMap key
+(letters, digits, ``-``, ``_`` and ``.``, at most 253 characters, not ``.`` or
+``..``), and keys and JSON values together take at most 1 MiB
+(:data:`RESULTS_MAX_BYTES`). The driver checks both before the program ends
+(:func:`results_problem`) and fails the program naming the key and the limit;
+keep larger arrays in ``spec.checkpoint`` state or storage of your own.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -225,6 +231,42 @@ def _scalar(value: Any) -> float | int | str:
         return float(value)
     except (TypeError, ValueError):
         return str(value)
+
+
+RESULTS_MAX_BYTES = 1024 * 1024
+"""The most results may take, keys and JSON values together: what one ConfigMap holds."""
+RESULT_KEY_MAX_CHARS = 253
+_RESULT_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+def result_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a ConfigMap key (the API server's own rules), or None."""
+    if not _RESULT_KEY.fullmatch(key):
+        return "must be made of letters, digits, '-', '_' and '.' (a ConfigMap key)"
+    if len(key) > RESULT_KEY_MAX_CHARS:
+        return f"is {len(key)} characters long; a ConfigMap key has at most {RESULT_KEY_MAX_CHARS}"
+    if key in (".", "..") or key.startswith(".."):
+        return "must not be '.' or '..' nor start with '..' (a ConfigMap key)"
+    return None
+
+
+def results_problem(stored: Mapping[str, str]) -> str | None:
+    """Why results (key -> JSON text, as the operator stores them) cannot be stored, or None."""
+    for key in stored:
+        problem = result_key_problem(key)
+        if problem is not None:
+            return f"result key {key!r} {problem}; rename it in the dict the entrypoint returns"
+    sizes = {key: len(key.encode()) + len(text.encode()) for key, text in stored.items()}
+    total = sum(sizes.values())
+    if total > RESULTS_MAX_BYTES:
+        largest = max(sizes, key=lambda k: sizes[k])
+        return (
+            f"the results take {total} bytes as JSON, over the limit of {RESULTS_MAX_BYTES} bytes "
+            f"(1 MiB, what one ConfigMap holds); the largest is result {largest!r} with "
+            f"{sizes[largest]} bytes; return small results (metrics, a few parameters) and keep "
+            "large arrays in spec.checkpoint state or storage of your own"
+        )
+    return None
 
 
 def steps_completed(progress_file: Path) -> int:

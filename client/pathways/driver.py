@@ -45,7 +45,9 @@ state and unwinds, and the results file says ``{"suspended": true, "stepsComplet
 
 Exit status: 0 success; 75 (EX_TEMPFAIL) when the program lost a host or a
 slice was unavailable, so running it again from ``stepsCompleted`` can
-succeed; 2 for a bad entrypoint or arguments; 1 for any other failure; 143
+succeed; 2 for a bad entrypoint or arguments; 1 for any other failure (the
+entrypoint raised, called ``sys.exit``, or returned results that cannot be stored:
+keys that are not ConfigMap keys, values that are not JSON, more than 1 MiB); 143
 when stopped by SIGTERM (calls in flight are finished first, freeing their
 buffers on the hosts; no results file is written).
 """
@@ -65,7 +67,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pathways.context import ProgramContext, ProgramSuspended, SliceBinding, steps_completed
+from pathways.context import (
+    ProgramContext,
+    ProgramSuspended,
+    SliceBinding,
+    results_problem,
+    steps_completed,
+)
 
 if TYPE_CHECKING:
     from pathways.compiled import CompiledProgram
@@ -163,7 +171,12 @@ def parse_slices(text: str) -> dict[str, SliceBinding]:
 
 
 def results_json(results: object) -> dict[str, Any]:
-    """The entrypoint's return value as JSON-able nested lists, checked against the contract."""
+    """The entrypoint's return value as JSON-able nested lists, checked against the contract.
+
+    Everything the operator will store is checked here, before the program ends: each
+    value converts to JSON, each key is a ConfigMap key, and all fit in one ConfigMap
+    (:func:`pathways.context.results_problem`). A DriverError names the key and the limit.
+    """
     import numpy as np
 
     if results is None:
@@ -175,11 +188,24 @@ def results_json(results: object) -> dict[str, Any]:
             EXIT_FAILED,
         )
     out: dict[str, Any] = {}
+    stored: dict[str, str] = {}
     for key, value in results.items():
+        if not isinstance(key, str):
+            raise DriverError(
+                f"result key {key!r} is a {type(key).__name__}; result keys must be strings", EXIT_FAILED
+            )
         try:
-            out[str(key)] = np.asarray(value).tolist()
+            out[key] = np.asarray(value).tolist()
+            stored[key] = json.dumps(out[key])
         except Exception as err:
-            raise DriverError(f"result {key!r} is not array-like: {err}", EXIT_FAILED) from None
+            raise DriverError(
+                f"result {key!r} ({type(value).__name__}) is not an array-like of numbers that "
+                f"converts to JSON: {err}",
+                EXIT_FAILED,
+            ) from None
+    problem = results_problem(stored)
+    if problem is not None:
+        raise DriverError(problem, EXIT_FAILED)
     return out
 
 
@@ -205,8 +231,12 @@ def _suspend_on_signal(_signum: int, _frame: object) -> None:
     _SUSPEND.set()
 
 
+class _Stopped(SystemExit):
+    """SIGTERM: the operator stops the program; no outcome is written."""
+
+
 def _stop_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise _Stopped(128 + signum)
 
 
 def _retryable(err: Exception) -> bool:
@@ -254,6 +284,13 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             results = results_json(fn(ctx))
+        except SystemExit as err:
+            if isinstance(err, _Stopped):
+                raise
+            raise DriverError(
+                f"the entrypoint called sys.exit({err.code!r}) instead of returning its results",
+                EXIT_FAILED,
+            ) from None
         finally:
             ctx.close()
     except ProgramSuspended as stop:

@@ -97,8 +97,8 @@ class Reason(enum.StrEnum):
     # Programs.
     WAITING_FOR_SLICES = "WaitingForSlices"
     """A slice the program uses is not Ready yet."""
-    UNKNOWN_SLICE = "UnknownSlice"
-    """``spec.slices[].ref`` names a VirtualSlice that does not exist."""
+    SLICE_NOT_FOUND = "SliceNotFound"
+    """``spec.slices[].ref`` names a VirtualSlice that does not exist (yet); the program waits."""
     SLICE_FAILED = "SliceFailed"
     """A slice the program uses reached phase Failed."""
     INVALID_PROGRAM = "InvalidProgram"
@@ -108,7 +108,46 @@ class Reason(enum.StrEnum):
     STEPS_COMPLETED = "StepsCompleted"
     """Every step completed."""
     COMPUTATION_FAILED = "ComputationFailed"
-    """A computation raised on a host; the message carries the host's error."""
+    """The program failed: it raised, exited on its own, or returned results that cannot be
+    stored; the message carries the driver's error and the tail of its log."""
+    HOST_LOST = "HostLost"
+    """The driver lost a host (or a slice was recreated under it); it runs again from its last step."""
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    """The driver lost a host more times than ``spec.backoffLimit`` allows."""
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    """The program ran longer than ``spec.activeDeadlineSeconds``; it was stopped."""
+    START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
+    """The program did not start within ``spec.startDeadlineSeconds`` of its creation."""
+    RESULTS_NOT_STORED = "ResultsNotStored"
+    """The results ConfigMap could not be written: the API server refused it, or a
+    ConfigMap of that name exists that the program does not own."""
+
+
+WARNING_REASONS = frozenset({
+    Reason.EXCEEDS_ISLAND,
+    Reason.INDIVISIBLE_DEVICES,
+    Reason.NO_ISLAND,
+    Reason.INVALID_SPEC,
+    Reason.RESTARTS_EXHAUSTED,
+    Reason.GANG_RECREATED,
+    Reason.PREEMPTED,
+    Reason.PRIORITY_CLASS_NOT_FOUND,
+    Reason.SLICE_NOT_FOUND,
+    Reason.SLICE_FAILED,
+    Reason.INVALID_PROGRAM,
+    Reason.COMPUTATION_FAILED,
+    Reason.HOST_LOST,
+    Reason.BACKOFF_LIMIT_EXCEEDED,
+    Reason.DEADLINE_EXCEEDED,
+    Reason.START_DEADLINE_EXCEEDED,
+    Reason.RESULTS_NOT_STORED,
+})
+"""Reasons that report a problem: their Events are ``Warning``, every other reason's ``Normal``."""
+
+
+def event_type(reason: Reason) -> Literal["Warning", "Normal"]:
+    """The core/v1 Event type for ``reason``: Warning for problems (as kubelet and Job do)."""
+    return "Warning" if reason in WARNING_REASONS else "Normal"
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
