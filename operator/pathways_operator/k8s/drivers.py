@@ -16,7 +16,11 @@ directory ``<state-dir>/<namespace>/<name>-<uid>/``:
     running again can help;
 ``driver.log``
     the driver's stdout and stderr, quoted in failure messages; its end is copied into
-    ConfigMap ``<program>-driver-log`` when the program ends (``pathways logs program``);
+    ConfigMap ``<program>-driver-log`` when the program ends (``pathways logs program``).
+    The operator reads them through a pipe and keeps at most :data:`DRIVER_LOG_MAX_BYTES`
+    in the file: beyond that it becomes ``driver.log.1`` (replacing the one
+    before) and a new ``driver.log`` starts, so a program keeps at most twice
+    that, its newest output;
 ``compiled-program.json``
     for a ``spec.source.configMapRef`` program, the ConfigMap the operator read and
     checked, handed to the driver as ``--compiled-program`` (drivers hold no API
@@ -40,17 +44,22 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pathways import process_tree
 from pathways.context import steps_completed
 
+from pathways_operator.core.program_lifecycle import EXIT_RETRYABLE, Reported
+
 log = logging.getLogger(__name__)
 
-EXIT_RETRYABLE = 75
-"""The driver's exit status for "a host or slice was lost; run me again"."""
 STOP_GRACE_S = 5.0
 LOG_TAIL_CHARS = 1500
+DRIVER_LOG_MAX_BYTES = 8 * 1024 * 1024
+"""``driver.log`` is rotated to ``driver.log.1`` at this size (8 MiB): at most 16 MiB per program."""
+RUN_MARKER = b"--- starting at step "
+"""The line the supervisor writes before each run of the driver; log tails start after the last one."""
+_PUMP_DRAIN_S = 5.0
 
 
 class DriverState(enum.Enum):
@@ -69,9 +78,13 @@ class DriverStatus:
     """The program's results (on success)."""
     error: str = ""
     retryable: bool = False
+    """The driver said it lost a host (in its results file, or by exiting with EXIT_RETRYABLE)."""
     log_tail: str = ""
+    """The end of this run's output (not earlier runs')."""
     suspended: bool = False
     """It stopped at a step boundary because a suspend was asked for (state snapshotted)."""
+    reported: Reported = Reported.NOTHING
+    """What its results file said."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +108,43 @@ class DriverLaunch:
     """The ConfigMap of a ``spec.source.configMapRef`` program (then ``entrypoint`` is unused)."""
 
 
+class _LogPump(threading.Thread):
+    """Copies a driver's output from its pipe into ``driver.log``, rotating it at ``limit`` bytes."""
+
+    def __init__(self, source: IO[bytes], path: Path, limit: int = DRIVER_LOG_MAX_BYTES) -> None:
+        super().__init__(name=f"driver-log:{path.parent.name}", daemon=True)
+        self._source = source
+        self._path = path
+        self._limit = limit
+
+    def run(self) -> None:
+        out = open(self._path, "ab", buffering=0)
+        try:
+            size = out.tell()
+            while True:
+                chunk = os.read(self._source.fileno(), 64 * 1024)
+                if not chunk:
+                    return
+                if size and size + len(chunk) > self._limit:
+                    out.close()
+                    os.replace(self._path, self._path.with_name(self._path.name + ".1"))
+                    out = open(self._path, "ab", buffering=0)
+                    size = 0
+                out.write(chunk)
+                size += len(chunk)
+        except (OSError, ValueError) as err:
+            log.warning("%s: copying the driver's output stopped: %s", self._path, err)
+        finally:
+            out.close()
+            with contextlib.suppress(OSError):
+                self._source.close()
+
+
 @dataclasses.dataclass
 class _Child:
     process: subprocess.Popen[bytes]
     launch: DriverLaunch
+    pump: _LogPump
 
 
 class DriverSupervisor:
@@ -141,6 +187,7 @@ class DriverSupervisor:
             code = child.process.poll()
             if code is None:
                 return DriverStatus(DriverState.RUNNING)
+            child.pump.join(_PUMP_DRAIN_S)  # its last words, for the log tail
             return self._outcome(workdir, code)
         self._kill_leftover(workdir)
         if (workdir / "results.json").exists():
@@ -154,9 +201,11 @@ class DriverSupervisor:
         except (OSError, ValueError):
             payload = None
         if isinstance(payload, dict) and payload.get("suspended") is True:
-            return DriverStatus(DriverState.EXITED, code, suspended=True, log_tail=tail)
-        if isinstance(payload, dict) and isinstance(payload.get("results"), dict) and code in (0, None):
-            return DriverStatus(DriverState.EXITED, code, results=payload["results"], log_tail=tail)
+            return DriverStatus(DriverState.EXITED, code, suspended=True, log_tail=tail,
+                                reported=Reported.SUSPENDED)
+        if isinstance(payload, dict) and isinstance(payload.get("results"), dict):
+            return DriverStatus(DriverState.EXITED, code, results=payload["results"], log_tail=tail,
+                                reported=Reported.RESULTS)
         if isinstance(payload, dict) and "error" in payload:
             return DriverStatus(
                 DriverState.EXITED,
@@ -164,15 +213,9 @@ class DriverSupervisor:
                 error=str(payload["error"]),
                 retryable=bool(payload.get("retryable")) or code == EXIT_RETRYABLE,
                 log_tail=tail,
+                reported=Reported.ERROR,
             )
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
-        return DriverStatus(
-            DriverState.EXITED,
-            code,
-            error=f"the driver {how} without reporting an outcome",
-            retryable=True,
-            log_tail=tail,
-        )
+        return DriverStatus(DriverState.EXITED, code, retryable=code == EXIT_RETRYABLE, log_tail=tail)
 
     def start(self, launch: DriverLaunch) -> None:
         """Start the driver (stopping any other of the same program first)."""
@@ -205,16 +248,18 @@ class DriverSupervisor:
             argv += ["--checkpoint-dir", launch.checkpoint_dir,
                      "--checkpoint-every", str(launch.checkpoint_every)]
         with open(workdir / "driver.log", "ab") as out:
-            out.write(f"--- starting at step {launch.start_step}: {' '.join(argv[1:3])}\n".encode())
-            out.flush()
-            process = subprocess.Popen(
-                process_tree.supervised(argv, self._python),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            out.write(RUN_MARKER + f"{launch.start_step}: {' '.join(argv[1:3])}\n".encode())
+        process = subprocess.Popen(
+            process_tree.supervised(argv, self._python),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        pump = _LogPump(process.stdout, workdir / "driver.log")
+        pump.start()
         (workdir / "driver.pid").write_text(str(process.pid))
         with self._lock:
-            self._children[key] = _Child(process, launch)
+            self._children[key] = _Child(process, launch, pump)
         log.info("%s: driver %d started at step %d", key, process.pid, launch.start_step)
 
     def stop(self, namespace: str, name: str, uid: str) -> None:
@@ -290,11 +335,21 @@ def _kill_group(pid: int) -> None:
 
 
 def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - LOG_TAIL_CHARS))
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return ""
+    """The last LOG_TAIL_CHARS of the latest run's output (reaching into ``driver.log.1`` if needed)."""
+    data = b""
+    for part in (path, path.with_name(path.name + ".1")):
+        try:
+            with open(part, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - LOG_TAIL_CHARS))
+                data = f.read() + data
+        except OSError:
+            continue
+        if RUN_MARKER in data or len(data) >= LOG_TAIL_CHARS:
+            break
+    start = data.rfind(RUN_MARKER)
+    if start >= 0:
+        end = data.find(b"\n", start)
+        data = data[end + 1:] if end >= 0 else b""
+    return data[-LOG_TAIL_CHARS:].decode(errors="replace").strip()

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pathways_operator.core.object_names import inline_slice_name
 from pathways_operator.core.phases import ProgramPhase
+from pathways_operator.core.program_lifecycle import DEFAULT_BACKOFF_LIMIT
 from pathways_operator.core.reasons import Condition
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.resources import API_VERSION, PROGRAM_KIND
 from pathways_operator.k8s.virtual_slice import SliceSpec
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,9 @@ class ProgramSpec:
     suspend: bool = False
     priority_class: str = ""
     checkpoint: CheckpointSpec | None = None
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    active_deadline_s: int | None = None
+    start_deadline_s: int | None = None
 
     @classmethod
     def from_manifest(cls, raw: Mapping[str, Any]) -> ProgramSpec:
@@ -79,6 +85,9 @@ class ProgramSpec:
             priority_class=str(raw.get("priorityClassName") or ""),
             checkpoint=CheckpointSpec(every, str(checkpoint.get("volume") or ""))
             if isinstance(checkpoint, Mapping) and isinstance(every, int) else None,
+            backoff_limit=_int_or(raw.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT),
+            active_deadline_s=_int_or(raw.get("activeDeadlineSeconds"), None),
+            start_deadline_s=_int_or(raw.get("startDeadlineSeconds"), None),
         )
 
 
@@ -97,6 +106,8 @@ class ProgramStatus:
     results_keys: tuple[str, ...] = ()
     message: str = ""
     observed_generation: int = 0
+    restarts: int = 0
+    """Times the driver ran again after losing a host (counted against spec.backoffLimit)."""
 
     def to_manifest(self) -> Json:
         results: Json | None = None
@@ -113,6 +124,7 @@ class ProgramStatus:
             "results": results,
             "message": self.message,
             "observedGeneration": self.observed_generation,
+            "restarts": self.restarts,
         }
 
     @classmethod
@@ -137,6 +149,7 @@ class ProgramStatus:
             results_keys=tuple(str(k) for k in results.get("keys") or []),
             message=str(raw.get("message") or ""),
             observed_generation=generation if isinstance(generation, int) else 0,
+            restarts=_int_or(raw.get("restarts"), 0),
         )
 
 
@@ -151,6 +164,8 @@ class ProgramObject:
     deleting: bool
     spec: ProgramSpec
     status: ProgramStatus
+    created: str = ""
+    """``metadata.creationTimestamp`` (RFC 3339)."""
 
     @property
     def key(self) -> str:
@@ -168,6 +183,7 @@ class ProgramObject:
             deleting=bool(meta.get("deletionTimestamp")),
             spec=ProgramSpec.from_manifest(raw.get("spec") or {}),
             status=ProgramStatus.from_manifest(raw.get("status") or {}),
+            created=str(meta.get("creationTimestamp") or ""),
         )
 
     def reference(self) -> Json:
@@ -190,3 +206,8 @@ class ProgramObject:
     def inline_slice_name(self, slice_name: str) -> str:
         """The VirtualSlice created for template ``slice_name``: ``<program>-<slice name>``."""
         return inline_slice_name(self.name, slice_name)
+
+
+def _int_or(value: object, default: _T) -> int | _T:
+    """An integer field of the manifest, or ``default`` when it is unset or not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

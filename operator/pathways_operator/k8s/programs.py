@@ -4,8 +4,10 @@
 Each look at a program:
 
 1. checks what the schema cannot: the entrypoint is allowed
-   (``--allowed-entrypoints`` prefixes) and importable, every ``ref`` names an
-   existing VirtualSlice. A ``spec.source.configMapRef`` program instead has its
+   (``--allowed-entrypoints`` prefixes) and importable. A ``ref`` to a
+   VirtualSlice that does not exist yet makes the program wait (Pending, reason
+   SliceNotFound), as a Pod waits for its ConfigMap, so manifests can be applied
+   in any order. A ``spec.source.configMapRef`` program instead has its
    ConfigMap read and checked whole (:class:`pathways.compiled.CompiledProgram`:
    format, IR fingerprint, artifacts, inputs' shapes), and its IR slices must be
    exactly ``spec.slices``' names, with the devices it was compiled for. A bad spec
@@ -16,22 +18,31 @@ Each look at a program:
 3. waits (Pending) until every slice is Ready; a Failed slice fails the program.
 4. runs the driver (``drivers``) from ``stepsCompleted``, and while it runs
    copies its progress into ``status.stepsCompleted``.
-5. when the driver exits: results go into ConfigMap ``<program>-results`` and
-   the program Succeeds; a failure caused by a lost host (the driver says so,
-   or a slice was recreated meanwhile) sends the program back to Pending to be
-   run again from its last completed step once the slices are Ready; any other
-   failure fails it with the driver's error.
+5. when the driver exits: results go into ConfigMap ``<program>-results`` (one
+   the program owns; an existing one it does not own, or results the API server
+   refuses, fail the program) and the program Succeeds; a lost host (the driver
+   says so, or a slice was recreated meanwhile) sends the program back to Pending
+   to be run again from its last completed step once the slices are Ready, up to
+   ``spec.backoffLimit`` times; any other failure -- the program raised, exited on
+   its own, returned results that cannot be stored -- fails it at once with the
+   driver's error and log tail (:func:`~pathways_operator.core.program_lifecycle.judge_exit`).
+
+``spec.startDeadlineSeconds`` bounds the wait for slices before the first start,
+``spec.activeDeadlineSeconds`` the run from ``status.startTime``
+(:func:`~pathways_operator.core.program_lifecycle.check_deadlines`).
 
 A program that ends, or is deleted, stops its driver and deletes the slices it
-created from templates.
+created from templates; a deleted program's checkpoint directory is deleted too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib.util
 import json
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,11 +56,21 @@ from pathways.wording import fraction, plural
 from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
 from pathways_operator.core.object_names import program_name_problem
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
+from pathways_operator.core.program_lifecycle import (
+    Deadlines,
+    DriverExit,
+    Verdict,
+    check_deadlines,
+    is_permanent_refusal,
+    judge_exit,
+    results_owner_problem,
+)
 from pathways_operator.core.reasons import (
     Condition,
     ConditionStatus,
     ProgramConditionType,
     Reason,
+    event_type,
     find_condition,
     set_condition,
 )
@@ -71,8 +92,6 @@ from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 log = logging.getLogger(__name__)
 
 DEFAULT_ALLOWED_ENTRYPOINTS = ("examples.",)
-MAX_DRIVER_ATTEMPTS = 20
-"""Runs of the driver (first run included) before a program that keeps losing hosts is Failed."""
 
 _SOON = 1.0
 _IDLE = 15.0
@@ -121,6 +140,7 @@ class ProgramReconciler:
         allowed_entrypoints: Sequence[str] = DEFAULT_ALLOWED_ENTRYPOINTS,
         metrics: OperatorMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         checkpoint_root: Path | None = None,
     ) -> None:
         self._api = api
@@ -132,6 +152,8 @@ class ProgramReconciler:
         self._attempts: dict[str, _Attempt] = {}
         self._metrics = metrics or OperatorMetrics()
         self._clock = clock
+        self._wall_clock = wall_clock
+        """Seconds since the epoch: deadlines count from API timestamps."""
         self._progress: dict[str, tuple[int, float]] = {}
         self._compiled: dict[str, tuple[str, Json, CompiledProgram]] = {}
         """Program key -> (resourceVersion, ConfigMap, parsed) of its checked compiled program."""
@@ -168,12 +190,12 @@ class ProgramReconciler:
             self._check_names(program)
             self.checkpoint_dir(program)
             self._check_source(program)
-            slices = self._slices(program)
+            slices, missing = self._slices(program)
             self._check_compiled_slices(program, slices)
         except InvalidProgram as err:
             self._fail(program, outcome, err.reason, str(err))
         else:
-            self._run(program, outcome, slices)
+            self._run(program, outcome, slices, missing)
         if is_terminal(outcome.phase):
             self._keep_driver_log(program)  # before the phase says it ended: then the log is there
         self._write_status(program, outcome)
@@ -191,6 +213,7 @@ class ProgramReconciler:
             self._compiled.pop(key, None)
             self._metrics.program_phase(key, None)
             self._delete_inline_slices(namespace, name, uid)
+            self._delete_checkpoints(namespace, name, uid)
         with self._locks_guard:
             self._locks.pop(key, None)
 
@@ -291,19 +314,22 @@ class ProgramReconciler:
         except InvalidProgramError as err:
             raise InvalidProgram(Reason.INVALID_SPEC, str(err)) from None
 
-    def _slices(self, program: ProgramObject) -> dict[str, VirtualSliceObject | None]:
-        """Each slice name of the program -> its VirtualSlice (None: just created from the template)."""
+    def _slices(
+        self, program: ProgramObject
+    ) -> tuple[dict[str, VirtualSliceObject | None], list[str]]:
+        """Each slice name of the program -> its VirtualSlice (None: just created from the template),
+        and a line for each ``ref`` that names no VirtualSlice (yet)."""
         found: dict[str, VirtualSliceObject | None] = {}
+        missing: list[str] = []
         for i, entry in enumerate(program.spec.slices):
             if entry.ref is not None:
                 raw = self._api.get_slice(program.namespace, entry.ref)
                 if raw is None:
-                    raise InvalidProgram(
-                        Reason.UNKNOWN_SLICE,
-                        f"spec.slices[{i}].ref: VirtualSlice {entry.ref!r} does not exist in "
-                        f"namespace {program.namespace}; create it first, or give "
-                        f"spec.slices[{i}].template to have the program bring its own",
+                    missing.append(
+                        f"VirtualSlice {entry.ref!r} (spec.slices[{i}].ref) does not exist in "
+                        f"namespace {program.namespace}"
                     )
+                    continue
                 found[entry.name] = VirtualSliceObject.from_manifest(raw)
                 continue
             assert entry.template is not None  # the CRD requires exactly one of ref and template
@@ -325,7 +351,7 @@ class ProgramReconciler:
                     "belong to this program; rename the slice or delete that VirtualSlice",
                 )
             found[entry.name] = vslice
-        return found
+        return found, missing
 
     def _create_inline_slice(self, program: ProgramObject, name: str, index: int) -> None:
         template = program.spec.slices[index].template
@@ -363,10 +389,24 @@ class ProgramReconciler:
             if vslice.labels.get(PROGRAM_LABEL) == name and uid in owners and not vslice.deleting:
                 self._api.delete_slice(namespace, vslice.name)
 
+    def _delete_checkpoints(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the checkpoint directory of a deleted program (under any claim of its namespace)."""
+        if self._checkpoint_root is None or not uid:
+            return
+        base = (self._checkpoint_root / namespace).resolve()
+        for found in base.glob(f"*/{name}-{uid[:8]}"):
+            if found.is_dir() and found.resolve().parent.parent == base:
+                shutil.rmtree(found, ignore_errors=True)
+                log.info("%s/%s: deleted its checkpoints %s", namespace, name, found)
+
     # ------------------------------------------------------------ running
 
     def _run(
-        self, program: ProgramObject, outcome: _Outcome, slices: dict[str, VirtualSliceObject | None]
+        self,
+        program: ProgramObject,
+        outcome: _Outcome,
+        slices: dict[str, VirtualSliceObject | None],
+        missing: Sequence[str] = (),
     ) -> None:
         spec = program.spec
         names = {
@@ -389,6 +429,24 @@ class ProgramReconciler:
             self._move(program, outcome, _P.PENDING)
             self._condition(program, outcome, _C.SUSPENDED, "False", Reason.SUSPENDED,
                             "spec.suspend is false; the program runs again from its last step")
+            # As a Job's: a resumed program's activeDeadlineSeconds counts from its new start.
+            outcome.status = dataclasses.replace(outcome.status, start_time="")
+
+        waiting = [
+            _slice_summary(n, names[n], s)
+            for n, s in slices.items()
+            if s is None or s.status.phase is not SlicePhase.READY
+        ]
+        deadline = check_deadlines(self._deadlines(program, outcome), self._wall_clock())
+        if deadline.exceeded is not None:
+            self._drivers.stop(program.namespace, program.name, program.uid)
+            detail = f"; stopped after {done} of {spec.steps} steps"
+            if deadline.exceeded is Reason.START_DEADLINE_EXCEEDED:
+                detail = ": " + "; ".join(
+                    [*missing, *(["waiting for slices to be Ready: " + ", ".join(waiting)] if waiting else [])]
+                )
+            self._fail(program, outcome, deadline.exceeded, deadline.message + detail)
+            return
 
         failed = [(n, s) for n, s in slices.items() if s is not None and s.status.phase is SlicePhase.FAILED]
         if failed:
@@ -405,31 +463,40 @@ class ProgramReconciler:
             self._driver_exited(program, outcome, slices, driver)
             return
 
-        waiting = [
-            _slice_summary(n, names[n], s)
-            for n, s in slices.items()
-            if s is None or s.status.phase is not SlicePhase.READY
-        ]
-        if waiting:
+        if missing or waiting:
             if driver.state is DriverState.RUNNING:
                 self._drivers.stop(program.namespace, program.name, program.uid)
-                outcome.events.append(("Normal", str(Reason.WAITING_FOR_SLICES),
-                                       f"Driver stopped at step {done}: a slice is not Ready"))
-            message = "waiting for slices to be Ready: " + ", ".join(waiting)
+                outcome.events.append((
+                    event_type(Reason.WAITING_FOR_SLICES), str(Reason.WAITING_FOR_SLICES),
+                    f"Driver stopped at step {done}: a slice is not Ready",
+                ))
             self._move(program, outcome, _P.PENDING)
-            self._condition(program, outcome, _C.RUNNING, "False", Reason.WAITING_FOR_SLICES, message)
+            if missing:
+                message = "; ".join(missing) + "; the program starts once it is created"
+                if spec.start_deadline_s is not None and not outcome.status.start_time:
+                    message += f" (or fails when spec.startDeadlineSeconds={spec.start_deadline_s} passes)"
+                previous = find_condition(outcome.conditions, _C.RUNNING)
+                if previous is None or previous.reason != Reason.SLICE_NOT_FOUND:
+                    outcome.events.append((event_type(Reason.SLICE_NOT_FOUND), str(Reason.SLICE_NOT_FOUND),
+                                           message))
+                self._condition(program, outcome, _C.RUNNING, "False", Reason.SLICE_NOT_FOUND, message)
+                outcome.delay = _IDLE  # a new VirtualSlice in the namespace wakes the program
+            else:
+                message = "waiting for slices to be Ready: " + ", ".join(waiting)
+                self._condition(program, outcome, _C.RUNNING, "False", Reason.WAITING_FOR_SLICES, message)
+                outcome.delay = _SOON
             outcome.status = dataclasses.replace(outcome.status, message=message)
-            outcome.delay = _SOON
+            if deadline.seconds_left is not None:
+                outcome.delay = min(outcome.delay, deadline.seconds_left + 0.1)
             return
 
         if driver.state is DriverState.ABSENT:
+            problem = self._results_owner_problem(program)
+            if problem is not None:
+                self._fail(program, outcome, Reason.RESULTS_NOT_STORED, problem)
+                return
             attempt = self._attempts.get(program.key)
             number = 1 if attempt is None else attempt.number + 1
-            if number > MAX_DRIVER_ATTEMPTS:
-                self._fail(program, outcome, Reason.COMPUTATION_FAILED,
-                           f"the program was started {MAX_DRIVER_ATTEMPTS} times and lost a host "
-                           f"every time; last error: {outcome.status.message}")
-                return
             self._drivers.start(
                 DriverLaunch(
                     namespace=program.namespace,
@@ -457,7 +524,7 @@ class ProgramReconciler:
             )
             what = "Started" if done == 0 else f"Restarted from step {done}:"
             source = spec.entrypoint or f"ConfigMap {spec.config_map}"
-            outcome.events.append(("Normal", str(Reason.STEPS_RUNNING),
+            outcome.events.append((event_type(Reason.STEPS_RUNNING), str(Reason.STEPS_RUNNING),
                                    f"{what} driver for {source} ({plural(spec.steps, 'step')})"))
         self._move(program, outcome, _P.RUNNING)
         message = f"{fraction(done, spec.steps, 'step')} completed"
@@ -466,6 +533,28 @@ class ProgramReconciler:
             outcome.status, message=message, start_time=outcome.status.start_time or now_rfc3339()
         )
         outcome.delay = _SOON
+
+    def _deadlines(self, program: ProgramObject, outcome: _Outcome) -> Deadlines:
+        """The program's deadlines; a resume restarts the wait for its start, as a creation does."""
+        created = _epoch(program.created) or self._wall_clock()
+        resumed = find_condition(outcome.conditions, _C.SUSPENDED)
+        if resumed is not None and resumed.status == "False":
+            created = max(created, _epoch(resumed.last_transition_time) or created)
+        return Deadlines(
+            created=created,
+            started=_epoch(outcome.status.start_time),
+            start_deadline_s=program.spec.start_deadline_s,
+            active_deadline_s=program.spec.active_deadline_s,
+        )
+
+    def _results_owner_problem(self, program: ProgramObject) -> str | None:
+        """Why the results ConfigMap may not be written (one exists that the program does not own)."""
+        name = f"{program.name}-results"
+        raw = self._api.get_configmap(program.namespace, name)
+        if raw is None:
+            return None
+        owners = [str(o.get("uid") or "") for o in (raw.get("metadata") or {}).get("ownerReferences") or []]
+        return results_owner_problem(name, owners, program.uid)
 
     def checkpoint_dir(self, program: ProgramObject) -> Path | None:
         """``<checkpoint-root>/<namespace>/<spec.checkpoint.volume>/<program>-<uid8>``, or None.
@@ -514,7 +603,7 @@ class ProgramReconciler:
                    + (f"its last checkpoint in {where}" if where else f"step {done}")
                    + " when spec.suspend is false")
         if outcome.phase is not _P.SUSPENDED:
-            outcome.events.append(("Normal", str(Reason.SUSPENDED), message))
+            outcome.events.append((event_type(Reason.SUSPENDED), str(Reason.SUSPENDED), message))
         self._move(program, outcome, _P.SUSPENDED)
         self._condition(program, outcome, _C.SUSPENDED, "True", Reason.SUSPENDED, message)
         self._condition(program, outcome, _C.RUNNING, "False", Reason.SUSPENDED, message)
@@ -540,57 +629,73 @@ class ProgramReconciler:
         driver: DriverStatus,
     ) -> None:
         """Act on a finished driver: succeed, fail, or wait to run it again from the last step."""
-        if driver.results is not None:
-            self._succeed(program, outcome, driver.results)
-            return
-        if driver.suspended:  # asked to suspend, then resumed before we saw it stop: run again
-            self._drivers.discard_outcome(program.namespace, program.name, program.uid)
-            self._move(program, outcome, _P.PENDING)
-            outcome.delay = _SOON
-            return
         attempt = self._attempts.get(program.key)
-        recreated = attempt is not None and any(
+        disturbed = attempt is not None and any(
             s is None or s.status.restarts != attempt.slice_restarts.get(n, s.status.restarts)
             or s.status.phase is not SlicePhase.READY
             for n, s in slices.items()
         )
-        if not (driver.retryable or recreated):
-            source = "configMapRef" if program.spec.config_map is not None else "entrypoint"
-            field = f"spec.source.{source}: " if driver.exit_code == 2 else ""
-            detail = driver.error
-            if driver.log_tail and driver.exit_code != 2:
-                detail += f"\n--- driver log (tail) ---\n{driver.log_tail}"
-            self._fail(program, outcome, Reason.COMPUTATION_FAILED, f"{field}{detail}")
-            return
         done = outcome.status.steps_completed
-        message = (
-            f"the driver lost a host after {plural(done, 'step')} ({driver.error}); it runs again from "
-            f"step {done} once every slice is Ready"
+        source = "configMapRef" if program.spec.config_map is not None else "entrypoint"
+        decision = judge_exit(
+            DriverExit(driver.exit_code, driver.reported, driver.error, driver.retryable, driver.log_tail),
+            slices_disturbed=disturbed,
+            restarts=outcome.status.restarts,
+            backoff_limit=program.spec.backoff_limit,
+            steps_completed=done,
+            source_field=f"spec.source.{source}",
         )
-        log.warning("%s: %s", program.key, message)
+        if decision.verdict is Verdict.SUCCEED:
+            self._succeed(program, outcome, driver.results or {})
+            return
+        if decision.verdict is Verdict.RESUME:  # asked to suspend, then resumed before we saw it stop
+            self._drivers.discard_outcome(program.namespace, program.name, program.uid)
+            self._move(program, outcome, _P.PENDING)
+            outcome.delay = _SOON
+            return
+        assert decision.reason is not None
+        if decision.verdict is Verdict.FAIL:
+            self._fail(program, outcome, decision.reason, decision.message)
+            return
+        log.warning("%s: %s", program.key, decision.message)
         self._drivers.discard_outcome(program.namespace, program.name, program.uid)
         self._move(program, outcome, _P.PENDING)
-        self._condition(program, outcome, _C.RUNNING, "False", Reason.WAITING_FOR_SLICES, message)
-        outcome.status = dataclasses.replace(outcome.status, message=message)
-        outcome.events.append(("Warning", str(Reason.COMPUTATION_FAILED), message))
+        self._condition(program, outcome, _C.RUNNING, "False", Reason.WAITING_FOR_SLICES, decision.message)
+        outcome.status = dataclasses.replace(outcome.status, message=decision.message,
+                                             restarts=decision.restarts)
+        outcome.events.append((event_type(decision.reason), str(decision.reason), decision.message))
         outcome.delay = 2 * _SOON
 
     def _succeed(self, program: ProgramObject, outcome: _Outcome, results: dict[str, object]) -> None:
         config_map = f"{program.name}-results"
-        self._api.apply_configmap(
-            program.namespace,
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": config_map,
-                    "namespace": program.namespace,
-                    "labels": {PROGRAM_LABEL: program.name, MANAGED_BY_LABEL: MANAGED_BY},
-                    "ownerReferences": [program.owner_reference()],
+        problem = self._results_owner_problem(program)
+        if problem is not None:
+            self._fail(program, outcome, Reason.RESULTS_NOT_STORED,
+                       f"the program finished, but its results are not stored: {problem}")
+            return
+        try:
+            self._api.apply_configmap(
+                program.namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": config_map,
+                        "namespace": program.namespace,
+                        "labels": {PROGRAM_LABEL: program.name, MANAGED_BY_LABEL: MANAGED_BY},
+                        "ownerReferences": [program.owner_reference()],
+                    },
+                    "data": {key: json.dumps(value) for key, value in results.items()},
                 },
-                "data": {key: json.dumps(value) for key, value in results.items()},
-            },
-        )
+            )
+        except KubeError as err:
+            if not is_permanent_refusal(err.status):
+                raise  # looked at again shortly
+            self._fail(program, outcome, Reason.RESULTS_NOT_STORED,
+                       f"the program finished, but the API server refused its results: {err}; "
+                       "return result keys made of letters, digits, '-', '_' and '.', and at most "
+                       "1 MiB of results in all")
+            return
         steps = program.spec.steps
         message = f"{'all ' if steps != 1 else ''}{plural(steps, 'step')} completed; results in ConfigMap {config_map}"
         self._move(program, outcome, _P.SUCCEEDED)
@@ -606,12 +711,14 @@ class ProgramReconciler:
             completion_time=now_rfc3339(),
             start_time=outcome.status.start_time or now_rfc3339(),
         )
-        outcome.events.append(("Normal", str(Reason.STEPS_COMPLETED), message))
+        outcome.events.append((event_type(Reason.STEPS_COMPLETED), str(Reason.STEPS_COMPLETED), message))
         outcome.delay = _IDLE
 
     def _fail(self, program: ProgramObject, outcome: _Outcome, reason: Reason, message: str) -> None:
+        """Failed, with the whole message once in the Failed condition (and status.message)."""
         self._move(program, outcome, _P.FAILED)
-        self._condition(program, outcome, _C.RUNNING, "False", reason, message)
+        self._condition(program, outcome, _C.RUNNING, "False", reason,
+                        "the program failed; see the Failed condition")
         self._condition(program, outcome, _C.FAILED, "True", reason, message)
         outcome.status = dataclasses.replace(outcome.status, message=message, completion_time=now_rfc3339())
         outcome.events.append(("Warning", str(reason), message))
@@ -682,6 +789,15 @@ class ProgramReconciler:
                 self._api.post_event(program.reference(), type_, reason, message)
             except KubeError as err:
                 log.warning("%s: %s", program.key, err)
+
+
+def _epoch(timestamp: str) -> float | None:
+    """An API timestamp (RFC 3339, UTC) as seconds since the epoch; None when empty or unreadable."""
+    try:
+        when = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=datetime.UTC).timestamp()
 
 
 def _slice_summary(name: str, virtual_slice: str, found: VirtualSliceObject | None) -> str:
