@@ -38,6 +38,8 @@ Manifest = dict[str, Any]
 GROUP, VERSION = "pathways.dev", "v1alpha1"
 CRDS = ("virtualslices.pathways.dev", "pathwaysprograms.pathways.dev")
 READY_TIMEOUT_S = 60.0
+ALLOWED_ENTRYPOINTS = "examples.,tests.cluster.faulty_programs:"
+"""The examples, and the misbehaving entrypoints of ``faulty_programs``."""
 
 
 class OperatorProcess:
@@ -63,6 +65,7 @@ class OperatorProcess:
             "--state-dir", str(self.state_dir),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics-port", str(self.metrics_port),
+            "--allowed-entrypoints", ALLOWED_ENTRYPOINTS,
             *self.extra_args,
         ]
         env = {**_base_env(), "KUBECONFIG": str(self.kubeconfig), "PATHWAYS_LOG_LEVEL": "INFO"}

@@ -316,9 +316,8 @@ def test_schema_and_cel_reject_invalid_manifests(objects: Objects, cluster: Clus
         ("os.path:join", {"name": "main", "template": {"devices": 2}}, "spec.source.entrypoint", "examples."),
         ("examples.no_such_module:run", {"name": "main", "template": {"devices": 2}},
          "spec.source.entrypoint", "not importable"),
-        ("examples.programs:paper_example", {"name": "main", "ref": "missing"}, "spec.slices[0].ref", "missing"),
     ],
-    ids=["disallowed-entrypoint", "unimportable-entrypoint", "unknown-slice-ref"],
+    ids=["disallowed-entrypoint", "unimportable-entrypoint"],
 )
 def test_invalid_programs_fail_naming_the_field(
     objects: Objects, operator: OperatorProcess, entrypoint: str, slice_spec: dict[str, object],

@@ -1,0 +1,84 @@
+"""Entrypoints that misbehave the way user programs do, for the operator's cluster tests.
+
+The test operator allows ``tests.cluster.faulty_programs:`` besides ``examples.``
+(``operator_fixture``), and its drivers import this module from the repository root.
+None of them needs its slice: each fails, or misuses results, logs or time, on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from pathways.context import ProgramContext
+
+
+def exits_with_status(ctx: ProgramContext) -> dict[str, Any]:
+    """``sys.exit(args.status)`` (default 3) after a line of output."""
+    print("exits_with_status: giving up", flush=True)
+    sys.exit(int(ctx.args.get("status", 3)))
+
+
+def hard_exit(ctx: ProgramContext) -> dict[str, Any]:
+    """``os._exit(args.status)`` (default 7): no exception, no results file."""
+    print("hard_exit: leaving without a word", flush=True)
+    os._exit(int(ctx.args.get("status", 7)))
+
+
+def raises(ctx: ProgramContext) -> dict[str, Any]:
+    """Raises ValueError after recording a step."""
+    ctx.step_done(0)
+    raise ValueError("the data set is empty")
+
+
+def returns_results(ctx: ProgramContext) -> dict[str, Any]:
+    """Returns ``args.results`` as given: keys the manifest chooses (``a/b``, ``""``, ``../x``)."""
+    return dict(ctx.args.get("results") or {})
+
+
+def returns_unserializable(ctx: ProgramContext) -> dict[str, Any]:
+    """Returns an object that is no array of numbers."""
+    return {"model": object()}
+
+
+def returns_floats(ctx: ProgramContext) -> dict[str, Any]:
+    """Returns ``args.floats`` zeros under key ``big`` (300000 of them take 1.5 MB as JSON)."""
+    return {"big": [0.0] * int(ctx.args.get("floats", 300_000))}
+
+
+def forges_results(ctx: ProgramContext) -> dict[str, Any]:
+    """Writes the driver's results file itself, with a key no ConfigMap accepts, and exits 0.
+
+    The driver's own checks never see these results: only the operator and the API server do.
+    """
+    path = sys.argv[sys.argv.index("--results-file") + 1]
+    with open(path, "w") as out:
+        json.dump({"results": {"a/b": 1.0}}, out)
+    os._exit(0)
+
+
+def sleeps(ctx: ProgramContext) -> dict[str, Any]:
+    """Records a step, then sleeps ``args.seconds`` (default 600): a hung program."""
+    ctx.step_done(0)
+    time.sleep(float(ctx.args.get("seconds", 600)))
+    return {"slept": 1.0}
+
+
+def loses_host(ctx: ProgramContext) -> dict[str, Any]:
+    """Fails the way a lost host does (the controller is unavailable), every run."""
+    from pathways.errors import RuntimeUnavailableError
+
+    ctx.step_done(ctx.start_step)
+    raise RuntimeUnavailableError("host 1 of slice main is gone (simulated)")
+
+
+def prints(ctx: ProgramContext) -> dict[str, Any]:
+    """Prints ``args.mib`` MiB of numbered lines (default 20), then ``the end``."""
+    line = "x" * 1000
+    for i in range(int(ctx.args.get("mib", 20)) * 1024):
+        print(f"{i:08d} {line}")
+    print("the end", flush=True)
+    return {"lines": float(int(ctx.args.get("mib", 20)) * 1024)}

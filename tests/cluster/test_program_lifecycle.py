@@ -1,0 +1,200 @@
+"""A program's life under the operator: failures, retries, deadlines, waiting, files, apply order.
+
+Misbehaving entrypoints come from ``tests.cluster.faulty_programs``. What every test
+checks besides the verdict: a program that cannot progress holds no slice (its
+template slice is deleted), and problems are Warning Events.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import REPO_ROOT
+from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
+    Objects,
+    OperatorProcess,
+    condition,
+    crds,
+    inline_slice,
+    objects,
+    operator,
+    program,
+    ref_slice,
+    virtual_slice,
+)
+
+FAULTY = "tests.cluster.faulty_programs"
+VERDICT_S = 90.0
+EXAMPLES_DONE_S = 540.0
+
+
+def failed(objects: Objects, operator: OperatorProcess, name: str) -> dict[str, Any]:
+    """Wait for ``name`` to end; it must be Failed. Returns the program."""
+    done = objects.wait_program(name, {"Failed", "Succeeded"}, VERDICT_S, operator)
+    assert done["status"]["phase"] == "Failed", done["status"]
+    return done
+
+
+def slice_released(objects: Objects, name: str) -> None:
+    objects.cluster.poll(
+        lambda: objects.get("virtualslices", name) is None and not objects.pods(f"pathways.dev/slice={name}"),
+        timeout=60, interval=0.5, what=f"VirtualSlice {name} and its pods deleted",
+    )
+
+
+def warning_events(objects: Objects, name: str) -> dict[str, str]:
+    return {e.reason: e.message for e in objects.events(name) if e.type == "Warning"}
+
+
+def workdir(objects: Objects, operator: OperatorProcess, name: str) -> Path:
+    uid = objects.program(name)["metadata"]["uid"]
+    return operator.state_dir / objects.namespace / f"{name}-{uid[:8]}"
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_program_that_raises_fails_at_once_with_its_log_once_and_releases_its_slice(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    objects.apply(program("raiser", f"{FAULTY}:raises", inline_slice("main", 1)))
+    done = failed(objects, operator, "raiser")
+    message = condition(done, "Failed")["message"]
+    assert condition(done, "Failed")["reason"] == "ComputationFailed"
+    assert "Traceback (most recent call last)" in message
+    assert message.count("ValueError: the data set is empty") == 1, message
+    assert "Traceback" not in condition(done, "Running")["message"]
+    assert done["status"].get("restarts", 0) == 0
+    assert "ComputationFailed" in warning_events(objects, "raiser")
+    slice_released(objects, "raiser-main")
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_results_the_api_server_refuses_fail_the_program_and_release_its_slice(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    objects.apply(program("forger", f"{FAULTY}:forges_results", inline_slice("main", 1)))
+    done = failed(objects, operator, "forger")
+    refused = condition(done, "Failed")
+    assert refused["reason"] == "ResultsNotStored"
+    assert "the API server refused its results" in refused["message"]
+    assert "HTTP 422" in refused["message"] and "a/b" in refused["message"]
+    assert "ResultsNotStored" in warning_events(objects, "forger")
+    slice_released(objects, "forger-main")
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_ref_to_a_slice_not_created_yet_waits_then_runs(objects: Objects, operator: OperatorProcess) -> None:
+    objects.apply(program("early", "examples.programs:paper_example", ref_slice("main", "later")))
+
+    def waiting() -> dict[str, Any] | None:
+        found = objects.program("early")
+        status = found.get("status") or {}
+        return found if status.get("phase") == "Pending" and status.get("conditions") else None
+
+    pending = objects.cluster.poll(waiting, timeout=60, interval=0.5, what="program Pending")
+    running = condition(pending, "Running")
+    assert running["reason"] == "SliceNotFound"
+    assert "VirtualSlice 'later' (spec.slices[0].ref) does not exist" in running["message"]
+    assert "SliceNotFound" in warning_events(objects, "early")
+
+    objects.apply(virtual_slice("later", 2))
+    done = objects.wait_program("early", {"Succeeded", "Failed"}, 180, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_active_deadline_stops_the_program_and_releases_its_slice(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    manifest = program("sleeper", f"{FAULTY}:sleeps", inline_slice("main", 1))
+    manifest["spec"]["activeDeadlineSeconds"] = 4
+    objects.apply(manifest)
+    done = failed(objects, operator, "sleeper")
+    passed = condition(done, "Failed")
+    assert passed["reason"] == "DeadlineExceeded"
+    assert passed["message"].startswith("spec.activeDeadlineSeconds (4) passed")
+    assert "DeadlineExceeded" in warning_events(objects, "sleeper")
+    slice_released(objects, "sleeper-main")
+    drivers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, f"{FAULTY}:sleeps")]
+    assert drivers == [], "the driver of the stopped program still runs"
+
+
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_lost_host_runs_again_up_to_the_backoff_limit(objects: Objects, operator: OperatorProcess) -> None:
+    manifest = program("unlucky", f"{FAULTY}:loses_host", inline_slice("main", 1), steps=5)
+    manifest["spec"]["backoffLimit"] = 1
+    objects.apply(manifest)
+    done = failed(objects, operator, "unlucky")
+    exhausted = condition(done, "Failed")
+    assert exhausted["reason"] == "BackoffLimitExceeded"
+    assert "lost a host 2 times, more than spec.backoffLimit (1) allows" in exhausted["message"]
+    assert done["status"]["restarts"] == 1
+    events = warning_events(objects, "unlucky")
+    assert "HostLost" in events and "BackoffLimitExceeded" in events
+    slice_released(objects, "unlucky-main")
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_driver_log_keeps_only_the_newest_output(objects: Objects, operator: OperatorProcess) -> None:
+    from pathways_operator.k8s.drivers import DRIVER_LOG_MAX_BYTES
+
+    objects.apply(program("chatty", f"{FAULTY}:prints", inline_slice("main", 1), args={"mib": 20}))
+    done = objects.wait_program("chatty", {"Succeeded", "Failed"}, VERDICT_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    logs = workdir(objects, operator, "chatty")
+    current, previous = logs / "driver.log", logs / "driver.log.1"
+    assert current.stat().st_size <= DRIVER_LOG_MAX_BYTES
+    assert previous.stat().st_size <= DRIVER_LOG_MAX_BYTES
+    assert current.read_bytes().rstrip().endswith(b"the end")
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_deleting_a_program_deletes_its_checkpoints(objects: Objects, operator: OperatorProcess) -> None:
+    manifest = program("saver", "examples.programs:train_regression", inline_slice("main", 2), steps=3,
+                       args={"features": 4, "batch_per_device": 4})
+    manifest["spec"]["checkpoint"] = {"everySteps": 1, "volume": "ckpt"}
+    objects.apply(manifest)
+    done = objects.wait_program("saver", {"Succeeded", "Failed"}, 180, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    uid = done["metadata"]["uid"]
+    where = operator.state_dir / "checkpoints" / objects.namespace / "ckpt" / f"saver-{uid[:8]}"
+    assert where.is_dir() and any(where.iterdir()), "the finished program's snapshots are kept"
+
+    objects.delete("pathwaysprograms", "saver")
+    objects.cluster.poll(lambda: not where.exists() and objects.get("pathwaysprograms", "saver") is None,
+                         timeout=60, interval=0.5, what="program and its checkpoint directory deleted")
+    assert where.parent.is_dir(), "only the program's own directory goes"
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_every_example_succeeds_applied_in_reverse_file_order(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    files = sorted((REPO_ROOT / "examples" / "manifests").glob("*.yaml"), reverse=True)
+    programs = []
+    for path in files:
+        objects.cluster.kubectl("apply", "-n", objects.namespace, "-f", str(path))
+        programs += [d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text())
+                     if d and d.get("kind") == "PathwaysProgram"]
+    assert len(programs) >= 5
+    started = time.monotonic()
+
+    def all_done() -> dict[str, str] | None:
+        phases = {n: (objects.program(n).get("status") or {}).get("phase", "") for n in programs}
+        broken = {n: p for n, p in phases.items() if p == "Failed"}
+        assert not broken, {n: objects.program(n)["status"].get("message") for n in broken}
+        return phases if set(phases.values()) == {"Succeeded"} else None
+
+    objects.cluster.poll(all_done, timeout=EXAMPLES_DONE_S, interval=2.0, what="every example Succeeded")
+    print(f"\n{len(programs)} example programs Succeeded {time.monotonic() - started:.0f} s after apply")
