@@ -96,6 +96,7 @@ from pathways_operator.core.reasons import (
     ConditionStatus,
     Reason,
     SliceConditionType,
+    event_type,
     find_condition,
     is_condition_true,
     set_condition,
@@ -767,7 +768,7 @@ class SliceReconciler:
             self._move(vslice, outcome, _S.PENDING)
             previous = find_condition(outcome.conditions, _C.ADMITTED)
             if previous is None or previous.reason != why.reason:
-                outcome.events.append(("Normal", str(why.reason), why.message))
+                outcome.events.append((event_type(why.reason), str(why.reason), why.message))
             self._condition(vslice, outcome, _C.ADMITTED, "False", why.reason, why.message)
             self._condition(vslice, outcome, _C.READY, "False", why.reason,
                             "the gang is not placed yet; see the Admitted condition")
