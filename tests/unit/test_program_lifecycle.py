@@ -98,6 +98,8 @@ def test_failure_message_says_the_error_once_when_the_log_ends_with_it() -> None
     other = failure_message("the driver exited with status 7", "last line")
     assert other == "the driver exited with status 7; the driver's log ends:\nlast line"
     assert failure_message("boom", "") == "boom"
+    printed = failure_message("result key 'a/b' is bad", "pathways.driver: result key 'a/b' is bad")
+    assert printed.count("result key 'a/b'") == 1
 
 
 # -- deadlines --------------------------------------------------------------------------------

@@ -140,13 +140,14 @@ def _how_it_exited(code: int | None) -> str:
 def failure_message(error: str, log_tail: str) -> str:
     """``error`` and the driver's log tail, saying each thing once.
 
-    A traceback in the log already ends with the error line; then the log alone says it.
+    A traceback in the log already ends with the error line, and the driver prints its
+    own errors as ``pathways.driver: <error>``; then the log alone says it.
     """
     tail = log_tail.strip()
     if not tail:
         return error
     last_lines = tail.splitlines()[-3:]
-    if error and any(error.strip() == line.strip() for line in last_lines):
+    if error and any(line.strip().endswith(error.strip()) for line in last_lines):
         return f"the program failed; the driver's log ends:\n{tail}"
     return f"{error}; the driver's log ends:\n{tail}"
 
