@@ -215,6 +215,20 @@ def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+_PARENT: list[int] = []
+"""The operator's pid, with ``--exit-with-parent``."""
+
+
+def _orphaned() -> bool:
+    """The process that started us (``--exit-with-parent``) is gone.
+
+    Its pipe for our output is closed then, so output fails with BrokenPipeError:
+    that is no failure of the program, and no outcome is written; the next operator
+    starts the program again from its last step.
+    """
+    return bool(_PARENT) and os.getppid() != _PARENT[0]
+
+
 def _exit_with(parent: int) -> None:
     """Exit as soon as ``parent`` is no longer our parent (it died; we were re-parented)."""
     while True:
@@ -297,10 +311,14 @@ def run(args: argparse.Namespace) -> int:
         _write_json(results_file, {"suspended": True, "stepsCompleted": stop.steps_completed})
         return EXIT_OK
     except DriverError as err:
+        if _orphaned():
+            return EXIT_RETRYABLE
         _write_json(results_file, {"error": str(err), "retryable": False})
         print(f"pathways.driver: {err}", file=sys.stderr)
         return err.code
     except Exception as err:
+        if _orphaned():
+            return EXIT_RETRYABLE
         retry = _retryable(err)
         text = f"{type(err).__name__}: {err}"
         _write_json(results_file, {"error": text, "retryable": retry})
@@ -336,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGUSR1, _suspend_on_signal)
     if args.exit_with_parent:
+        _PARENT.append(os.getppid())
         threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     code = run(args)
     try:

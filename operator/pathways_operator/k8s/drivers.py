@@ -118,24 +118,34 @@ class _LogPump(threading.Thread):
         self._limit = limit
 
     def run(self) -> None:
-        out = open(self._path, "ab", buffering=0)
+        out: IO[bytes] | None = None
+        size = 0
         try:
-            size = out.tell()
             while True:
                 chunk = os.read(self._source.fileno(), 64 * 1024)
                 if not chunk:
                     return
-                if size and size + len(chunk) > self._limit:
-                    out.close()
-                    os.replace(self._path, self._path.with_name(self._path.name + ".1"))
-                    out = open(self._path, "ab", buffering=0)
-                    size = 0
-                out.write(chunk)
-                size += len(chunk)
+                try:
+                    if out is None or (size and size + len(chunk) > self._limit):
+                        if out is not None:
+                            out.close()
+                            os.replace(self._path, self._path.with_name(self._path.name + ".1"))
+                        out = open(self._path, "ab", buffering=0)
+                        size = out.tell()
+                    out.write(chunk)
+                    size += len(chunk)
+                except OSError as err:  # the log is lost, the program goes on: keep draining the pipe
+                    log.warning("%s: writing the driver's output failed: %s", self._path, err)
+                    if out is not None:
+                        with contextlib.suppress(OSError):
+                            out.close()
+                    out = None
         except (OSError, ValueError) as err:
-            log.warning("%s: copying the driver's output stopped: %s", self._path, err)
+            log.warning("%s: reading the driver's output stopped: %s", self._path, err)
         finally:
-            out.close()
+            if out is not None:
+                with contextlib.suppress(OSError):
+                    out.close()
             with contextlib.suppress(OSError):
                 self._source.close()
 
