@@ -58,7 +58,9 @@ import argparse
 import importlib
 import json
 import os
+import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -216,17 +218,29 @@ def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 _PARENT: list[int] = []
-"""The operator's pid, with ``--exit-with-parent``."""
+"""Our parent's pid, with ``--exit-with-parent``."""
 
 
 def _orphaned() -> bool:
-    """The process that started us (``--exit-with-parent``) is gone.
+    """The operator that started us (``--exit-with-parent``) is gone.
 
-    Its pipe for our output is closed then, so output fails with BrokenPipeError:
-    that is no failure of the program, and no outcome is written; the next operator
-    starts the program again from its last step.
+    We notice it as a new parent, or as our output pipe with no reader left (the
+    operator reads it): output fails with BrokenPipeError then. That is no failure of
+    the program, and no outcome is written; the next operator runs it again from its
+    last step.
     """
-    return bool(_PARENT) and os.getppid() != _PARENT[0]
+    if not _PARENT:
+        return False
+    if os.getppid() != _PARENT[0]:
+        return True
+    try:
+        if not stat.S_ISFIFO(os.fstat(1).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except OSError:
+        return True
 
 
 def _exit_with(parent: int) -> None:
