@@ -55,6 +55,7 @@ from pathways.wording import fraction, plural
 
 from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
 from pathways_operator.core.object_names import program_name_problem
+from pathways_operator.core.ownership import Ownership, owner_refs, ownership
 from pathways_operator.core.phases import ProgramPhase, SlicePhase, check_transition, is_terminal
 from pathways_operator.core.program_lifecycle import (
     Deadlines,
@@ -85,6 +86,7 @@ from pathways_operator.k8s.resources import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PROGRAM_LABEL,
+    PROGRAM_KIND,
     SLICE_KIND,
 )
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
@@ -385,9 +387,11 @@ class ProgramReconciler:
     def _delete_inline_slices(self, namespace: str, name: str, uid: str) -> None:
         for raw in self._api.list_slices(namespace):
             vslice = VirtualSliceObject.from_manifest(raw)
-            owners = {o.get("uid") for o in raw.get("metadata", {}).get("ownerReferences") or []}
-            if vslice.labels.get(PROGRAM_LABEL) == name and uid in owners and not vslice.deleting:
-                self._api.delete_slice(namespace, vslice.name)
+            owned = ownership(
+                owner_refs(raw.get("metadata") or {}), kind=PROGRAM_KIND, name=name, uid=uid
+            ) is Ownership.OWNED
+            if vslice.labels.get(PROGRAM_LABEL) == name and owned and not vslice.deleting:
+                self._api.delete_slice(namespace, vslice.name, vslice.uid)
 
     def _delete_checkpoints(self, namespace: str, name: str, uid: str) -> None:
         """Delete the checkpoint directory of a deleted program (under any claim of its namespace)."""
@@ -549,7 +553,10 @@ class ProgramReconciler:
 
     def _results_owner_problem(self, program: ProgramObject) -> str | None:
         """Why the results ConfigMap may not be written (one exists that the program does not own)."""
-        name = f"{program.name}-results"
+        return self._config_map_owner_problem(program, f"{program.name}-results")
+
+    def _config_map_owner_problem(self, program: ProgramObject, name: str) -> str | None:
+        """Why ConfigMap ``name`` may not be written: it exists and the program does not own it."""
         raw = self._api.get_configmap(program.namespace, name)
         if raw is None:
             return None
@@ -731,6 +738,10 @@ class ProgramReconciler:
         if not text:
             return  # no driver ever ran (the spec was refused)
         name = driver_log_config_map(program.name)
+        problem = self._config_map_owner_problem(program, name)
+        if problem is not None:
+            log.warning("%s: the driver's log is not kept: %s", program.key, problem)
+            return
         try:
             self._api.apply_configmap(program.namespace, {
                 "apiVersion": "v1",
