@@ -25,6 +25,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 
+from pathways.wording import plural
 from pathways_operator.core.reasons import Reason
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -104,14 +105,14 @@ def judge_exit(
             return ExitDecision(
                 Verdict.FAIL,
                 Reason.BACKOFF_LIMIT_EXCEEDED,
-                f"the driver lost a host {restarts + 1} times, more than spec.backoffLimit "
+                f"the driver lost a host {plural(restarts + 1, 'time')}, more than spec.backoffLimit "
                 f"({backoff_limit}) allows; last: {why}",
                 restarts,
             )
         return ExitDecision(
             Verdict.RETRY,
             Reason.HOST_LOST,
-            f"the driver lost a host after {steps_completed} steps ({why}); it runs again from "
+            f"the driver lost a host after {plural(steps_completed, 'step')} ({why}); it runs again from "
             f"step {steps_completed} once every slice is Ready (restart {restarts + 1} of "
             f"spec.backoffLimit {backoff_limit})",
             restarts + 1,
