@@ -281,6 +281,23 @@ class Objects:
         ).items
         return list(found)
 
+    def wait_event(self, name: str, reason: str, timeout: float = 30.0, text: str = "") -> Any:
+        """The first Event about ``name`` with ``reason`` (and ``text`` in its message).
+
+        The operator posts Events after it writes status, from a queue of its own, so a test that has just
+        seen a phase waits here a bounded time for the Event that goes with it.
+        """
+
+        def posted() -> Any:
+            for event in self.events(name):
+                if event.reason == reason and text in (event.message or ""):
+                    return event
+            return None
+
+        return self.cluster.poll(posted, timeout=timeout, interval=0.25,
+                                 what=f"Event {reason!r} about {name} (seen: "
+                                      f"{[(e.reason, e.message) for e in self.events(name)]})")
+
     def wait_slice(self, name: str, phase: str, timeout: float, operator: OperatorProcess) -> Manifest:
         def reached() -> Manifest | None:
             found = self.get("virtualslices", name)

@@ -148,8 +148,8 @@ def test_higher_priority_slice_preempts_and_the_low_program_resumes(
     urgent["spec"]["priorityClassName"] = "pw-test-high"
     objects.apply(urgent)
     objects.wait_slice("urgent", "Ready", SLICE_READY_S, operator)
-    preempted = [e for e in objects.events("humble-main") if e.reason == "Preempted"]
-    assert preempted and "urgent" in preempted[0].message, [e.message for e in objects.events("humble-main")]
+    preempted = objects.wait_event("humble-main", "Preempted")
+    assert "urgent" in preempted.message, preempted.message
     assert objects.program("humble")["status"]["phase"] in ("Pending", "Running")
     assert objects.slice("humble-main")["status"]["phase"] != "Ready"
 

@@ -71,7 +71,7 @@ def test_slice_becomes_a_gang_of_pods_on_one_island(objects: Objects, operator: 
     assert condition(ready, "Admitted")["status"] == "True"
     assert condition(ready, "Ready")["reason"] == "GangReady"
     assert condition(ready, "Ready")["observedGeneration"] == ready["metadata"]["generation"]
-    assert any(f"Admitted on {island}" in e.message for e in objects.events("gang"))
+    objects.wait_event("gang", "Admitted", text=f"Admitted on {island}")
     printed = objects.cluster.kubectl("get", "vslice", "gang", "-n", objects.namespace).stdout
     assert "Ready" in printed and "2/2" in printed and island in printed
 
@@ -131,7 +131,7 @@ def test_deleted_pod_recreates_the_whole_gang(objects: Objects, operator: Operat
     assert not set(after.values()) & set(before.values()), "every pod of the gang is new"
     assert {p.metadata.labels["pathways.dev/generation"] for p in objects.pods("pathways.dev/slice=phoenix")} == {"1"}
     assert condition(ready, "Degraded")["status"] == "False"
-    assert any("Gang recreated: pod phoenix-1" in e.message for e in objects.events("phoenix"))
+    objects.wait_event("phoenix", "GangRecreated", text="Gang recreated: pod phoenix-1")
 
 
 @pytest.mark.timeout(240, func_only=True)

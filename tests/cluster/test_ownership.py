@@ -116,8 +116,7 @@ def test_users_secret_of_the_token_name_is_neither_adopted_nor_deleted(
     assert "delete or rename that Secret, or give the VirtualSlice another name" in message
     assert found["status"]["island"] == "" and found["status"]["hosts"] == []
     assert objects.pods("pathways.dev/slice=taken") == [], "a refused slice holds no pods"
-    warnings = [e for e in objects.events("taken") if e.reason == "ObjectNotOwned"]
-    assert warnings and warnings[0].type == "Warning", [(e.type, e.reason) for e in objects.events("taken")]
+    assert objects.wait_event("taken", "ObjectNotOwned").type == "Warning"
 
     objects.delete("virtualslices", "taken")
     objects.cluster.poll(lambda: objects.get("virtualslices", "taken") is None, timeout=60, interval=0.5,

@@ -103,8 +103,7 @@ def test_quota_scoped_to_the_class_refuses_the_gang_whole_and_the_slice_says_so(
     assert found["status"]["phase"] == "Pending"
     assert "exceeded quota: high-priority-pods" in message and "limited: pods=1" in message, message
     assert f"kubectl describe resourcequota -n {objects.namespace}" in message
-    warnings = [e for e in objects.events("capped") if e.reason == "PodRefused"]
-    assert warnings and warnings[0].type == "Warning", [(e.type, e.reason) for e in objects.events("capped")]
+    assert objects.wait_event("capped", "PodRefused").type == "Warning"
 
     # The half-created gang is removed: it holds no devices while it waits.
     objects.cluster.poll(lambda: not objects.pods("pathways.dev/slice=capped"), timeout=60, interval=0.25,
