@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict client/pathways operator/pathways_operator worker/pathways_worker
+	$(VENV)/bin/mypy --strict client/pathways client/pathways_wire operator/pathways_operator worker/pathways_worker
 
 unit: $(STAMP)
 	$(PYTEST) tests/unit -q
@@ -105,7 +105,7 @@ bench-quick: $(STAMP)
 
 proto: $(STAMP)
 	cd client && PATH=$(CURDIR)/$(VENV)/bin:$$PATH python -m grpc_tools.protoc -I. \
-	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. pathways/wire/pathways.proto
+	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. pathways_wire/pathways.proto
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from pathways.runtime import Runtime, connect, default_runtime, shutdown
 
 # Imported on first use: hosts' sidecars import `pathways.wire` and
-# `pathways.transfer` and must not pay for loading JAX.
+# `pathways_wire.transfer` and must not pay for loading JAX.
 _LAZY = {
     "ProgramContext": "pathways.context",
     "VirtualDevice": "pathways.devices",

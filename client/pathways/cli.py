@@ -58,7 +58,7 @@ from pathways.kube import (
     SliceView,
     driver_log_config_map,
 )
-from pathways.wording import fraction, plural
+from pathways_wire.wording import fraction, plural
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -13,7 +13,7 @@ Layout (``pathways.dev/format: compiled-program/v1``)::
       program.json            what a human or `kubectl describe` needs: name, fingerprint,
                               slices, computations, input and output specs
     binaryData:
-      program.pb              the IR: a serialized pathways.wire Program whose computations
+      program.pb              the IR: a serialized pathways_wire Program whose computations
                               carry their artifact's fingerprint but not its bytes
       <sha256>.jaxexport      each distinct artifact (serialized StableHLO), by fingerprint
       inputs.npz              the program's inputs in IR order (arr_0, arr_1, ...):
@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from pathways import ir
+from pathways_wire import ir
 from pathways.errors import InvalidProgramError
 from pathways.tracing import ProgramFunction
-from pathways.wire import pathways_pb2 as pb
-from pathways.wording import plural
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.wording import plural
 
 FORMAT = "compiled-program/v1"
 FORMAT_ANNOTATION = "pathways.dev/format"

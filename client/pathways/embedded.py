@@ -14,9 +14,9 @@ Nothing is left behind. The controller's state directory
 removed when the cluster stops, when the controller exits, or -- if both the
 client and the controller were killed -- by the next `start_local_cluster`,
 which removes directories whose owners are gone: the client and the controller
-each hold a lock on it while they live (`pathways.process_tree.hold_dir`) and
+each hold a lock on it while they live (`pathways_wire.process_tree.hold_dir`) and
 record themselves in `owner` and `controller.owner`. The controller exits with the client, and its hosts with it
-(`pathways.process_tree`).
+(`pathways_wire.process_tree`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pathways import process_tree
+from pathways_wire import process_tree
 from pathways.errors import RuntimeUnavailableError
 
 log = logging.getLogger(__name__)

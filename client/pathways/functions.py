@@ -23,7 +23,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from pathways.devices import VirtualSlice, slice_of_devices
 from pathways.errors import InvalidProgramError
-from pathways.ir import TensorSpec
+from pathways_wire.ir import TensorSpec
 
 ShardingLike = PartitionSpec | NamedSharding | None
 

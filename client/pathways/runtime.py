@@ -48,16 +48,16 @@ from typing import Any
 import grpc
 import numpy as np
 
-from pathways import ir, transfer
+from pathways_wire import ir, transfer
 from pathways.embedded import LocalCluster, start_local_cluster
 from pathways.errors import (
     ExecutionError,
     PlacementError,
     RuntimeUnavailableError,
 )
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import METADATA_KEY
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import METADATA_KEY
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))

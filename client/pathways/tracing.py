@@ -23,10 +23,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from pathways import ir
+from pathways_wire import ir
 from pathways.errors import InvalidProgramError
 from pathways.functions import SliceFunction
-from pathways.ir import PROGRAM_INPUT, TensorSpec, ValueRef
+from pathways_wire.ir import PROGRAM_INPUT, TensorSpec, ValueRef
 
 
 class Value:

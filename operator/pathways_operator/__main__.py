@@ -29,7 +29,7 @@ import kopf
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.host_link import GRPC_OPTIONS

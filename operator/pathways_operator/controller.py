@@ -20,7 +20,7 @@ host commands:
 * A host that dies fails the calls on its slice at once (every other host of
   those calls is told, so nothing waits forever) and the whole gang is
   relaunched, as JobSet recreates a job's pods.
-* Every slice has a token (`pathways.wire.slice_token`) its hosts demand on
+* Every slice has a token (`pathways_wire.slice_token`) its hosts demand on
   every call: the controller makes one per embedded slice (the operator reads
   a VirtualSlice's from its Secret), presents it on its control streams, hands
   it to its clients in `SliceInfo` and `RunReply.host_tokens`, and puts the
@@ -42,10 +42,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pathways import ir
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire.slice_token import new_token
-from pathways.wording import fraction, plural
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.slice_token import new_token
+from pathways_wire.wording import fraction, plural
 from pathways_operator.core.island_scheduler import Grant, IslandScheduler, ScheduledComputation
 from pathways_operator.core.placement import GangRequest, Machine, Placement, Unplaceable, place_gang
 from pathways_operator.host_link import HostLink

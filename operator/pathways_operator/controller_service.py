@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from pathways import ir
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import Controller, ControllerError
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import call_metadata
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
 

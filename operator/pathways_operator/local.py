@@ -3,7 +3,7 @@
 Islands are sets of local "machines" of `--devices-per-host` devices each;
 placed slices become host processes on loopback addresses. The process exits
 when its parent (the client that started it) exits, however it ended, taking
-its hosts along (`pathways.process_tree`), and removes its `--state-dir`: the
+its hosts along (`pathways_wire.process_tree`), and removes its `--state-dir`: the
 hosts' logs and slice-token files.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from pathways import process_tree
+from pathways_wire import process_tree
 from pathways.embedded import check_islands, parse_devices_per_host, parse_islands
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import SHARED_WINDOW, Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.core.placement import Machine

@@ -9,7 +9,7 @@ and reports it, so the controller can fail the calls on its slice and relaunch
 the whole gang.
 
 No host outlives its controller: each process gets the controller's parent
-link (`pathways.process_tree`) and exits when the controller is gone, even
+link (`pathways_wire.process_tree`) and exits when the controller is gone, even
 after a SIGKILL. A host's shared-memory directory (`/dev/shm/pathways-<controller
 pid>-<ip>`) and its slice-token file go when the host is stopped; directories
 whose controller is gone (one that was SIGKILLed along with its hosts) are
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import grpc
 
-from pathways import process_tree
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
+from pathways_wire import process_tree
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
 from pathways_operator.controller import Host, HostRequest
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import pytest
 
 from pathways.cli import EXIT_OK, compile_program_file, main
 from pathways.compiled import ARTIFACT_SUFFIX, INPUTS_KEY, PROGRAM_KEY
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2 as pb
 from tests.cluster.controlplane import REPO_ROOT
 from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
     Manifest,

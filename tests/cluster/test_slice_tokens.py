@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
-from pathways import transfer
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import call_metadata
+from pathways_wire import transfer
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import call_metadata
 from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
     Objects,
     OperatorProcess,

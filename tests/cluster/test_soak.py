@@ -19,8 +19,8 @@ import time
 import grpc
 import pytest
 
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.k8s.resources import SIDECAR_PORT
 from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
     Objects,

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pathways import transfer
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import transfer
+from pathways_wire import pathways_pb2 as pb
 from pathways_worker.byte_budget import ByteBudget
 from pathways_worker.data_channel import (
     HELLO,

@@ -37,10 +37,10 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pathways import process_tree, transfer
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG
+from pathways_wire import process_tree, transfer
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG
 
 START_TIMEOUT_S = 90.0
 RPC_TIMEOUT_S = 30.0

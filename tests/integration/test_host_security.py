@@ -27,10 +27,10 @@ import grpc
 import numpy as np
 import pytest
 
-from pathways import transfer
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import (
+from pathways_wire import transfer
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import (
     ENV_INSECURE,
     ENV_TOKEN,
     ENV_TOKEN_FILE,

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import pathways as pw
-from pathways.process_tree import pid_alive
+from pathways_wire.process_tree import pid_alive
 from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverSupervisor
 
 pytestmark = pytest.mark.timeout(300)

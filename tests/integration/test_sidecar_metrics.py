@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2 as pb
 from tests.integration.test_host import (
     ControlStream,
     HostProcs,

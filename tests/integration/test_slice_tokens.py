@@ -18,10 +18,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
-from pathways import transfer
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import call_metadata
+from pathways_wire import transfer
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import call_metadata
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pathways import ir
+from pathways_wire import ir
 from pathways_operator.controller import SliceRecord, _plan_call
 from pathways_operator.core.placement import HostAssignment, Placement
 
@@ -85,7 +85,7 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
 
 
 def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> None:
-    from pathways.wire import pathways_pb2 as pb
+    from pathways_wire import pathways_pb2 as pb
     from pathways_operator.controller import INLINE_OUTPUT_BYTES, Controller, ProgramRecord
 
     inp0, inp1 = ir.ValueRef(ir.PROGRAM_INPUT, 0), ir.ValueRef(ir.PROGRAM_INPUT, 1)

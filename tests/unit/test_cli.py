@@ -39,7 +39,7 @@ from pathways.cli import (
 )
 from pathways.compiled import CONFIG_MAP_LIMIT, CompiledProgram, resource_name
 from pathways.errors import InvalidProgramError
-from pathways.wording import fraction, plural
+from pathways_wire.wording import fraction, plural
 from pathways.kube import (
     Condition,
     EventView,

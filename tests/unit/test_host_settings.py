@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pathways.wire.slice_token import ENV_INSECURE, ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG, MissingToken
+from pathways_wire.slice_token import ENV_INSECURE, ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG, MissingToken
 from pathways_worker.settings import parse_sidecar_args, parse_worker_args
 from pathways_worker.slice_auth import SliceTokenInterceptor
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from pathways.embedded import STATE_PREFIX, remove_stale_state_dirs
-from pathways.process_tree import ProcessId, hold_dir, pid_alive, unowned
+from pathways_wire.process_tree import ProcessId, hold_dir, pid_alive, unowned
 
 
 def test_this_process_is_alive_and_round_trips_as_text() -> None:

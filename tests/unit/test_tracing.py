@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
-from pathways import ir
+from pathways_wire import ir
 
 
 def devices(n: int) -> list[pw.VirtualDevice]:

@@ -1,4 +1,4 @@
-"""Pieces, chunks and assembly of values (pathways.transfer), without sockets."""
+"""Pieces, chunks and assembly of values (pathways_wire.transfer), without sockets."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from pathways import transfer
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import transfer
+from pathways_wire import pathways_pb2 as pb
 
 
 def ref(node: int = 0, index: int = 0) -> pb.ValueRef:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pathways.transfer import value_name
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire.transfer import value_name
+from pathways_wire import pathways_pb2 as pb
 
 Ref = tuple[int, int]  # (node, index); node -1 is a program input
 

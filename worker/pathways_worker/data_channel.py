@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError, Message
 
-from pathways.transfer import TransferError, check_header, piece_header
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire.transfer import TransferError, check_header, piece_header
+from pathways_wire import pathways_pb2 as pb
 from pathways_worker.byte_budget import BudgetError
 from pathways_worker.inbox import Inbox, Sink
 from pathways_worker.sidecar_metrics import TransferStats

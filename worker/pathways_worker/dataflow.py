@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from pathways.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
+from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
 from pathways_worker.byte_budget import BudgetError, ByteBudget
 from pathways_worker.call_plan import Ref, ref_of

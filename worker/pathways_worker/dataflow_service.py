@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_worker.dataflow import Dataflow, HostError
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2 as pb
 
 
 class LoadError(Exception):

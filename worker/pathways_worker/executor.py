@@ -49,8 +49,8 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from pathways.transfer import Piece, parse_spec, value_pieces
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire.transfer import Piece, parse_spec, value_pieces
+from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
 from pathways_worker.call_plan import (
     CallPlan,

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pathways.transfer import PieceAssembler, PieceInfo, PieceWriter, TransferError, value_name
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire.transfer import PieceAssembler, PieceInfo, PieceWriter, TransferError, value_name
+from pathways_wire import pathways_pb2 as pb
 from pathways_worker.byte_budget import ByteBudget
 from pathways_worker.call_plan import Ref, ref_of
 from pathways_worker.shared_memory import FileWriter, ShmDir, remove

@@ -2,7 +2,7 @@
 exit on SIGTERM (Kubernetes, the local launcher) or SIGINT.
 
 A host started by the embedded controller also exits when that controller is
-gone, however it ended (`pathways.process_tree.watch_parent`): it stops as on
+gone, however it ended (`pathways_wire.process_tree.watch_parent`): it stops as on
 SIGTERM, and since no launcher is left to clean up after it, removes its
 shared-memory directory itself. If stopping hangs (a worker blocked joining its
 JAX job), it is cut short after `PARENT_GONE_GRACE_S`.
@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 
-from pathways.process_tree import exit_after, watch_parent
+from pathways_wire.process_tree import exit_after, watch_parent
 
 PARENT_GONE_GRACE_S = 10.0
 

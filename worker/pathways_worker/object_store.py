@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2 as pb
 from pathways_worker.call_plan import Ref
 
 SlotState = Literal["pending", "ready", "failed"]

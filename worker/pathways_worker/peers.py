@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from pathways.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, value_name
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
-from pathways.wire.slice_token import call_metadata
+from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, value_name
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import call_metadata
 from pathways_worker.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.shared_memory import exported_chunks, remove_pieces
 from pathways_worker.sidecar_metrics import TransferPath, TransferStats

@@ -3,7 +3,7 @@
 Every flag has an environment variable so a Kubernetes pod can configure the
 containers without a command line; a flag given on the command line wins. This
 module imports nothing heavy: the worker must set XLA's flags before jax loads
-(`pathways.wire.slice_token` is plain Python).
+(`pathways_wire.slice_token` is plain Python).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pathways.wire.slice_token import ENV_INSECURE, INSECURE_FLAG, insecure_allowed, read_token
+from pathways_wire.slice_token import ENV_INSECURE, INSECURE_FLAG, insecure_allowed, read_token
 
 DEFAULT_INPUT_TIMEOUT_S = 300.0
 DEFAULT_WORKER_STORE_LIMIT = 4 << 30

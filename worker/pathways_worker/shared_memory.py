@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from pathways.transfer import DEFAULT_CHUNK_BYTES, Piece, error_chunk, piece_header
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, Piece, error_chunk, piece_header
+from pathways_wire import pathways_pb2 as pb
 
 
 class ShmDir:

@@ -19,8 +19,8 @@ from concurrent import futures
 import grpc
 import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for dtype checks)
 
-from pathways.transfer import MAX_MESSAGE_BYTES
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.transfer import MAX_MESSAGE_BYTES
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_worker.dataflow import Dataflow
 from pathways_worker.dataflow_service import DataflowService
 from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pathways.wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS
+from pathways_wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ def serve(settings: WorkerSettings) -> None:
     _prepare_jax(settings)
     import grpc
 
-    from pathways.wire import pathways_pb2_grpc as pb_grpc
+    from pathways_wire import pathways_pb2_grpc as pb_grpc
     from pathways_worker.executor import Executor
     from pathways_worker.executor_service import ExecutorService
     from pathways_worker.shared_memory import ShmDir

@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from pathways.wording import plural
+from pathways_wire.wording import plural
 from pathways_operator.core.placement import (
     GangRequest,
     Machine,

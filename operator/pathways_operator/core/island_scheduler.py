@@ -60,7 +60,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from pathways.wording import plural
+from pathways_wire.wording import plural
 
 STRIDE = float(1 << 20)
 """Pass advance of a call of weight 1 per grant; large so that float passes stay precise."""

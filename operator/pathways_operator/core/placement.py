@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from pathways.wording import plural
+from pathways_wire.wording import plural
 from pathways_operator.core.reasons import Reason
 
 RETRYABLE_REASONS = frozenset({Reason.INSUFFICIENT_DEVICES, Reason.ISLAND_RESERVED})

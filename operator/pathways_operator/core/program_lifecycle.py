@@ -25,7 +25,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 
-from pathways.wording import plural
+from pathways_wire.wording import plural
 from pathways_operator.core.reasons import Reason
 
 DEFAULT_BACKOFF_LIMIT = 6

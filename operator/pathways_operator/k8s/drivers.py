@@ -2,7 +2,7 @@
 
 A program's driver is a Pathways client that runs its entrypoint against the
 operator's own controller. The operator starts it as a child process with
-``--exit-with-parent``, under a reaper (``pathways.process_tree``) that kills
+``--exit-with-parent``, under a reaper (``pathways_wire.process_tree``) that kills
 whatever the driver leaves running when it ends, detached descendants included,
 so drivers and their children never outlive the operator; everything a
 restarted operator needs to continue lives in files under the program's work
@@ -46,7 +46,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from pathways import process_tree
+from pathways_wire import process_tree
 from pathways.context import steps_completed
 
 from pathways_operator.core.program_lifecycle import EXIT_RETRYABLE, Reported

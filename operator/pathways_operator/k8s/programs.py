@@ -51,7 +51,7 @@ from pathlib import Path, PurePosixPath
 from pathways.compiled import CompiledProgram
 from pathways.errors import InvalidProgramError
 from pathways.kube import DRIVER_LOG_KEY, driver_log_config_map
-from pathways.wording import fraction, plural
+from pathways_wire.wording import fraction, plural
 
 from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
 from pathways_operator.core.object_names import program_name_problem

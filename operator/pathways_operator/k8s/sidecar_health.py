@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 
 HEALTH_TIMEOUT_S = 2.0
 

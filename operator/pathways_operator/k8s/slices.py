@@ -73,10 +73,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from pathways import ir
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire.slice_token import new_token
-from pathways.wording import fraction, plural
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.slice_token import new_token
+from pathways_wire.wording import fraction, plural
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.admission_policy import priority_class_refusal, refused_backoff
 from pathways_operator.core.object_names import slice_name_problem

@@ -14,7 +14,7 @@ and stopped with the pieces of this module, so that no way of ending a parent
   *thread* that forked exits, and controllers start hosts from worker threads.
 * **Process groups.** Children start in their own session, and :func:`stop_group`
   signals the whole group: SIGTERM, a bounded wait, then SIGKILL.
-* **The reaper.** ``python -m pathways.process_tree -- CMD...`` runs CMD in a
+* **The reaper.** ``python -m pathways_wire.process_tree -- CMD...`` runs CMD in a
   process that is the *child subreaper* (``PR_SET_CHILD_SUBREAPER``) of all CMD
   starts: a descendant that detaches (``setsid``, a double fork) is re-parented to
   the reaper rather than to init, so it can still be found and is killed when CMD
@@ -340,7 +340,7 @@ def kill_descendants(grace_s: float = 1.0, deadline_s: float = 10.0) -> None:
 
 def supervised(argv: Sequence[str], python: str = sys.executable) -> list[str]:
     """``argv`` run under the reaper (see the module docstring)."""
-    return [python, "-m", "pathways.process_tree", "--", *argv]
+    return [python, "-m", "pathways_wire.process_tree", "--", *argv]
 
 
 def run_reaping(argv: Sequence[str], grace_s: float = 3.0, poll_s: float = 0.1) -> int:
@@ -405,7 +405,7 @@ def _exit_like(status: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m pathways.process_tree",
+        prog="python -m pathways_wire.process_tree",
         description="Run a command; when it ends, kill every process it left behind.",
     )
     parser.add_argument("--grace-s", type=float, default=3.0,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pathways.wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2 as pb
 
 PROGRAM_INPUT = -1
 """`ValueRef.node` of a program input."""

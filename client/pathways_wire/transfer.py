@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pathways.wire import pathways_pb2 as pb
-from pathways.wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 # The most data one BufferChunk may carry; receivers reject larger chunks.

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pathways.wire import pathways_pb2 as pathways_dot_wire_dot_pathways__pb2
+from pathways_wire import pathways_pb2 as pathways__wire_dot_pathways__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pathways/wire/pathways_pb2_grpc.py depends on'
+        + ' but the generated code in pathways_wire/pathways_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,38 +36,38 @@ class ControllerStub:
         """
         self.CreateSlice = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/CreateSlice',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.CreateSliceRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.SliceInfo.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.CreateSliceRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.SliceInfo.FromString,
                 _registered_method=True)
         self.ReleaseSlice = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/ReleaseSlice',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.ReleaseSliceRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.ReleaseSliceReply.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.ReleaseSliceRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.ReleaseSliceReply.FromString,
                 _registered_method=True)
         self.LoadProgram = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/LoadProgram',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.LoadProgramRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.LoadProgramReply.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.LoadProgramRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.LoadProgramReply.FromString,
                 _registered_method=True)
         self.Run = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/Run',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.RunRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.RunReply.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.RunRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.RunReply.FromString,
                 _registered_method=True)
         self.WaitCall = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/WaitCall',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.CallStatusRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.CallStatus.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.CallStatusRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.CallStatus.FromString,
                 _registered_method=True)
         self.FinishCall = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/FinishCall',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.ReleaseCall.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.CallStatus.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.ReleaseCall.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.CallStatus.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/Describe',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.ClusterInfoRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.ClusterInfo.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.ClusterInfoRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.ClusterInfo.FromString,
                 _registered_method=True)
 
 
@@ -122,38 +122,38 @@ def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateSlice': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSlice,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.CreateSliceRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.SliceInfo.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.CreateSliceRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.SliceInfo.SerializeToString,
             ),
             'ReleaseSlice': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseSlice,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.ReleaseSliceRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.ReleaseSliceReply.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.ReleaseSliceRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.ReleaseSliceReply.SerializeToString,
             ),
             'LoadProgram': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadProgram,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.LoadProgramRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.LoadProgramReply.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.LoadProgramRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.LoadProgramReply.SerializeToString,
             ),
             'Run': grpc.unary_unary_rpc_method_handler(
                     servicer.Run,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.RunRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.RunReply.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.RunRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.RunReply.SerializeToString,
             ),
             'WaitCall': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitCall,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.CallStatusRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.CallStatus.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.CallStatusRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.CallStatus.SerializeToString,
             ),
             'FinishCall': grpc.unary_unary_rpc_method_handler(
                     servicer.FinishCall,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.ReleaseCall.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.CallStatus.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.ReleaseCall.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.CallStatus.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.ClusterInfoRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.ClusterInfo.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.ClusterInfoRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.ClusterInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,8 +181,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/CreateSlice',
-            pathways_dot_wire_dot_pathways__pb2.CreateSliceRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.SliceInfo.FromString,
+            pathways__wire_dot_pathways__pb2.CreateSliceRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.SliceInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -208,8 +208,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/ReleaseSlice',
-            pathways_dot_wire_dot_pathways__pb2.ReleaseSliceRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.ReleaseSliceReply.FromString,
+            pathways__wire_dot_pathways__pb2.ReleaseSliceRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.ReleaseSliceReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -235,8 +235,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/LoadProgram',
-            pathways_dot_wire_dot_pathways__pb2.LoadProgramRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.LoadProgramReply.FromString,
+            pathways__wire_dot_pathways__pb2.LoadProgramRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.LoadProgramReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -262,8 +262,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/Run',
-            pathways_dot_wire_dot_pathways__pb2.RunRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.RunReply.FromString,
+            pathways__wire_dot_pathways__pb2.RunRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.RunReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -289,8 +289,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/WaitCall',
-            pathways_dot_wire_dot_pathways__pb2.CallStatusRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.CallStatus.FromString,
+            pathways__wire_dot_pathways__pb2.CallStatusRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.CallStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -316,8 +316,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/FinishCall',
-            pathways_dot_wire_dot_pathways__pb2.ReleaseCall.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.CallStatus.FromString,
+            pathways__wire_dot_pathways__pb2.ReleaseCall.SerializeToString,
+            pathways__wire_dot_pathways__pb2.CallStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -343,8 +343,8 @@ class Controller:
             request,
             target,
             '/pathways.v1alpha1.Controller/Describe',
-            pathways_dot_wire_dot_pathways__pb2.ClusterInfoRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.ClusterInfo.FromString,
+            pathways__wire_dot_pathways__pb2.ClusterInfoRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.ClusterInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -367,23 +367,23 @@ class DataflowStub:
         """
         self.Control = channel.stream_stream(
                 '/pathways.v1alpha1.Dataflow/Control',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.HostCommand.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.HostEvent.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.HostCommand.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.HostEvent.FromString,
                 _registered_method=True)
         self.Put = channel.stream_unary(
                 '/pathways.v1alpha1.Dataflow/Put',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.BufferChunk.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.PutReply.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.BufferChunk.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.PutReply.FromString,
                 _registered_method=True)
         self.Fetch = channel.unary_stream(
                 '/pathways.v1alpha1.Dataflow/Fetch',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.FetchRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.BufferChunk.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.FetchRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.BufferChunk.FromString,
                 _registered_method=True)
         self.Health = channel.unary_unary(
                 '/pathways.v1alpha1.Dataflow/Health',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.HealthRequest.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.HealthReply.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.HealthRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.HealthReply.FromString,
                 _registered_method=True)
 
 
@@ -422,23 +422,23 @@ def add_DataflowServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Control': grpc.stream_stream_rpc_method_handler(
                     servicer.Control,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.HostCommand.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.HostEvent.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.HostCommand.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.HostEvent.SerializeToString,
             ),
             'Put': grpc.stream_unary_rpc_method_handler(
                     servicer.Put,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.BufferChunk.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.PutReply.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.BufferChunk.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.PutReply.SerializeToString,
             ),
             'Fetch': grpc.unary_stream_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.FetchRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.BufferChunk.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.FetchRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.BufferChunk.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.HealthRequest.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.HealthReply.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.HealthRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.HealthReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -466,8 +466,8 @@ class Dataflow:
             request_iterator,
             target,
             '/pathways.v1alpha1.Dataflow/Control',
-            pathways_dot_wire_dot_pathways__pb2.HostCommand.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.HostEvent.FromString,
+            pathways__wire_dot_pathways__pb2.HostCommand.SerializeToString,
+            pathways__wire_dot_pathways__pb2.HostEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -493,8 +493,8 @@ class Dataflow:
             request_iterator,
             target,
             '/pathways.v1alpha1.Dataflow/Put',
-            pathways_dot_wire_dot_pathways__pb2.BufferChunk.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.PutReply.FromString,
+            pathways__wire_dot_pathways__pb2.BufferChunk.SerializeToString,
+            pathways__wire_dot_pathways__pb2.PutReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -520,8 +520,8 @@ class Dataflow:
             request,
             target,
             '/pathways.v1alpha1.Dataflow/Fetch',
-            pathways_dot_wire_dot_pathways__pb2.FetchRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.BufferChunk.FromString,
+            pathways__wire_dot_pathways__pb2.FetchRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.BufferChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -547,8 +547,8 @@ class Dataflow:
             request,
             target,
             '/pathways.v1alpha1.Dataflow/Health',
-            pathways_dot_wire_dot_pathways__pb2.HealthRequest.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.HealthReply.FromString,
+            pathways__wire_dot_pathways__pb2.HealthRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.HealthReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -571,8 +571,8 @@ class ExecutorStub:
         """
         self.Session = channel.stream_stream(
                 '/pathways.v1alpha1.Executor/Session',
-                request_serializer=pathways_dot_wire_dot_pathways__pb2.WorkerCommand.SerializeToString,
-                response_deserializer=pathways_dot_wire_dot_pathways__pb2.WorkerEvent.FromString,
+                request_serializer=pathways__wire_dot_pathways__pb2.WorkerCommand.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.WorkerEvent.FromString,
                 _registered_method=True)
 
 
@@ -590,8 +590,8 @@ def add_ExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
-                    request_deserializer=pathways_dot_wire_dot_pathways__pb2.WorkerCommand.FromString,
-                    response_serializer=pathways_dot_wire_dot_pathways__pb2.WorkerEvent.SerializeToString,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.WorkerCommand.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.WorkerEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -619,8 +619,8 @@ class Executor:
             request_iterator,
             target,
             '/pathways.v1alpha1.Executor/Session',
-            pathways_dot_wire_dot_pathways__pb2.WorkerCommand.SerializeToString,
-            pathways_dot_wire_dot_pathways__pb2.WorkerEvent.FromString,
+            pathways__wire_dot_pathways__pb2.WorkerCommand.SerializeToString,
+            pathways__wire_dot_pathways__pb2.WorkerEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,7 +18,7 @@ completions travel on long-lived streams, in batches.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from pathways.wire import pathways_pb2 as _pathways_pb2
+from pathways_wire import pathways_pb2 as _pathways_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
