@@ -220,7 +220,7 @@ def _bench_cluster() -> Iterator[_Bench]:
     """Control plane + one node agent (island-bench, 4 × 4 devices) + CRDs + the operator."""
     from tests.cluster.conftest import Cluster
     from tests.cluster.controlplane import REPO_ROOT, ControlPlane
-    from tests.cluster.node_agent import NodeAgentProcess, NodeSpec
+    from tests.cluster.kubelet import NodeAgentProcess, NodeSpec
     from tests.cluster.operator_fixture import CRDS, OperatorProcess
 
     run_dir = Path(tempfile.mkdtemp(prefix="kpw-bench-"))

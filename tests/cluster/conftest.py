@@ -2,7 +2,7 @@
 
 Start-up (about 10 s) happens once per session: etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler from the binaries ``make controlplane`` builds
-(see ``controlplane``), then one node agent process (see ``node_agent``) serving two
+(see ``controlplane``), then one node agent process (see ``kubelet``) serving two
 islands of two 4-device nodes each (``DEFAULT_NODES``). The tier never skips: missing
 binaries or kubectl fail every test with a message saying what to install or run.
 
@@ -29,7 +29,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from tests.cluster.controlplane import ControlPlane, MissingBinariesError, find_binaries
-from tests.cluster.node_agent import NodeAgentProcess, NodeSpec, container_log_path
+from tests.cluster.kubelet import NodeAgentProcess, NodeSpec, container_log_path
 
 DEFAULT_NODES = (
     NodeSpec("a-0", "island-a", 4),

@@ -17,7 +17,7 @@ builds through the Go module proxy and caches outside the repository:
 
 Each is started only after the previous one answers its health endpoint; a component
 that dies or does not become healthy in time raises ``ControlPlaneError`` carrying the
-tail of its log. The kubelet is the one piece that is not real: see ``node_agent``.
+tail of its log. The kubelet is the one piece that is not real: see ``kubelet``.
 
 Processes run in their own sessions and die with their parent (see ``processes``);
 ``stop`` (or leaving the ``with`` block) terminates them in reverse order.

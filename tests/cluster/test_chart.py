@@ -41,7 +41,7 @@ from kubernetes import client
 from tests.cluster import processes
 from tests.cluster.conftest import Cluster
 from tests.cluster.controlplane import REPO_ROOT, cache_dir, free_port
-from tests.cluster.pod_env import expand
+from tests.cluster.kubelet.pod_env import expand
 
 CHART = REPO_ROOT / "helm" / "kube-pathways"
 BUILD_HELM = REPO_ROOT / "tests" / "cluster" / "toolchain" / "build_helm.sh"

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.cluster.node_agent import NodeSpec
+from tests.cluster.kubelet import NodeSpec
 from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
     Objects,
     OperatorProcess,

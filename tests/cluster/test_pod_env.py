@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.pod_env import (
+from tests.cluster.kubelet.pod_env import (
     ContainerConfigError,
     PodNetwork,
     container_argv,
@@ -15,7 +15,7 @@ from tests.cluster.pod_env import (
     expand,
     field_ref,
 )
-from tests.cluster.pod_volumes import Mount, MountPoints, apply_mounts, mount_env_name
+from tests.cluster.kubelet.pod_volumes import Mount, MountPoints, apply_mounts, mount_env_name
 
 NET = PodNetwork("127.0.0.12", "127.0.0.1", "127.0.0.1", 6443)
 POD: dict[str, Any] = {

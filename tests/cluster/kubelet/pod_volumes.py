@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.cluster.pod_env import (
+from tests.cluster.kubelet.pod_env import (
     ContainerConfigError,
     ObjectSource,
     Pod,
     PodNetwork,
+    TokenRequest,
     configmap_data,
     decoded_secret_data,
     field_ref,
@@ -220,10 +221,12 @@ class PodVolumes:
             token = self._source.request_token(
                 self._namespace,
                 self._pod["spec"].get("serviceAccountName") or "default",
-                audiences=[spec["audience"]] if spec.get("audience") else [],
-                expiration_seconds=int(spec.get("expirationSeconds", 3600)),
-                pod_name=meta["name"],
-                pod_uid=meta["uid"],
+                TokenRequest(
+                    audiences=[spec["audience"]] if spec.get("audience") else [],
+                    expiration_seconds=int(spec.get("expirationSeconds", 3600)),
+                    pod_name=meta["name"],
+                    pod_uid=meta["uid"],
+                ),
             )
             _write_file(path / spec["path"], token.encode(), mode if mode is not None else 0o600)
         else:

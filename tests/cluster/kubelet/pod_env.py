@@ -43,16 +43,34 @@ class ObjectSource(Protocol):
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-    def request_token(
-        self,
-        namespace: str,
-        serviceaccount: str,
-        *,
-        audiences: list[str],
-        expiration_seconds: int,
-        pod_name: str,
-        pod_uid: str,
-    ) -> str: ...
+    def request_token(self, namespace: str, serviceaccount: str, request: TokenRequest) -> str: ...
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """A service-account token bound to one pod, as a projected token volume asks for it."""
+
+    audiences: list[str]
+    expiration_seconds: int
+    pod_name: str
+    pod_uid: str
+
+    def body(self) -> dict[str, Any]:
+        """The ``authentication.k8s.io/v1`` TokenRequest the API server takes."""
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": self.audiences,
+                "expirationSeconds": self.expiration_seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": self.pod_name,
+                    "uid": self.pod_uid,
+                },
+            },
+        }
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""The test node agent as a child process of the test session: ``NodeAgentProcess``.
+
+The agent is a test stand-in for the kubelet, not a kubelet; tests run it as its own
+process (``python -m tests.cluster.kubelet``), as a kubelet runs beside the control
+plane, so that killing or restarting it is a real fault. ``NodeAgentProcess`` starts it
+with ``AgentOptions``, waits until its Nodes are Ready and schedulable (failing with the
+tail of the agent's log if it exits or times out), reads back the pod subnet it claimed,
+and on ``stop`` ends it and, by default, deletes its Nodes so that nothing is scheduled
+onto a Node that no agent serves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tests.cluster import processes
+from tests.cluster.kubelet.agent import AgentOptions
+from tests.cluster.kubelet.api import KubeApi
+from tests.cluster.kubelet.containers import REPO_ROOT
+from tests.cluster.kubelet.node_registrar import NodeSpec, node_is_ready
+
+MODULE = "tests.cluster.kubelet"
+
+
+class NodeAgentProcess:
+    """Runs ``python -m tests.cluster.kubelet`` as a child process, for tests.
+
+    ``with NodeAgentProcess(kubeconfig, [NodeSpec("c-0", "island-c", 4)], state_dir) as agent:``
+    starts it and waits until its Nodes are Ready; leaving the block stops it and, with
+    ``delete_nodes=True`` (the default), deletes its Nodes.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        nodes: Sequence[NodeSpec],
+        state_dir: Path,
+        *,
+        pod_subnet: str = "auto",
+        log_file: Path | None = None,
+        delete_nodes: bool = True,
+        heartbeat_seconds: float = 10.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.options = AgentOptions(
+            kubeconfig, tuple(nodes), state_dir, pod_subnet, heartbeat_seconds
+        )
+        self.env = dict(env or {})
+        self.log_file = log_file or state_dir / "node-agent.log"
+        self.delete_nodes = delete_nodes
+        self.pod_subnet = pod_subnet
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.options.kubeconfig
+
+    @property
+    def nodes(self) -> list[NodeSpec]:
+        return list(self.options.nodes)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.options.state_dir
+
+    def start(self, ready_timeout: float = 60.0) -> NodeAgentProcess:
+        argv = [sys.executable, "-m", MODULE, *self.options.argv()]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        self.popen = processes.spawn(
+            argv, log=self.log_file, env=env, cwd=REPO_ROOT, append_log=True
+        )
+        try:
+            self.wait_ready(ready_timeout)
+            self.pod_subnet = (self.state_dir / "pod-subnet").read_text().strip()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> float:
+        """Waits until every Node is Ready and schedulable; returns the seconds taken."""
+        api = KubeApi(self.kubeconfig)
+        start = time.monotonic()
+        deadline = start + timeout
+        waiting = {n.name for n in self.nodes}
+        while True:
+            if self.popen is not None and self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"node agent exited with {self.popen.returncode}:\n"
+                    f"{processes.log_tail(self.log_file)}"
+                )
+            for name in sorted(waiting):
+                try:
+                    node = api.call(api.core.read_node, name)
+                except Exception:  # noqa: BLE001 - not registered yet
+                    continue
+                if node_is_ready(node):
+                    waiting.discard(name)
+            if not waiting:
+                return time.monotonic() - start
+            if not processes.wait_until(deadline, 0.2):
+                raise RuntimeError(
+                    f"nodes {sorted(waiting)} not Ready within {timeout:.0f} s; agent log:\n"
+                    f"{processes.log_tail(self.log_file)}"
+                )
+
+    def stop(self, grace_seconds: float = 20.0) -> None:
+        if self.popen is not None:
+            processes.stop(self.popen, grace_seconds)
+            self.popen = None
+        if self.delete_nodes:
+            api = KubeApi(self.kubeconfig)
+            for node in self.nodes:
+                try:
+                    api.call(api.core.delete_node, node.name)
+                except Exception:  # noqa: BLE001 - already gone or the API is down
+                    pass
+
+    def __enter__(self) -> NodeAgentProcess:
+        return self if self.popen is not None else self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
