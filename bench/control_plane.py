@@ -147,7 +147,7 @@ class _Bench:
     """One namespace on the bench cluster; times slices and plain pods in it."""
 
     def __init__(self, cluster: Any, operator: Any, namespace: str) -> None:
-        from tests.cluster.operator_fixture import Objects
+        from tests.cluster.harness import Objects
 
         self.cluster = cluster
         self.operator = operator
@@ -168,7 +168,7 @@ class _Bench:
         return start
 
     def slice_ready(self, name: str, n: int) -> float:
-        from tests.cluster.operator_fixture import virtual_slice
+        from tests.cluster.builders import virtual_slice
 
         start = self._apply(virtual_slice(name, DEVICES_PER_NODE * n, island=f"island-{ISLAND}"))
 
@@ -218,10 +218,9 @@ class _Bench:
 @contextmanager
 def _bench_cluster() -> Iterator[_Bench]:
     """Control plane + one node agent (island-bench, 4 × 4 devices) + CRDs + the operator."""
-    from tests.cluster.conftest import Cluster
     from tests.cluster.controlplane import REPO_ROOT, ControlPlane
+    from tests.cluster.harness import CRDS, Cluster, OperatorProcess
     from tests.cluster.kubelet import NodeAgentProcess, NodeSpec
-    from tests.cluster.operator_fixture import CRDS, OperatorProcess
 
     run_dir = Path(tempfile.mkdtemp(prefix="kpw-bench-"))
     try:

@@ -1,7 +1,9 @@
 """Small typed builders for the Kubernetes objects that cluster tests create.
 
-Tests describe what matters to them (a command, an env var, a probe) and get a
-complete, valid object; nothing is pasted YAML.
+Tests describe what matters to them (a command, an env var, a probe; a slice's devices,
+a program's entrypoint and steps) and get a complete, valid object; nothing is pasted
+YAML. Pods and their parts come first, then the project's VirtualSlices and
+PathwaysPrograms.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 Manifest = dict[str, Any]
+GROUP, VERSION = "pathways.dev", "v1alpha1"
 
 
 def field_env(name: str, field_path: str) -> Manifest:
@@ -82,3 +85,55 @@ def configmap_volume(name: str, configmap_name: str) -> Manifest:
 
 def empty_dir_volume(name: str, memory: bool = False) -> Manifest:
     return {"name": name, "emptyDir": {"medium": "Memory"} if memory else {}}
+
+
+# -- VirtualSlices and PathwaysPrograms ------------------------------------------------
+
+
+def virtual_slice(
+    name: str,
+    devices: int,
+    *,
+    island: str | None = None,
+    devices_per_host: int | None = None,
+    max_restarts: int | None = None,
+) -> Manifest:
+    spec: Manifest = {"devices": devices}
+    if island is not None:
+        spec["island"] = island
+    if devices_per_host is not None:
+        spec["devicesPerHost"] = devices_per_host
+    if max_restarts is not None:
+        spec["failurePolicy"] = {"maxRestarts": max_restarts}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "VirtualSlice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def ref_slice(name: str, ref: str) -> Manifest:
+    return {"name": name, "ref": ref}
+
+
+def inline_slice(name: str, devices: int, **template: Any) -> Manifest:
+    return {"name": name, "template": {"devices": devices, **template}}
+
+
+def program(
+    name: str,
+    entrypoint: str,
+    *slices: Manifest,
+    steps: int = 1,
+    args: Manifest | None = None,
+) -> Manifest:
+    spec: Manifest = {"slices": list(slices), "source": {"entrypoint": entrypoint}, "steps": steps}
+    if args:
+        spec["args"] = args
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PathwaysProgram",
+        "metadata": {"name": name},
+        "spec": spec,
+    }

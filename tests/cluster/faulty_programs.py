@@ -1,7 +1,7 @@
 """Entrypoints that misbehave the way user programs do, for the operator's cluster tests.
 
 The test operator allows ``tests.cluster.faulty_programs:`` besides ``examples.``
-(``operator_fixture``), and its drivers import this module from the repository root.
+(``harness.ALLOWED_ENTRYPOINTS``), and its drivers import this module from the repository root.
 None of them needs its slice: each fails, or misuses results, logs or time, on its own.
 """
 

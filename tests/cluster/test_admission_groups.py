@@ -13,16 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-)
+from tests.cluster.builders import inline_slice, program
+from tests.cluster.harness import Objects, OperatorProcess, condition
 
 PROGRAM_DONE_S = 240.0
 

@@ -30,17 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.conftest import Cluster
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-)
+from tests.cluster.builders import inline_slice, program
+from tests.cluster.harness import Cluster, Objects, OperatorProcess, condition
 
 CORPUS_DIR = Path(__file__).parent / "bad_manifests"
 VERDICT_S = 60.0

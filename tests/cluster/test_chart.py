@@ -39,8 +39,8 @@ import yaml
 from kubernetes import client
 
 from tests.cluster import processes
-from tests.cluster.conftest import Cluster
 from tests.cluster.controlplane import REPO_ROOT, cache_dir, free_port
+from tests.cluster.harness import Cluster
 from tests.cluster.kubelet.pod_env import expand
 
 CHART = REPO_ROOT / "helm" / "kube-pathways"

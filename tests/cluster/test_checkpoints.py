@@ -16,18 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-    ref_slice,
-    virtual_slice,
-)
+from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
+from tests.cluster.harness import Objects, OperatorProcess, condition
 
 SLICE_READY_S = 120.0
 PROGRAM_DONE_S = 240.0

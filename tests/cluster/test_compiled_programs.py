@@ -23,17 +23,9 @@ import pytest
 from pathways.cli import EXIT_OK, compile_program_file, main
 from pathways.compiled import ARTIFACT_SUFFIX, INPUTS_KEY, PROGRAM_KEY
 from pathways_wire import pathways_pb2 as pb
+from tests.cluster.builders import Manifest, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Manifest,
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    objects,
-    operator,
-    virtual_slice,
-)
+from tests.cluster.harness import Objects, OperatorProcess, condition
 
 PROGRAM_DONE_S = 180.0
 

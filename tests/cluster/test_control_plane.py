@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.builders import container, field_env, pod
-from tests.cluster.conftest import Cluster
+from tests.cluster.harness import Cluster
 
 TCP_SERVER = (
     "import os, socket\n"

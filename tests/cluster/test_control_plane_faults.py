@@ -19,18 +19,9 @@ import time
 
 import pytest
 
+from tests.cluster.builders import inline_slice, program, virtual_slice
+from tests.cluster.harness import Objects, OperatorProcess, condition
 from tests.cluster.kubelet import NodeSpec
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-    virtual_slice,
-)
 
 PROGRAM_DONE_S = 180.0
 

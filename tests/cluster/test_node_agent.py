@@ -23,7 +23,7 @@ from tests.cluster.builders import (
     pod,
     value_env,
 )
-from tests.cluster.conftest import Cluster
+from tests.cluster.harness import Cluster
 
 IN_CLUSTER_WHOAMI = (
     "from kubernetes import client, config\n"

@@ -2,9 +2,9 @@
 
 Every test gets its own namespace and deletes what it made (``objects`` waits for the
 pods to be gone, since tests share the islands); the operator is one real process for
-the session (``operator_fixture``), started after ``kubectl apply -f crds/``. The test
-cluster has two islands of two 4-device nodes each, 8 devices per island, so an
-8-device slice is a gang of 2 hosts that takes a whole island.
+the module (the ``operator`` fixture in ``conftest``), started after ``kubectl apply -f
+crds/``. The test cluster has two islands of two 4-device nodes each, 8 devices per
+island, so an 8-device slice is a gang of 2 hosts that takes a whole island.
 """
 
 from __future__ import annotations
@@ -15,20 +15,9 @@ import time
 import pytest
 import yaml
 
-from tests.cluster.conftest import Cluster
+from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-    ref_slice,
-    virtual_slice,
-)
+from tests.cluster.harness import Cluster, Objects, OperatorProcess, condition
 
 SLICE_READY_S = 120.0
 PROGRAM_DONE_S = 180.0

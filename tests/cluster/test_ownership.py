@@ -21,19 +21,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    GROUP,
-    VERSION,
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    objects,
-    operator,
-    program,
-    ref_slice,
-    virtual_slice,
-)
+from tests.cluster.builders import GROUP, VERSION, program, ref_slice, virtual_slice
+from tests.cluster.harness import Objects, OperatorProcess, condition
 
 SLICE_READY_S = 120.0
 PROGRAM_DONE_S = 180.0

@@ -16,17 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.conftest import Cluster
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Manifest,
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    objects,
-    operator,
-    virtual_slice,
-)
+from tests.cluster.builders import Manifest, virtual_slice
+from tests.cluster.harness import Cluster, Objects, OperatorProcess, condition
 
 CLASS = "pw-quota-test-high"
 CLASS_VALUE = 100

@@ -14,19 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-    ref_slice,
-    virtual_slice,
-)
+from tests.cluster.harness import Objects, OperatorProcess, condition
 
 FAULTY = "tests.cluster.faulty_programs"
 VERDICT_S = 90.0

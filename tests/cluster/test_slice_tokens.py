@@ -19,14 +19,8 @@ from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    crds,
-    objects,
-    operator,
-    virtual_slice,
-)
+from tests.cluster.builders import virtual_slice
+from tests.cluster.harness import Objects, OperatorProcess
 
 
 def _token(objects: Objects, slice_name: str) -> str:

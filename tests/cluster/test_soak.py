@@ -22,17 +22,8 @@ import pytest
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.k8s.resources import SIDECAR_PORT
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Objects,
-    OperatorProcess,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-    ref_slice,
-    virtual_slice,
-)
+from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
+from tests.cluster.harness import Objects, OperatorProcess
 
 PROGRAMS = int(os.environ.get("PATHWAYS_SOAK_PROGRAMS", "10"))
 WAVE = 4

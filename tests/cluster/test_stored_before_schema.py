@@ -20,21 +20,9 @@ from contextlib import contextmanager
 import pytest
 import yaml
 
-from tests.cluster.conftest import Cluster
+from tests.cluster.builders import Manifest, inline_slice, program, ref_slice, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT
-from tests.cluster.operator_fixture import (  # noqa: F401  (crds, operator, objects: fixtures)
-    Manifest,
-    Objects,
-    OperatorProcess,
-    condition,
-    crds,
-    inline_slice,
-    objects,
-    operator,
-    program,
-    ref_slice,
-    virtual_slice,
-)
+from tests.cluster.harness import Cluster, Objects, OperatorProcess, condition
 
 VERDICT_S = 60.0
 DELETE_S = 90.0

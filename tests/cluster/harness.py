@@ -1,45 +1,192 @@
-"""The operator under test, as a real process, and builders for the objects it serves.
+"""What a cluster test works with: the cluster, the operator process, their objects.
 
-``operator`` (module fixture) applies ``crds/`` with kubectl, waits until both CRDs
-are Established, and starts ``python -m pathways_operator --all-namespaces`` against the
-test cluster, with its controller on a free loopback port and kopf's liveness endpoint
-as its readiness signal. ``OperatorProcess.restart(kill=True)`` SIGKILLs it and starts a
-new one on the same state directory, which is what an operator pod restart looks like.
-Module scope, not session: test modules import the fixture, which gives each importing
-module its own instance, and session-scoped ones all lived to the end of the session --
-several operators serving every namespace at once, fighting over each gang's control
-streams. Now one runs at a time, and modules without one (``test_cli``) see none.
+The fixtures in ``conftest`` build these; tests get them as fixture arguments and import
+this module only for the types and for ``condition``:
 
-Builders (``virtual_slice``, ``program``, ``inline_slice``, ``ref_slice``) return
-complete manifests so tests state only what they are about.
+* ``Cluster``: one real control plane and node agent per session, with an admin
+  kubeconfig, a python ``ApiClient``, kubectl, the agent's state directory (container
+  logs), bounded polling, per-test namespaces, and ``start_agent`` for tests that need
+  Nodes of their own.
+* ``OperatorProcess``: ``python -m pathways_operator --all-namespaces`` against that
+  cluster, with its controller on port 0 and kopf's liveness endpoint as its readiness
+  signal. ``restart(kill=True)`` SIGKILLs it and starts a new one on the same state
+  directory, which is what an operator pod restart looks like.
+* ``Objects``: the VirtualSlices, PathwaysPrograms, pods and Events of one test
+  namespace, with bounded waits for phases and Events that print the operator's log
+  when they time out.
+
+The three belong together (each is read through the one before), which is why this
+module is a little over 400 lines.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import re
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import pytest
 from kubernetes import client
+from kubernetes.client import ApiClient
 
 from tests.cluster import processes
-from tests.cluster.conftest import Cluster
-from tests.cluster.controlplane import REPO_ROOT, free_port
+from tests.cluster.builders import GROUP, VERSION, Manifest
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane, free_port
+from tests.cluster.kubelet import NodeAgentProcess, NodeSpec, container_log_path
 
-Manifest = dict[str, Any]
-GROUP, VERSION = "pathways.dev", "v1alpha1"
+T = TypeVar("T")
 CRDS = ("virtualslices.pathways.dev", "pathwaysprograms.pathways.dev")
 READY_TIMEOUT_S = 60.0
 ALLOWED_ENTRYPOINTS = "examples.,tests.cluster.faulty_programs:"
 """The examples, and the misbehaving entrypoints of ``faulty_programs``."""
+
+
+@dataclass
+class Cluster:
+    """What a cluster test gets to work with."""
+
+    control_plane: ControlPlane
+    api: ApiClient
+    agent: NodeAgentProcess
+    run_dir: Path
+    startup_seconds: dict[str, float] = field(default_factory=dict)
+    _extra_agents: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def state_dir(self) -> Path:
+        """The default agent's state directory (``pods/<ns>_<pod>/<container>.log``)."""
+        return self.agent.state_dir
+
+    # The client's models type every field Optional; tests read them freely, so the API
+    # handles are typed Any here rather than asserting non-None at every step.
+    @property
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> Any:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def apiextensions(self) -> Any:
+        return client.ApiextensionsV1Api(self.api)
+
+    @property
+    def custom(self) -> Any:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def coordination(self) -> Any:
+        return client.CoordinationV1Api(self.api)
+
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 60.0,
+        input: str | None = None,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs kubectl against this cluster (admin unless ``kubeconfig`` is given)."""
+        kubectl = shutil.which("kubectl")
+        assert kubectl is not None
+        argv = [kubectl, "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, input=input, check=False
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(argv[1:])} exited {result.returncode}:\n{result.stderr}{result.stdout}"
+            )
+        return result
+
+    def container_log(self, namespace: str, pod: str, container: str, restart: int = 0) -> Path:
+        return container_log_path(self.state_dir, namespace, pod, container, restart)
+
+    def poll(
+        self,
+        check: Callable[[], T | None],
+        *,
+        timeout: float = 30.0,
+        interval: float = 0.2,
+        what: str = "condition",
+    ) -> T:
+        """Calls ``check`` until it returns something truthy; fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        last: T | None = None
+        while True:
+            last = check()
+            if last:
+                return last
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{what}: not reached within {timeout:.0f} s (last: {last!r})")
+            time.sleep(interval)
+
+    def wait_pod_phase(
+        self, namespace: str, name: str, phases: set[str], timeout: float = 30.0
+    ) -> Any:
+        """The pod (a ``V1Pod``) once its phase is one of ``phases``."""
+
+        def in_phase() -> Any:
+            p = self.core.read_namespaced_pod(name, namespace)
+            return p if p.status and p.status.phase in phases else None
+
+        return self.poll(
+            in_phase, timeout=timeout, what=f"pod {namespace}/{name} in {sorted(phases)}"
+        )
+
+    def create_namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace, ready for pods (service account and root CA published)."""
+        name = (
+            f"{re.sub(r'[^a-z0-9-]+', '-', prefix.lower())[:40].strip('-')}-{secrets.token_hex(3)}"
+        )
+        self.control_plane.request(
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
+        self.control_plane.wait_namespace_ready(name, timeout=30.0)
+        return name
+
+    def start_agent(
+        self,
+        nodes: Sequence[NodeSpec | str],
+        *,
+        ready_timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> NodeAgentProcess:
+        """Starts another node agent (own state dir and pod subnet) and waits for its Nodes.
+
+        Its pods get IPs in ``agent.pod_subnet`` (another /24 than the default agent's).
+
+        Use as a context manager, or call ``stop()``: stopping deletes its Nodes. ``env``
+        is added to the agent's environment (e.g. ``KPW_NODE_AGENT_MOUNTS=rewrite``).
+        """
+        specs = [n if isinstance(n, NodeSpec) else NodeSpec.parse(n) for n in nodes]
+        index = next(self._extra_agents)
+        agent = NodeAgentProcess(
+            self.kubeconfig,
+            specs,
+            self.run_dir / f"node-agent-{index}",
+            env=env,
+        )
+        return agent.start(ready_timeout)
 
 
 class OperatorProcess:
@@ -115,88 +262,8 @@ class OperatorProcess:
 
 
 def _base_env() -> dict[str, str]:
-    import os
-
     keep = ("PATH", "HOME", "LANG", "TMPDIR", "KPW_CACHE")
     return {k: os.environ[k] for k in keep if k in os.environ}
-
-
-@pytest.fixture(scope="session")
-def crds(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
-    cluster.kubectl("wait", "--for", "condition=Established", "--timeout=30s",
-                    *(f"crd/{name}" for name in CRDS), timeout=40)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    run_dir = tmp_path_factory.mktemp("operator")
-    proc = OperatorProcess(cluster.kubeconfig, run_dir).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        print(f"operator log: {proc.log_path}")
-
-
-@pytest.fixture
-def objects(cluster: Cluster, operator: OperatorProcess, namespace: str) -> Iterator[Objects]:
-    """The test namespace's objects; everything in it is deleted (and waited for) afterwards."""
-    found = Objects(cluster, namespace)
-    yield found
-    found.cleanup()
-
-
-# -- builders ------------------------------------------------------------------------------
-
-
-def virtual_slice(
-    name: str,
-    devices: int,
-    *,
-    island: str | None = None,
-    devices_per_host: int | None = None,
-    max_restarts: int | None = None,
-) -> Manifest:
-    spec: Manifest = {"devices": devices}
-    if island is not None:
-        spec["island"] = island
-    if devices_per_host is not None:
-        spec["devicesPerHost"] = devices_per_host
-    if max_restarts is not None:
-        spec["failurePolicy"] = {"maxRestarts": max_restarts}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "VirtualSlice",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def ref_slice(name: str, ref: str) -> Manifest:
-    return {"name": name, "ref": ref}
-
-
-def inline_slice(name: str, devices: int, **template: Any) -> Manifest:
-    return {"name": name, "template": {"devices": devices, **template}}
-
-
-def program(
-    name: str,
-    entrypoint: str,
-    *slices: Manifest,
-    steps: int = 1,
-    args: Manifest | None = None,
-) -> Manifest:
-    spec: Manifest = {"slices": list(slices), "source": {"entrypoint": entrypoint}, "steps": steps}
-    if args:
-        spec["args"] = args
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "PathwaysProgram",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 # -- reading state ---------------------------------------------------------------------------
@@ -208,8 +275,8 @@ class Objects:
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster = cluster
         self.namespace = namespace
-        self.custom = client.CustomObjectsApi(cluster.api)
-        self.core = client.CoreV1Api(cluster.api)
+        self.custom: Any = client.CustomObjectsApi(cluster.api)
+        self.core: Any = client.CoreV1Api(cluster.api)
 
     def apply(self, manifest: Manifest) -> float:
         """``kubectl apply`` a manifest; returns the monotonic time the command returned."""
