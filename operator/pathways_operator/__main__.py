@@ -60,9 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                         "must start with")
     parser.add_argument("--liveness", default=None,
                         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--metrics-port", type=int,
-                        default=int(os.environ.get("PATHWAYS_METRICS_PORT") or 0),
-                        help="serve Prometheus /metrics on this port; 0: off (PATHWAYS_METRICS_PORT)")
+    parser.add_argument("--metrics-port", type=_metrics_port, default=os.environ.get("PATHWAYS_METRICS_PORT") or "0",
+                        help="serve Prometheus /metrics on this port; 0: off; any: a free port, logged once "
+                        "bound (PATHWAYS_METRICS_PORT)")
     parser.add_argument("--state-dir", type=Path,
                         default=Path(os.environ.get("PATHWAYS_OPERATOR_STATE_DIR", "/tmp/pathways-operator")),
                         help="where program drivers keep progress, results and logs")
@@ -101,6 +101,19 @@ def _env_flag(name: str) -> bool:
     if value in ("1", "true", "yes"):
         return True
     raise SystemExit(f"pathways_operator: {name}={os.environ[name]!r}: expected true or false")
+
+
+ANY_PORT = -1
+"""``--metrics-port any``: bind port 0 and log the port bound."""
+
+
+def _metrics_port(text: str) -> int:
+    word = text.strip().lower()
+    if word == "any":
+        return ANY_PORT
+    if word.isdigit() and int(word) <= 65535:
+        return int(word)
+    raise argparse.ArgumentTypeError(f"expected a port number, 0 (off) or any, got {text!r}")
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -160,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
     metrics = OperatorMetrics(lambda: controller.computations_dispatched)
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        bound = metrics.serve(0 if args.metrics_port == ANY_PORT else args.metrics_port)
+        log.info("serving /metrics on port %d", bound)
     slices = SliceReconciler(
         api,
         controller,

@@ -103,7 +103,7 @@ def operator(
     try:
         yield proc
     finally:
-        proc.stop()
+        proc.close()
         print(f"operator log: {proc.log_path}")
 
 

@@ -4,7 +4,7 @@ CI machines have no Docker engine, so kind is out. Instead ``ControlPlane`` star
 real thing from binaries that ``tests/cluster/toolchain/build.sh`` (``make controlplane``)
 builds through the Go module proxy and caches outside the repository:
 
-1. etcd on two free loopback ports, its data in the run directory;
+1. etcd on loopback port 0 (it logs the client port it got), its data in the run directory;
 2. kube-apiserver on ``https://127.0.0.1:<port>``: a throw-away CA signs its serving
    certificate, an RSA key pair (openssl) signs and verifies service-account tokens, a
    static token file authenticates the admin (group ``system:masters``), the
@@ -15,6 +15,8 @@ builds through the Go module proxy and caches outside the repository:
    ``kube-root-ca.crt`` so in-cluster clients can verify the API server);
 4. kube-scheduler.
 
+The API server, the controller-manager and the scheduler cannot bind port 0 and report
+it; their ports are reserved outside the kernel's ephemeral range (see ``ports``).
 Each is started only after the previous one answers its health endpoint; a component
 that dies or does not become healthy in time raises ``ControlPlaneError`` carrying the
 tail of its log. The kubelet is the one piece that is not real: see ``kubelet``.
@@ -27,23 +29,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
-import socket
 import ssl
-import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from tests.cluster import processes
+from tests.cluster.components import Component, ControlPlaneError
+from tests.cluster.pki import write_kubeconfig, write_pki
+from tests.cluster.ports import ReservedPort, reserve_port
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -55,10 +55,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tests" / "cluster" / "toolchain" / "build.sh"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-
-
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be started or used."""
+ETCD_CLIENT_PORT = re.compile(
+    r'"msg":"serving client traffic insecurely[^\n]*"address":"127\.0\.0\.1:(\d+)"'
+)
+"""etcd's log line for its client listener, with the port that ``:0`` became."""
 
 
 class MissingBinariesError(ControlPlaneError):
@@ -97,142 +97,6 @@ def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
     return found
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class _Component:
-    """One control-plane process: how to start it and how to tell it is healthy."""
-
-    name: str
-    argv: list[str]
-    log: Path
-    health_url: str
-    health_token: str | None = None
-    verify_ca: Path | None = None
-    stop_grace_seconds: float = 10.0
-    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-
-    def start(self) -> None:
-        self.popen = processes.spawn(self.argv, log=self.log, append_log=True)
-
-    def stop(self) -> None:
-        if self.popen is not None:
-            processes.stop(self.popen, self.stop_grace_seconds)
-            self.popen = None
-
-    def failure(self, why: str) -> ControlPlaneError:
-        return ControlPlaneError(
-            f"{self.name} {why}; log {self.log} ends with:\n{processes.log_tail(self.log)}"
-        )
-
-    def wait_healthy(self, timeout: float) -> float:
-        """Polls the health endpoint until it answers 200 "ok"; returns the seconds taken."""
-        start = time.monotonic()
-        deadline = start + timeout
-        if self.verify_ca is not None:
-            context = ssl.create_default_context(cafile=str(self.verify_ca))
-        else:  # the component's own self-signed serving certificate
-            context = ssl._create_unverified_context()
-        headers = {"Authorization": f"Bearer {self.health_token}"} if self.health_token else {}
-        last = "no answer yet"
-        while True:
-            assert self.popen is not None
-            code = self.popen.poll()
-            if code is not None:
-                raise self.failure(f"exited with status {code} while starting")
-            try:
-                req = urllib.request.Request(self.health_url, headers=headers)
-                with urllib.request.urlopen(req, timeout=2.0, context=context) as resp:
-                    body = resp.read().decode("utf-8", "replace")
-                    if resp.status == 200 and ("ok" in body or '"health":"true"' in body):
-                        return time.monotonic() - start
-                    last = f"HTTP {resp.status}: {body[:200]}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}: {e.read()[:300].decode('utf-8', 'replace')}"
-            except (OSError, ssl.SSLError) as e:
-                last = str(e)
-            if not processes.wait_until(deadline, 0.2):
-                raise self.failure(
-                    f"not healthy at {self.health_url} within {timeout:.0f} s (last: {last})"
-                )
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(
-        ["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
-    )
-    if result.returncode != 0:
-        raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{result.stderr}")
-
-
-def _write_pki(pki: Path) -> None:
-    """CA, API server serving certificate (for 127.0.0.1) and the service-account key pair."""
-    if shutil.which("openssl") is None:
-        raise ControlPlaneError("the cluster test tier needs the `openssl` command")
-    pki.mkdir(parents=True, exist_ok=True)
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-        "-days", "7", "-subj", "/CN=kube-pathways-test-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-        cwd=pki,
-    )  # fmt: skip
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out",
-        "apiserver.csr", "-subj", "/CN=kube-apiserver",
-        cwd=pki,
-    )  # fmt: skip
-    (pki / "apiserver.ext").write_text(
-        "basicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid,issuer\n"
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-        "DNS:kubernetes.default.svc.cluster.local\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "apiserver.crt", "-days", "7", "-extfile", "apiserver.ext",
-        cwd=pki,
-    )  # fmt: skip
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-
-
-def write_kubeconfig(path: Path, *, server: str, ca: Path, token: str, user: str) -> Path:
-    """A self-contained kubeconfig (CA inlined) that kubectl and the python client read."""
-    import base64
-
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "kube-pathways-test",
-                "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode(),
-                },
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": user, "context": {"cluster": "kube-pathways-test", "user": user}}],
-        "current-context": user,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    path.chmod(0o600)
-    return path
-
-
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler on loopback.
 
@@ -252,10 +116,11 @@ class ControlPlane:
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="kpw-cp-"))
         self.start_timeout = start_timeout
-        self.apiserver_port = free_port()
+        self._ports: list[ReservedPort] = []
+        self.apiserver_port = self._reserve().port
         self.server = f"https://127.0.0.1:{self.apiserver_port}"
         self.admin_token = secrets.token_hex(16)
-        self._components: dict[str, _Component] = {}
+        self._components: dict[str, Component] = {}
         self._started = False
         self.startup_seconds: dict[str, float] = {}
 
@@ -283,12 +148,7 @@ class ControlPlane:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def start(self) -> ControlPlane:
@@ -298,7 +158,7 @@ class ControlPlane:
         try:
             self._prepare()
             for name in COMPONENTS:
-                component = self._components[name]
+                component = self._components[name] = self._component(name)
                 component.start()
                 self.startup_seconds[name] = component.wait_healthy(self.start_timeout)
             started = time.monotonic()
@@ -315,6 +175,9 @@ class ControlPlane:
             component = self._components.get(name)
             if component is not None:
                 component.stop()
+        for reservation in self._ports:
+            reservation.release()
+        self._ports.clear()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -326,6 +189,8 @@ class ControlPlane:
         comp = self._components[component]
         comp.stop()
         time.sleep(max(0.0, down_seconds))
+        if comp.port is not None:  # it bound port 0 first: its clients know the port it got
+            comp.argv = self._etcd(comp.port).argv
         comp.start()
         comp.wait_healthy(self.start_timeout)
 
@@ -430,9 +295,10 @@ class ControlPlane:
     # -- configuration ------------------------------------------------------------------
 
     def _prepare(self) -> None:
+        """Credentials and kubeconfigs; the components are made as their turn comes."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        _write_pki(self.pki_dir)
+        write_pki(self.pki_dir)
         pki = self.pki_dir
         tokens = {
             "admin": (self.admin_token, "admin", "system:masters"),
@@ -447,49 +313,58 @@ class ControlPlane:
             "".join(f'{tok},{user},{user},"{groups}"\n' for tok, user, groups in tokens.values())
         )
         (pki / "tokens.csv").chmod(0o600)
-        write_kubeconfig(
-            self.kubeconfig,
-            server=self.server,
-            ca=self.ca_file,
-            token=self.admin_token,
-            user="admin",
-        )
-        kubeconfigs = {
-            name: write_kubeconfig(
-                self.run_dir / f"{name}.kubeconfig",
-                server=self.server,
-                ca=self.ca_file,
-                token=tokens[name][0],
-                user=tokens[name][1],
-            )
-            for name in ("kube-controller-manager", "kube-scheduler")
-        }
+        for name, (token, user, _) in tokens.items():
+            path = self.kubeconfig if name == "admin" else self.run_dir / f"{name}.kubeconfig"
+            write_kubeconfig(path, server=self.server, ca=self.ca_file, token=token, user=user)
 
-        etcd_client, etcd_peer = free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{etcd_client}"
-        b = self._binaries
-        self._components["etcd"] = _Component(
+    def _component(self, name: str) -> Component:
+        if name == "etcd":
+            return self._etcd()
+        if name == "kube-apiserver":
+            return self._apiserver(self._components["etcd"].port)
+        if name == "kube-controller-manager":
+            return self._secondary(name, [
+                "--controllers=*,-nodeipam,-nodelifecycle",
+                "--use-service-account-credentials",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={self.pki_dir / 'sa.key'}",
+                f"--root-ca-file={self.pki_dir / 'ca.crt'}",
+                f"--cluster-signing-cert-file={self.pki_dir / 'ca.crt'}",
+                f"--cluster-signing-key-file={self.pki_dir / 'ca.key'}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            ])  # fmt: skip
+        return self._secondary(name, ["--leader-elect=false"])
+
+    def _etcd(self, client_port: int = 0) -> Component:
+        """etcd on port 0 (client and peer); it logs the client port it got."""
+        any_port = "http://127.0.0.1:0"
+        client_url = f"http://127.0.0.1:{client_port}"
+        return Component(
             name="etcd",
             argv=[
-                str(b["etcd"]),
+                str(self._binaries["etcd"]),
                 "--name=kpw-test",
                 f"--data-dir={self.run_dir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-cluster=kpw-test=http://127.0.0.1:{etcd_peer}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={any_port}",
+                f"--initial-advertise-peer-urls={any_port}",
+                f"--initial-cluster=kpw-test={any_port}",
                 "--unsafe-no-fsync",
-                "--log-level=warn",
+                "--log-level=info",  # the line that reports the client port is at info
             ],
             log=self.log_file("etcd"),
-            health_url=f"{etcd_url}/health",
+            health_url="http://127.0.0.1:{port}/health",
+            reports_port=ETCD_CLIENT_PORT,
         )
-        self._components["kube-apiserver"] = _Component(
+
+    def _apiserver(self, etcd_port: int | None) -> Component:
+        pki = self.pki_dir
+        return Component(
             name="kube-apiserver",
             argv=[
-                str(b["kube-apiserver"]),
-                f"--etcd-servers={etcd_url}",
+                str(self._binaries["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={self.apiserver_port}",
@@ -517,48 +392,33 @@ class ControlPlane:
             # connections until its 60 s shutdown timeout; nothing is lost by not waiting.
             stop_grace_seconds=2.0,
         )
-        kcm_port, sched_port = free_port(), free_port()
-        kcm_kc = str(kubeconfigs["kube-controller-manager"])
-        self._components["kube-controller-manager"] = _Component(
-            name="kube-controller-manager",
+
+    def _secondary(self, name: str, flags: list[str]) -> Component:
+        """kube-controller-manager or kube-scheduler: a client of the API server."""
+        port = self._reserve().port
+        kubeconfig = self.run_dir / f"{name}.kubeconfig"
+        short = "kcm" if name == "kube-controller-manager" else "scheduler"
+        return Component(
+            name=name,
             argv=[
-                str(b["kube-controller-manager"]),
-                f"--kubeconfig={kcm_kc}",
-                f"--authentication-kubeconfig={kcm_kc}",
-                f"--authorization-kubeconfig={kcm_kc}",
+                str(self._binaries[name]),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={kcm_port}",
-                f"--cert-dir={self.run_dir / 'kcm-certs'}",
-                "--controllers=*,-nodeipam,-nodelifecycle",
-                "--use-service-account-credentials",
-                "--leader-elect=false",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-                f"--cluster-signing-key-file={pki / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                f"--secure-port={port}",
+                f"--cert-dir={self.run_dir / f'{short}-certs'}",
+                *flags,
                 "--profiling=false",
             ],
-            log=self.log_file("kube-controller-manager"),
-            health_url=f"https://127.0.0.1:{kcm_port}/healthz",
+            log=self.log_file(name),
+            health_url=f"https://127.0.0.1:{port}/healthz",
         )
-        sched_kc = str(kubeconfigs["kube-scheduler"])
-        self._components["kube-scheduler"] = _Component(
-            name="kube-scheduler",
-            argv=[
-                str(b["kube-scheduler"]),
-                f"--kubeconfig={sched_kc}",
-                f"--authentication-kubeconfig={sched_kc}",
-                f"--authorization-kubeconfig={sched_kc}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={sched_port}",
-                f"--cert-dir={self.run_dir / 'scheduler-certs'}",
-                "--leader-elect=false",
-                "--profiling=false",
-            ],
-            log=self.log_file("kube-scheduler"),
-            health_url=f"https://127.0.0.1:{sched_port}/healthz",
-        )
+
+    def _reserve(self) -> ReservedPort:
+        reservation = reserve_port()
+        self._ports.append(reservation)
+        return reservation
 
 
 def main() -> None:

@@ -8,9 +8,10 @@ this module only for the types and for ``condition``:
   logs), bounded polling, per-test namespaces, and ``start_agent`` for tests that need
   Nodes of their own.
 * ``OperatorProcess``: ``python -m pathways_operator --all-namespaces`` against that
-  cluster, with its controller on port 0 and kopf's liveness endpoint as its readiness
-  signal. ``restart(kill=True)`` SIGKILLs it and starts a new one on the same state
-  directory, which is what an operator pod restart looks like.
+  cluster, with its controller and metrics on port 0 (the metrics port read back from
+  its log) and kopf's liveness endpoint, on a reserved port, as its readiness signal.
+  ``restart(kill=True)`` SIGKILLs it and starts a new one on the same state directory,
+  which is what an operator pod restart looks like.
 * ``Objects``: the VirtualSlices, PathwaysPrograms, pods and Events of one test
   namespace, with bounded waits for phases and Events that print the operator's log
   when they time out.
@@ -43,14 +44,17 @@ from kubernetes.client import ApiClient
 
 from tests.cluster import processes
 from tests.cluster.builders import GROUP, VERSION, Manifest
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, free_port
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane
 from tests.cluster.kubelet import NodeAgentProcess, NodeSpec, container_log_path
+from tests.cluster.ports import ReservedPort, reserve_port
 
 T = TypeVar("T")
 CRDS = ("virtualslices.pathways.dev", "pathwaysprograms.pathways.dev")
 READY_TIMEOUT_S = 60.0
 ALLOWED_ENTRYPOINTS = "examples.,tests.cluster.faulty_programs:"
 """The examples, and the misbehaving entrypoints of ``faulty_programs``."""
+METRICS_PORT = re.compile(r"serving /metrics on port (\d+)")
+"""What the operator logs once ``--metrics-port any`` is bound."""
 
 
 @dataclass
@@ -202,23 +206,27 @@ class OperatorProcess:
         self.liveness_port = 0
         self.metrics_port = 0
         self.starts = 0
+        self._liveness: ReservedPort | None = None
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> OperatorProcess:
-        self.liveness_port = free_port()
-        self.metrics_port = free_port()
+        if self._liveness is None:  # kopf cannot bind port 0 (see ``ports``); kept across restarts
+            self._liveness = reserve_port()
+        self.liveness_port = self._liveness.port
+        self.metrics_port = 0
         argv = [
             sys.executable, "-m", "pathways_operator", "--all-namespaces",
             "--controller-listen", "127.0.0.1:0",
             "--state-dir", str(self.state_dir),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
-            "--metrics-port", str(self.metrics_port),
+            "--metrics-port", "any",
             "--allowed-entrypoints", ALLOWED_ENTRYPOINTS,
             *self.extra_args,
-        ]
+        ]  # fmt: skip
         env = {**_base_env(), "KUBECONFIG": str(self.kubeconfig), "PATHWAYS_LOG_LEVEL": "INFO"}
         self.starts += 1
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== operator start #{self.starts} =====\n".encode())
+            since = log.tell()
         self.process = processes.spawn(argv, log=self.log_path, env=env, cwd=REPO_ROOT, append_log=True)
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.liveness_port}/healthz"
@@ -227,13 +235,28 @@ class OperatorProcess:
                 raise AssertionError(
                     f"the operator exited with {self.process.returncode} while starting:\n{self.log_tail()}"
                 )
+            self.metrics_port = self.metrics_port or self._reported_metrics_port(since)
             try:
                 with urllib.request.urlopen(url, timeout=2) as reply:
-                    if reply.status == 200:
+                    if reply.status == 200 and self.metrics_port:
                         return self
             except (urllib.error.URLError, OSError):
                 continue
         raise AssertionError(f"the operator was not live within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def _reported_metrics_port(self, since: int) -> int:
+        """The port ``--metrics-port any`` bound, from the log this start wrote (0: not yet)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(since)
+            found = METRICS_PORT.search(log.read().decode("utf-8", "replace"))
+        return int(found.group(1)) if found else 0
+
+    def close(self) -> None:
+        """Stops the operator for good and gives back its liveness port."""
+        self.stop()
+        if self._liveness is not None:
+            self._liveness.release()
+            self._liveness = None
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:

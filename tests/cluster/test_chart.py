@@ -39,9 +39,10 @@ import yaml
 from kubernetes import client
 
 from tests.cluster import processes
-from tests.cluster.controlplane import REPO_ROOT, cache_dir, free_port
+from tests.cluster.controlplane import REPO_ROOT, cache_dir
 from tests.cluster.harness import Cluster
 from tests.cluster.kubelet.pod_env import expand
+from tests.cluster.ports import reserve_port
 
 CHART = REPO_ROOT / "helm" / "kube-pathways"
 BUILD_HELM = REPO_ROOT / "tests" / "cluster" / "toolchain" / "build_helm.sh"
@@ -337,13 +338,14 @@ def test_operator_from_rendered_deployment_runs_a_program(
     if not (REPO_ROOT / "operator" / "pathways_operator" / "__main__.py").exists():
         pytest.fail("the operator (`python -m pathways_operator`, issue 4) is not there yet", pytrace=False)
     release = f"kp-{secrets.token_hex(3)}"
-    liveness = free_port()
+    # The chart's ports are fixed numbers (1-65535): reserved ones, held until the session ends.
+    liveness = reserve_port().port
     docs = helm.template(
         release, namespace,
         f"operator.watchNamespace={namespace}",
-        f"operator.controllerPort={free_port()}",
+        f"operator.controllerPort={reserve_port().port}",
         f"operator.livenessPort={liveness}",
-        f"metrics.port={free_port()}",
+        f"metrics.port={reserve_port().port}",
     )  # fmt: skip
     deployment = by_kind(docs, "Deployment")
     try:

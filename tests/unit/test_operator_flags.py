@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pathways_operator.__main__ import _parser, main
+from pathways_operator.__main__ import ANY_PORT, _parser, main
 
 
 def test_system_priority_classes_are_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,3 +28,16 @@ def test_malformed_worker_resources_stop_the_operator_naming_the_quantity(capsys
         main(["--worker-resources", '{"requests": {"cpu": "lots"}}'])
     assert stopped.value.code == 2
     assert "--worker-resources.requests.cpu: 'lots' is not a Kubernetes quantity" in capsys.readouterr().err
+
+
+def test_metrics_port_any_asks_for_a_free_port_and_a_bad_one_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PATHWAYS_METRICS_PORT", raising=False)
+    assert _parser().parse_args([]).metrics_port == 0
+    assert _parser().parse_args(["--metrics-port", "any"]).metrics_port == ANY_PORT
+    monkeypatch.setenv("PATHWAYS_METRICS_PORT", "9100")
+    assert _parser().parse_args([]).metrics_port == 9100
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--metrics-port", "http"])
+    assert "--metrics-port: expected a port number, 0 (off) or any, got 'http'" in capsys.readouterr().err

@@ -102,6 +102,8 @@ class OperatorMetrics(Collector):
             value=self._computations(),
         )
 
-    def serve(self, port: int) -> None:
-        """Serve ``/metrics`` on ``port`` (all interfaces) from a background thread."""
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int) -> int:
+        """Serve ``/metrics`` on ``port`` (all interfaces; 0: any free port) from a background
+        thread; returns the port bound."""
+        server, _ = start_http_server(port, registry=self.registry)
+        return int(server.server_port)
