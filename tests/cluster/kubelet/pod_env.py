@@ -1,8 +1,8 @@
 """What a container sees of its pod: environment, ``$(VAR)`` expansion, downward API.
 
-The node agent runs containers as local processes, so it must build their environment
-the way the kubelet does, or code that works here would break on a real node (and the
-other way round):
+The test node agent is a stand-in for the kubelet, not a kubelet: it runs containers as
+local processes, so it must build their environment the way the kubelet does, or code
+that works here would break on a real node (and the other way round):
 
 * a small "image" environment (``PATH``, ``HOME``, ``LANG``, ``HOSTNAME``) -- nothing else
   of the agent's own environment leaks in, so a pod cannot accidentally use the test

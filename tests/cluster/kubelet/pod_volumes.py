@@ -1,6 +1,7 @@
 """Pod volumes for containers that are plain local processes.
 
-The node agent materializes each volume of a pod as a directory of its own:
+The test node agent, a stand-in for the kubelet and not a kubelet, materializes each
+volume of a pod as a directory of its own:
 ``emptyDir`` (on ``/dev/shm`` when ``medium: Memory``, so shared-memory transport between
 a pod's containers behaves as on a node), ``secret``, ``configMap``, ``downwardAPI`` and
 ``projected`` (including the bound ``serviceAccountToken`` that every pod gets through the
