@@ -77,27 +77,14 @@ class Cluster:
         """The default agent's state directory (``pods/<ns>_<pod>/<container>.log``)."""
         return self.agent.state_dir
 
-    # The client's models type every field Optional; tests read them freely, so the API
-    # handles are typed Any here rather than asserting non-None at every step.
-    @property
-    def core(self) -> Any:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def apps(self) -> Any:
-        return client.AppsV1Api(self.api)
-
-    @property
-    def apiextensions(self) -> Any:
-        return client.ApiextensionsV1Api(self.api)
-
-    @property
-    def custom(self) -> Any:
-        return client.CustomObjectsApi(self.api)
-
-    @property
-    def coordination(self) -> Any:
-        return client.CoordinationV1Api(self.api)
+    def __post_init__(self) -> None:
+        # The client's models type every field Optional; tests read them freely, so the
+        # API handles are typed Any rather than asserting non-None at every step.
+        self.core: Any = client.CoreV1Api(self.api)
+        self.apps: Any = client.AppsV1Api(self.api)
+        self.apiextensions: Any = client.ApiextensionsV1Api(self.api)
+        self.custom: Any = client.CustomObjectsApi(self.api)
+        self.coordination: Any = client.CoordinationV1Api(self.api)
 
     def kubectl(
         self,
@@ -387,6 +374,18 @@ class Objects:
         return self.cluster.poll(posted, timeout=timeout, interval=0.25,
                                  what=f"Event {reason!r} about {name} (seen: "
                                       f"{[(e.reason, e.message) for e in self.events(name)]})")
+
+    def wait_steps(
+        self, name: str, steps: int, timeout: float, *, interval: float = 0.5, what: str = ""
+    ) -> None:
+        """Waits until program ``name`` is Running with at least ``steps`` steps completed."""
+
+        def progressed() -> bool:
+            status = self.program(name).get("status") or {}
+            return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= steps
+
+        what = what or f"{name} at step {steps}"
+        self.cluster.poll(progressed, timeout=timeout, interval=interval, what=what)
 
     def wait_slice(self, name: str, phase: str, timeout: float, operator: OperatorProcess) -> Manifest:
         def reached() -> Manifest | None:

@@ -233,38 +233,38 @@ def test_applied_chart_creates_every_object_and_the_operator_pod(cluster: Cluste
     assert pod.spec.service_account_name == installed.serviceaccount
 
 
-CAN = [
-    ("create", "pods", "binding", ""),
-    ("create", "pods", "", ""),
-    ("delete", "pods", "", ""),
-    ("watch", "pods", "", "-A"),
-    ("patch", "virtualslices.pathways.dev", "status", ""),
-    ("patch", "pathwaysprograms.pathways.dev", "status", ""),
-    ("create", "virtualslices.pathways.dev", "", ""),
-    ("list", "nodes", "", ""),
-    ("create", "events", "", ""),
-    ("get", "configmaps", "", ""),
-    ("create", "secrets", "", ""),
-    ("get", "secrets", "", ""),
-    ("delete", "secrets", "", ""),
-    ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", ""),
-    ("list", "priorityclasses.scheduling.k8s.io", "", ""),
+RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAccount may
+    ("create", "pods", "binding", "", True),
+    ("create", "pods", "", "", True),
+    ("delete", "pods", "", "", True),
+    ("watch", "pods", "", "-A", True),
+    ("patch", "virtualslices.pathways.dev", "status", "", True),
+    ("patch", "pathwaysprograms.pathways.dev", "status", "", True),
+    ("create", "virtualslices.pathways.dev", "", "", True),
+    ("list", "nodes", "", "", True),
+    ("create", "events", "", "", True),
+    ("get", "configmaps", "", "", True),
+    ("create", "secrets", "", "", True),
+    ("get", "secrets", "", "", True),
+    ("delete", "secrets", "", "", True),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
+    ("list", "priorityclasses.scheduling.k8s.io", "", "", True),
+    ("list", "secrets", "", "-A", False),
+    ("list", "secrets", "", "", False),
+    ("watch", "secrets", "", "-A", False),
+    ("update", "secrets", "", "", False),
+    ("patch", "secrets", "", "", False),
+    ("delete", "deployments.apps", "", "", False),
+    ("create", "deployments.apps", "", "", False),
+    ("patch", "nodes", "", "", False),
+    ("create", "pods", "exec", "", False),
+    ("delete", "configmaps", "", "", False),
+    ("list", "namespaces", "", "", False),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", "", False),
+    ("create", "leases.coordination.k8s.io", "", "", False),
 ]
-CANNOT = [
-    ("list", "secrets", "", "-A"),
-    ("list", "secrets", "", ""),
-    ("watch", "secrets", "", "-A"),
-    ("update", "secrets", "", ""),
-    ("patch", "secrets", "", ""),
-    ("delete", "deployments.apps", "", ""),
-    ("create", "deployments.apps", "", ""),
-    ("patch", "nodes", "", ""),
-    ("create", "pods", "exec", ""),
-    ("delete", "configmaps", "", ""),
-    ("list", "namespaces", "", ""),
-    ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", ""),
-    ("create", "leases.coordination.k8s.io", "", ""),
-]
+CAN = [rule[:4] for rule in RBAC if rule[4]]
+CANNOT = [rule[:4] for rule in RBAC if not rule[4]]
 
 
 def can_i(cluster: Cluster, installed: Installed, verb: str, resource: str, sub: str, scope: str) -> bool:

@@ -42,11 +42,7 @@ def results(objects: Objects, done: dict[str, Any]) -> dict[str, Any]:
 
 
 def wait_steps(objects: Objects, name: str, steps: int) -> None:
-    def progressed() -> bool:
-        status = objects.program(name).get("status") or {}
-        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= steps
-
-    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.3, what=f"{name} at step {steps}")
+    objects.wait_steps(name, steps, PROGRAM_DONE_S, interval=0.3)
 
 
 def finished(objects: Objects, operator: OperatorProcess, name: str) -> dict[str, Any]:

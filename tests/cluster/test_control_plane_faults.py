@@ -58,11 +58,7 @@ def test_operator_killed_during_gang_launch_and_mid_program(objects: Objects, op
     objects.cluster.poll(launching, timeout=60, interval=0.1, what="the gang's first pod")
     operator.restart(kill=True)  # mid-launch: some pods may exist, none ready
 
-    def progressed() -> bool:
-        status = objects.program("twice").get("status") or {}
-        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
-
-    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    objects.wait_steps("twice", 2, PROGRAM_DONE_S, what="program mid-run")
     _one_pod_per_host(objects, "twice-main", 2)
     pods_before = objects.pod_uids("pathways.dev/slice=twice-main")
     operator.restart(kill=True)
@@ -80,11 +76,7 @@ def test_api_server_restart_mid_program(objects: Objects, operator: OperatorProc
     objects.apply(program("outage", "examples.programs:paper_example", inline_slice("main", 4),
                           steps=10, args={"step_seconds": 0.5}))
 
-    def progressed() -> bool:
-        status = objects.program("outage").get("status") or {}
-        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
-
-    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    objects.wait_steps("outage", 2, PROGRAM_DONE_S, what="program mid-run")
     down = time.monotonic()
     objects.cluster.control_plane.restart("kube-apiserver", down_seconds=3.0)
     print(f"\nkube-apiserver back after {time.monotonic() - down:.1f} s")

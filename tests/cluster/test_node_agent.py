@@ -35,12 +35,18 @@ IN_CLUSTER_WHOAMI = (
 )
 
 
+def greeting_config(cluster: Cluster, namespace: str) -> Any:
+    """Creates the ConfigMap ``harness`` (greeting: hello) that pods mount; returns the core API."""
+    core = cluster.core
+    core.create_namespaced_config_map(namespace, configmap("harness", {"greeting": "hello"}))
+    return core
+
+
 @pytest.mark.timeout(60, func_only=True)
 def test_in_cluster_client_uses_projected_token_and_sees_config_volume(
     cluster: Cluster, namespace: str
 ) -> None:
-    core = cluster.core
-    core.create_namespaced_config_map(namespace, configmap("harness", {"greeting": "hello"}))
+    core = greeting_config(cluster, namespace)
     body = pod(
         "whoami",
         container(
@@ -102,8 +108,7 @@ def test_init_container_runs_first_and_on_failure_restarts(
 def test_extra_agent_serves_its_island_with_rewritten_mount_paths(
     cluster: Cluster, namespace: str
 ) -> None:
-    core = cluster.core
-    core.create_namespaced_config_map(namespace, configmap("harness", {"greeting": "hello"}))
+    core = greeting_config(cluster, namespace)
     script = "import os, sys; print(open(sys.argv[1]).read(), os.environ['CONF'], os.environ['KPW_MOUNT_ETC_HARNESS_CONFIG'])"
     body = pod(
         "rewritten",

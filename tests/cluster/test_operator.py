@@ -208,11 +208,7 @@ def test_program_survives_gang_recreation(objects: Objects, operator: OperatorPr
     objects.apply(program("steady", "examples.programs:paper_example", ref_slice("main", "shared"),
                           steps=12, args={"step_seconds": 0.5}))
 
-    def progressed() -> bool:
-        status = objects.program("steady").get("status") or {}
-        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
-
-    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    objects.wait_steps("steady", 2, PROGRAM_DONE_S, what="program mid-run")
     objects.core.delete_namespaced_pod("shared-1", objects.namespace)
 
     done = objects.wait_program("steady", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
@@ -243,11 +239,7 @@ def test_operator_restart_mid_program_changes_nothing(objects: Objects, operator
     objects.apply(program("durable", "examples.programs:paper_example", inline_slice("main", 8),
                           steps=10, args={"step_seconds": 0.5}))
 
-    def progressed() -> bool:
-        status = objects.program("durable").get("status") or {}
-        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
-
-    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    objects.wait_steps("durable", 2, PROGRAM_DONE_S, what="program mid-run")
     pods_before = objects.pod_uids("pathways.dev/slice=durable-main")
     assert len(pods_before) == 2
 
@@ -349,11 +341,7 @@ def test_program_survives_a_killed_host_process(
     objects.apply(program("enduring", "examples.programs:paper_example", ref_slice("main", "victim"),
                           steps=8, args={"step_seconds": 0.5}))
 
-    def progressed() -> bool:
-        status = objects.program("enduring").get("status") or {}
-        return status.get("phase") == "Running" and status.get("stepsCompleted", 0) >= 2
-
-    objects.cluster.poll(progressed, timeout=PROGRAM_DONE_S, interval=0.5, what="program mid-run")
+    objects.wait_steps("enduring", 2, PROGRAM_DONE_S, what="program mid-run")
     host = objects.slice("victim")["status"]["hosts"][1]
     pid = _container_pid(host["podIP"], module)
     assert pid is not None, f"no {module} process for {host['pod']}"

@@ -30,6 +30,12 @@ def failed(objects: Objects, operator: OperatorProcess, name: str) -> dict[str, 
     return done
 
 
+def run_faulty(objects: Objects, operator: OperatorProcess, name: str, entrypoint: str) -> dict[str, Any]:
+    """Runs ``faulty_programs:<entrypoint>`` on a 1-device inline slice; returns it Failed."""
+    objects.apply(program(name, f"{FAULTY}:{entrypoint}", inline_slice("main", 1)))
+    return failed(objects, operator, name)
+
+
 def slice_released(objects: Objects, name: str) -> None:
     objects.cluster.poll(
         lambda: objects.get("virtualslices", name) is None and not objects.pods(f"pathways.dev/slice={name}"),
@@ -50,8 +56,7 @@ def workdir(objects: Objects, operator: OperatorProcess, name: str) -> Path:
 def test_program_that_raises_fails_at_once_with_its_log_once_and_releases_its_slice(
     objects: Objects, operator: OperatorProcess
 ) -> None:
-    objects.apply(program("raiser", f"{FAULTY}:raises", inline_slice("main", 1)))
-    done = failed(objects, operator, "raiser")
+    done = run_faulty(objects, operator, "raiser", "raises")
     message = condition(done, "Failed")["message"]
     assert condition(done, "Failed")["reason"] == "ComputationFailed"
     assert "Traceback (most recent call last)" in message
@@ -66,8 +71,7 @@ def test_program_that_raises_fails_at_once_with_its_log_once_and_releases_its_sl
 def test_results_the_api_server_refuses_fail_the_program_and_release_its_slice(
     objects: Objects, operator: OperatorProcess
 ) -> None:
-    objects.apply(program("forger", f"{FAULTY}:forges_results", inline_slice("main", 1)))
-    done = failed(objects, operator, "forger")
+    done = run_faulty(objects, operator, "forger", "forges_results")
     refused = condition(done, "Failed")
     assert refused["reason"] == "ResultsNotStored"
     assert "the API server refused its results" in refused["message"]

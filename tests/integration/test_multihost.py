@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from tests.integration.two_islands import cross_island_move
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,15 +44,7 @@ def test_pmap_psum_across_two_hosts(runtime: pw.Runtime) -> None:
 
 
 def test_cross_island_transfer(runtime: pw.Runtime) -> None:
-    ds = pw.make_virtual_device_set()
-    left = ds.add_slice(devices=8, island="island-a")
-    right = ds.add_slice(devices=4, island="island-b")
-    produce = pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x"))
-    consume = pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P())
-
-    @pw.program
-    def move(v):  # type: ignore[no-untyped-def]
-        return consume(produce(v))
+    left, right, move = cross_island_move(8, 4)
 
     x = np.arange(64, dtype=np.float32).reshape(16, 4)
     np.testing.assert_allclose(move(x), x * 3.0 + 1.0)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pathways as pw
+from tests.paper_program import paper_program
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -17,16 +18,8 @@ def get_devices(n: int) -> list[pw.VirtualDevice]:
 
 
 def test_paper_example(runtime: pw.Runtime) -> None:
-    a = pw.pmap(lambda x: x * 2.0, devices=get_devices(2))
-    b = pw.pmap(lambda x: x + 1.0, devices=get_devices(2))
-    c = pw.pmap(lambda x: x / 2.0, devices=get_devices(2))
-
-    @pw.program
-    def f(v):  # type: ignore[no-untyped-def]
-        x = a(v)
-        y = b(x)
-        z = a(c(x))
-        return (y, z)
+    paper = paper_program(get_devices)
+    a, b, c, f = paper.a, paper.b, paper.c, paper.f
 
     y, z = f(numpy.array([1.0, 2.0]))
     np.testing.assert_allclose(y, [3.0, 5.0])

@@ -12,16 +12,15 @@ shows no tokens to anyone.
 from __future__ import annotations
 
 import grpc
-import jax
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import pathways as pw
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
+from tests.integration.two_islands import cross_island_move
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,15 +35,7 @@ def _put(address: str, token: str) -> int:
 
 
 def test_tokens_flow_end_to_end_and_other_slices_are_refused(runtime: pw.Runtime) -> None:
-    ds = pw.make_virtual_device_set()
-    left = ds.add_slice(devices=4, island="island-a")
-    right = ds.add_slice(devices=4, island="island-b")
-    produce = pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x"))
-    consume = pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P())
-
-    @pw.program
-    def move(v: jax.Array) -> jax.Array:
-        return consume(produce(v))
+    left, right, move = cross_island_move(4, 4)
 
     x = np.arange(256 * 128, dtype=np.float32).reshape(256, 128)  # 128 KiB: Put and Fetch
     np.testing.assert_allclose(move(x), x * 3.0 + 1.0)

@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from tests.paper_program import paper_program
 from pathways_wire import ir
 
 
@@ -16,16 +17,8 @@ def devices(n: int) -> list[pw.VirtualDevice]:
 
 
 def test_paper_program_traces_into_four_computations_over_three_slices() -> None:
-    a = pw.pmap(lambda x: x * 2.0, devices=devices(2))
-    b = pw.pmap(lambda x: x + 1.0, devices=devices(2))
-    c = pw.pmap(lambda x: x / 2.0, devices=devices(2))
-
-    @pw.program
-    def f(v):  # type: ignore[no-untyped-def]
-        x = a(v)
-        y = b(x)
-        z = a(c(x))
-        return (y, z)
+    paper = paper_program(devices)
+    a, b, c, f = paper.a, paper.b, paper.c, paper.f
 
     traced = f.trace(np.array([1.0, 2.0]))
     prog = traced.ir

@@ -17,17 +17,9 @@ bin="$cache/k8s-${K8S_VERSION}/bin"
 
 log() { echo "[controlplane build $(date +%H:%M:%S)] $*"; }
 
-if ! command -v go >/dev/null 2>&1; then
-  for candidate in /usr/local/go/bin "$HOME/go/bin" /usr/lib/go/bin; do
-    if [ -x "$candidate/go" ]; then PATH="$PATH:$candidate"; break; fi
-  done
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "build.sh: 'go' not found. The cluster test tier builds etcd and Kubernetes" >&2
-  echo "${K8S_VERSION} from source: install Go >= 1.24 (https://go.dev/dl/) and re-run" >&2
-  echo "'make controlplane'." >&2
-  exit 2
-fi
+# shellcheck source=require_go.sh
+. "$here/require_go.sh"
+require_go "The cluster test tier builds etcd and Kubernetes ${K8S_VERSION}" 1.24 controlplane
 log "using $(go version)"
 
 # A binary is good when it runs and reports the pinned version.

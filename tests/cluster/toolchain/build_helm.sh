@@ -27,16 +27,9 @@ if is_good; then
   exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-  for candidate in /usr/local/go/bin "$HOME/go/bin" /usr/lib/go/bin; do
-    if [ -x "$candidate/go" ]; then PATH="$PATH:$candidate"; break; fi
-  done
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "build_helm.sh: 'go' not found. The chart tests build helm ${HELM_VERSION} from" >&2
-  echo "source: install Go >= 1.26 (https://go.dev/dl/) and re-run 'make helm'." >&2
-  exit 2
-fi
+# shellcheck source=require_go.sh
+. "$(cd "$(dirname "$0")" && pwd)/require_go.sh"
+require_go "The chart tests build helm ${HELM_VERSION}" 1.26 helm
 log "helm ${HELM_VERSION}: building with $(go version) (about 3 minutes cold)"
 start=$SECONDS
 
