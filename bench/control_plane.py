@@ -107,7 +107,7 @@ def _not_run(hosts: Sequence[int], why: str) -> list[Figure]:
 def _missing_harness() -> str | None:
     """Why the cluster half cannot start here, or None."""
     try:
-        from tests.cluster.controlplane import MissingBinariesError, find_binaries
+        from tests.cluster.binaries import MissingBinariesError, find_binaries
     except ImportError as err:  # pytest or the kubernetes client missing
         return f"the cluster harness does not import ({err})"
     try:

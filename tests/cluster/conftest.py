@@ -24,7 +24,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, MissingBinariesError, find_binaries
+from tests.cluster.binaries import MissingBinariesError, find_binaries
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane
 from tests.cluster.harness import CRDS, Cluster, Objects, OperatorProcess
 from tests.cluster.kubelet import NodeAgentProcess, NodeSpec
 

@@ -28,7 +28,6 @@ Processes run in their own sessions and die with their parent (see ``processes``
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tests.cluster import processes
+from tests.cluster.binaries import COMPONENTS, find_binaries
 from tests.cluster.components import Component, ControlPlaneError
 from tests.cluster.pki import write_kubeconfig, write_pki
 from tests.cluster.ports import ReservedPort, reserve_port
@@ -48,53 +48,13 @@ from tests.cluster.ports import ReservedPort, reserve_port
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-K8S_VERSION = "v1.34.4"
-ETCD_VERSION = "3.6.6"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tests" / "cluster" / "toolchain" / "build.sh"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ETCD_CLIENT_PORT = re.compile(
     r'"msg":"serving client traffic insecurely[^\n]*"address":"127\.0\.0\.1:(\d+)"'
 )
 """etcd's log line for its client listener, with the port that ``:0`` became."""
-
-
-class MissingBinariesError(ControlPlaneError):
-    """The control-plane binaries have not been built."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KPW_CACHE", str(Path.home() / ".cache" / "kube-pathways")))
-
-
-def binaries_dir() -> Path:
-    return cache_dir() / f"k8s-{K8S_VERSION}" / "bin"
-
-
-def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
-    """Paths of the four binaries; raises ``MissingBinariesError`` saying how to build them."""
-    bin_dir = bin_dir or binaries_dir()
-    found = {name: bin_dir / name for name in COMPONENTS}
-    missing = [name for name, path in found.items() if not os.access(path, os.X_OK)]
-    if missing:
-        go = shutil.which("go") or (
-            "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
-        )
-        go_note = (
-            f"Go found at {go}."
-            if go
-            else "Go is not installed: install Go >= 1.24 (https://go.dev/dl/) first."
-        )
-        raise MissingBinariesError(
-            f"the cluster test tier needs etcd {ETCD_VERSION} and Kubernetes {K8S_VERSION} "
-            f"control-plane binaries in {bin_dir}; missing: {', '.join(missing)}. "
-            f"Build them once with `make controlplane` (runs {BUILD_SCRIPT.relative_to(REPO_ROOT)}; "
-            f"~8 minutes cold, cached outside the repository; KPW_CACHE moves the cache). "
-            f"{go_note}"
-        )
-    return found
 
 
 class ControlPlane:

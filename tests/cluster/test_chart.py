@@ -39,7 +39,8 @@ import yaml
 from kubernetes import client
 
 from tests.cluster import processes
-from tests.cluster.controlplane import REPO_ROOT, cache_dir
+from tests.cluster.binaries import cache_dir
+from tests.cluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Cluster
 from tests.cluster.kubelet.pod_env import expand
 from tests.cluster.ports import reserve_port
