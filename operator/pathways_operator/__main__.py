@@ -36,10 +36,10 @@ from pathways_operator.host_link import GRPC_OPTIONS
 from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.drivers import DriverSupervisor
-from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
+from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_operator.k8s.slices import SliceReconciler
+from pathways_operator.k8s.slice_reconciler import SliceReconciler
 
 log = logging.getLogger("pathways_operator")
 

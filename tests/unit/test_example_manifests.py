@@ -17,7 +17,7 @@ import yaml
 
 from pathways.cli import compile_program_file
 from pathways.driver import load_entrypoint
-from pathways_operator.k8s.programs import DEFAULT_ALLOWED_ENTRYPOINTS
+from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "manifests"

@@ -14,7 +14,7 @@ the fewest devices, then the island name, so the decision is deterministic.
 Evicted gangs are queued again like any other and resume when room returns; their
 programs continue from their last checkpoint.
 
-Pure: no clock, no API; the adapter (``k8s.slices``) turns the plan into pod
+Pure: no clock, no API; the adapter (``k8s.admission_queue``) turns the plan into pod
 deletions, a Preempted condition and an Event on each victim naming the preemptor.
 """
 

@@ -1,6 +1,6 @@
 """When a PathwaysProgram waits, runs again, fails or is stopped: the decisions of its life.
 
-The program reconciler (``pathways_operator.k8s.programs``) observes; this module
+The program reconciler (``pathways_operator.k8s.program_reconciler``) observes; this module
 decides, from plain values and a ``now`` it is given:
 
 * :func:`judge_exit` -- a driver that exited either succeeded, or lost a host
@@ -35,6 +35,16 @@ EXIT_RETRYABLE = 75
 """The driver's exit status for "a host or slice was lost; run me again" (``pathways.driver``)."""
 EXIT_BAD_PROGRAM = 2
 """The driver's exit status for a bad entrypoint or bad arguments."""
+
+
+class DriverState(enum.Enum):
+    """Where a program's driver process is, as its supervisor sees it."""
+
+    ABSENT = "absent"
+    """No driver runs and none left an outcome: start one."""
+    RUNNING = "running"
+    EXITED = "exited"
+    """It finished; the supervisor's status says how."""
 
 
 class Reported(enum.Enum):

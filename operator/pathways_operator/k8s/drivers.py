@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import json
 import logging
 import os
@@ -50,6 +49,7 @@ from pathways_wire import process_tree
 from pathways.context import steps_completed
 
 from pathways_operator.core.program_lifecycle import EXIT_RETRYABLE, Reported
+from pathways_operator.core.program_lifecycle import DriverState as DriverState
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,6 @@ DRIVER_LOG_MAX_BYTES = 8 * 1024 * 1024
 RUN_MARKER = b"--- starting at step "
 """The line the supervisor writes before each run of the driver; log tails start after the last one."""
 _PUMP_DRAIN_S = 5.0
-
-
-class DriverState(enum.Enum):
-    ABSENT = "absent"
-    """No driver runs and none left an outcome: start one."""
-    RUNNING = "running"
-    EXITED = "exited"
-    """It finished; :attr:`DriverStatus.outcome` says how."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any
 import kopf
 
 from pathways_operator.k8s import log_context
-from pathways_operator.k8s.programs import ProgramReconciler
+from pathways_operator.k8s.program_reconciler import ProgramReconciler
 from pathways_operator.k8s.resources import (
     ANNOTATION_PREFIX,
     GROUP,
@@ -46,7 +46,7 @@ from pathways_operator.k8s.resources import (
     SLICE_PLURAL,
     VERSION,
 )
-from pathways_operator.k8s.slices import SliceReconciler
+from pathways_operator.k8s.slice_reconciler import SliceReconciler
 
 log = logging.getLogger(__name__)
 

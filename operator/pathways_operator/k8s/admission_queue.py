@@ -1,0 +1,381 @@
+"""The admission queue: every queued VirtualSlice, the machines, one pass of ``core.admission`` at a time.
+
+A slice asks for admission when it has no placement for its current generation
+(:meth:`AdmissionQueue.admit`). One pass takes every queued slice, the
+machines from ``inventory`` and calls ``core.admission.admit``, so a gang is
+placed on one island as a whole, or not at all, before any of its pods exists.
+Slices labelled with one ``pathways.dev/admission-group`` (a program's inline
+slices) are admitted together or not at all. Admitted placements go into the
+reservation ledger, which keeps their devices counted as used until the pods
+exist and hold them; the ledger is a cache, rebuilt from the pods' placement
+annotations on first use (:meth:`AdmissionQueue.reservation`).
+
+A slice left waiting for devices asks ``core.preemption.choose_victims``
+whether evicting running gangs of strictly lower priority (its
+``priorityClassName``'s value, read from the scheduling API) makes room on one
+island; the victims are told at their next look (:meth:`AdmissionQueue.evicting`).
+Pods still terminating count as freed for this decision only, so one preemptor
+never evicts more than it needs while its victims drain.
+
+This module keeps the queue's memory (who is blocked, evicted, drained, backing
+off after refused pods, waiting since when); the decisions about one slice are
+``core.slice_machine``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from pathways_operator.core.admission import QueuedGang, admit
+from pathways_operator.core.admission_policy import priority_class_refusal
+from pathways_operator.core.placement import GangRequest, HostResources, Machine, Unplaceable
+from pathways_operator.core.preemption import RunningGang, choose_victims
+from pathways_operator.core.reasons import Reason
+from pathways_operator.core.slice_phase import SliceRecord, current_generation, parse_record
+from pathways_operator.k8s import inventory
+from pathways_operator.k8s.cluster_api import ClusterApi, Json
+from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults, host_resources, placement_from_json
+from pathways_operator.k8s.inventory import Reservation, ReservationLedger
+from pathways_operator.k8s.metrics import OperatorMetrics
+from pathways_operator.k8s.resources import FAILURE_ANNOTATION, RESTARTS_ANNOTATION
+from pathways_operator.k8s.virtual_slice import VirtualSliceObject
+
+log = logging.getLogger(__name__)
+
+
+def slice_record(vslice: VirtualSliceObject) -> SliceRecord:
+    """The slice record the operator keeps in the slice's annotations."""
+    return parse_record(vslice.annotations.get(RESTARTS_ANNOTATION), vslice.annotations.get(FAILURE_ANNOTATION))
+
+
+def recorded_reservation(
+    vslice: VirtualSliceObject, pods: Sequence[PodView], generation: int
+) -> Reservation | None:
+    """The placement the slice's pods of ``generation`` record in their annotation, if any.
+
+    ``status`` is not consulted: it is a report anyone with access to the status
+    subresource can rewrite, and a gang without pods holds no devices anyway.
+    """
+    for pod in pods:
+        if pod.generation == generation and pod.placement_json:
+            placement = placement_from_json(vslice.key, pod.placement_json)
+            if placement is not None:
+                return Reservation(vslice.namespace, vslice.name, generation, placement)
+    return None
+
+
+class AdmissionQueue:
+    """Places queued gangs on islands, remembers reservations, evictions and refusals."""
+
+    def __init__(
+        self,
+        api: ClusterApi,
+        *,
+        defaults: WorkerDefaults,
+        wake: Callable[[str], None],
+        clock: Callable[[], float],
+        metrics: OperatorMetrics,
+        allow_system_priority_classes: bool,
+    ) -> None:
+        self._api = api
+        self._defaults = defaults
+        self._wake = wake
+        self._clock = clock
+        self._metrics = metrics
+        self._allow_system_priority = allow_system_priority_classes
+        self.ledger = ReservationLedger()
+        self._lock = threading.Lock()
+        self._machines: list[Machine] = []
+        self._priorities: dict[str, int] = {}
+        self._queued_since: dict[str, float] = {}
+        self._evicting: dict[str, str] = {}
+        """Victim slice key -> why it is preempted (naming the preemptor), until its next look."""
+        self._drained: dict[str, int] = {}
+        """Preempted slice key -> generation whose terminating pods must not be adopted again."""
+        self._blocked: dict[str, str] = {}
+        """Slice key -> the object in its way (kept out of the admission queue until it is gone)."""
+        self._refusals: dict[str, tuple[int, float, Unplaceable]] = {}
+        """Slice key -> (pod refusals in a row, when it may be placed again, why) after the API refused a pod."""
+
+    # ------------------------------------------------------------ memory, per slice
+
+    def machines(self) -> list[Machine]:
+        """The inventory of the last admission pass (for the controller's Describe)."""
+        return list(self._machines)
+
+    def forget(self, key: str) -> None:
+        """The slice is deleted: nothing of it stays queued or reserved."""
+        self.ledger.release(key)
+        for state in (self._queued_since, self._drained, self._refusals, self._blocked):
+            state.pop(key, None)
+
+    def evicting(self, key: str) -> str | None:
+        """Why the slice is being preempted, once (the look that evicts it takes it)."""
+        return self._evicting.pop(key, None)
+
+    def drained(self, key: str) -> int | None:
+        return self._drained.get(key)
+
+    def mark_drained(self, key: str, generation: int) -> None:
+        self._drained[key] = generation
+
+    def requeue(self, key: str) -> None:
+        self._queued_since[key] = self._clock()
+
+    def block(self, key: str, why: str | None) -> None:
+        if why is None:
+            self._blocked.pop(key, None)
+        else:
+            self._blocked[key] = why
+
+    def refusals(self, key: str) -> int:
+        return self._refusals.get(key, (0, 0.0, None))[0]
+
+    def back_off(self, key: str, count: int, wait_s: float, why: Unplaceable) -> None:
+        self._refusals[key] = (count, self._clock() + wait_s, why)
+
+    def clear_back_off(self, key: str) -> None:
+        self._refusals.pop(key, None)
+
+    def reservation(
+        self, vslice: VirtualSliceObject, pods: Sequence[PodView], generation: int
+    ) -> Reservation | None:
+        """The slice's admitted placement for this generation: the ledger's, else its pods' annotation."""
+        held = self.ledger.get(vslice.key)
+        if held is not None and held.generation == generation:
+            return held
+        if held is not None:
+            self.ledger.release(vslice.key)
+        if self._drained.get(vslice.key) == generation:
+            return None  # preempted: its old pods are going, it waits for a new placement
+        recovered = recorded_reservation(vslice, pods, generation)
+        return None if recovered is None else self.ledger.adopt(recovered)
+
+    # ------------------------------------------------------------ priorities
+
+    def _host_size(self, vslice: VirtualSliceObject) -> int | None:
+        return vslice.spec.devices_per_host or self._defaults.devices_per_host or None
+
+    def _priority(self, name: str) -> int:
+        """The PriorityClass's value (0 for none, for a class that does not exist yet, or one refused)."""
+        if priority_class_refusal(name, allow_system=self._allow_system_priority):
+            return 0
+        found = self._priority_or_none(name)
+        return 0 if found is None else found
+
+    def _priority_or_none(self, name: str) -> int | None:
+        if not name:
+            return 0
+        if name not in self._priorities:
+            value = self._api.priority_value(name)
+            if value is None:
+                return None  # not cached: it may be created later
+            self._priorities[name] = value
+        return self._priorities[name]
+
+    # ------------------------------------------------------------ the pass
+
+    def admit(self, vslice: VirtualSliceObject, generation: int) -> Reservation | Unplaceable:
+        """One admission pass over every queued slice; returns this slice's outcome.
+
+        Slices of one admission group are admitted together or not at all
+        (``core.admission``); ``holding`` tells the core which of a group's slices
+        already hold devices.
+        """
+        with self._lock:
+            held = self.ledger.get(vslice.key)
+            if held is not None:
+                return held
+            size = vslice.admission_group_size() if vslice.admission_group else 1
+            if isinstance(size, str):
+                return Unplaceable(vslice.key, Reason.INVALID_SPEC, size)
+            wanted = vslice.spec.priority_class
+            refused = priority_class_refusal(wanted, allow_system=self._allow_system_priority)
+            if refused:
+                return Unplaceable(vslice.key, Reason.PRIORITY_CLASS_NOT_ALLOWED, refused)
+            try:
+                needs = host_resources(vslice, self._defaults)
+            except ValueError as err:
+                return Unplaceable(vslice.key, Reason.INVALID_SPEC, f"VirtualSlice {vslice.key}: {err}")
+            backing_off = self._backing_off(vslice.key)
+            if backing_off is not None:
+                return backing_off
+            if wanted and self._priority_or_none(wanted) is None:
+                return Unplaceable(
+                    vslice.key, Reason.PRIORITY_CLASS_NOT_FOUND,
+                    f"spec.priorityClassName {wanted!r}: no PriorityClass of that name exists; create "
+                    f"it (kubectl create priorityclass {wanted} --value=N) or remove the field",
+                )
+            slices = [VirtualSliceObject.from_manifest(s) for s in self._api.list_slices()]
+            all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
+            nodes = self._api.list_nodes()
+            owned: dict[str, list[PodView]] = {}
+            uids = {s.uid: s.key for s in slices}
+            for pod in all_pods:
+                if pod.controller_uid in uids:
+                    owned.setdefault(uids[pod.controller_uid], []).append(pod)
+            alive = {s.key for s in slices if not s.deleting}
+            for stale in self.ledger.all():
+                if stale.key not in alive:
+                    self.ledger.release(stale.key)  # deleted: its pods, if any, still count
+            queue: list[QueuedGang] = []
+            generations: dict[str, int] = {}
+            for other in slices:
+                if other.deleting:
+                    continue
+                mine = owned.get(other.key, [])
+                other_generation = (
+                    generation if other.key == vslice.key
+                    else current_generation(slice_record(other).restarts, ((p.generation or 0, p.deleting) for p in mine))
+                )
+                if self.ledger.get(other.key) is None and self._drained.get(other.key) != other_generation:
+                    recorded = recorded_reservation(other, mine, other_generation)
+                    if recorded is not None:
+                        self.ledger.adopt(recorded)
+                        continue
+                if other.key != vslice.key and not self._wants_devices(other, mine):
+                    continue
+                if self.ledger.get(other.key) is not None:
+                    continue
+                other_needs = needs if other.key == vslice.key else self._admissible_needs(other)
+                if other_needs is None:
+                    continue  # refused or backing off: it says so at its own reconcile
+                gang = self._queued_gang(other, other_needs)
+                if gang is None:
+                    continue  # its own look reports what is wrong
+                generations[other.key] = other_generation
+                queue.append(gang)
+            if vslice.key not in generations:
+                own = self._queued_gang(vslice, needs)
+                if own is None:  # its admission group size was read above; it cannot change here
+                    raise AssertionError(f"admission pass lost slice {vslice.key}")
+                generations[vslice.key] = generation
+                queue.append(own)
+            holding: dict[str, int] = {}
+            for other in slices:
+                group = other.admission_group
+                if group and not other.deleting and (self.ledger.get(other.key) or owned.get(other.key)):
+                    holding[group] = holding.get(group, 0) + 1
+            machines = inventory.machines(nodes, all_pods, self.ledger.all())
+            self._machines = machines
+            result = admit(queue, machines, now=self._clock(), holding=holding)
+            mine_result: Reservation | Unplaceable | None = None
+            now = self._clock()
+            created = {s.key: s.created for s in slices}
+            for placement in result.admitted:
+                namespace, _, name = placement.slice.partition("/")
+                reservation = Reservation(namespace, name, generations[placement.slice], placement)
+                self.ledger.reserve(reservation)
+                self._drained.pop(placement.slice, None)
+                since = self._queued_since.pop(placement.slice, created.get(placement.slice, now))
+                self._metrics.admission_wait.observe(max(0.0, now - since))
+                if placement.slice == vslice.key:
+                    mine_result = reservation
+                else:
+                    self._wake(placement.slice)
+            by_island: dict[str, int] = {}
+            for waiting in result.waiting:
+                island = waiting.closest_island or "none"
+                by_island[island] = by_island.get(island, 0) + 1
+                if waiting.slice == vslice.key:
+                    mine_result = waiting
+            self._metrics.queue(by_island)
+            assert mine_result is not None, f"admission pass lost slice {vslice.key}"
+            if isinstance(mine_result, Unplaceable) and mine_result.reason is Reason.INSUFFICIENT_DEVICES:
+                mine_result = self._preempt_for(vslice, mine_result, slices, all_pods, nodes, needs)
+            return mine_result
+
+    def _admissible_needs(self, vslice: VirtualSliceObject) -> HostResources | None:
+        """What one host of another queued slice needs, or None if that slice is not to be placed now."""
+        if priority_class_refusal(vslice.spec.priority_class, allow_system=self._allow_system_priority):
+            return None
+        if self._backing_off(vslice.key) is not None:
+            return None
+        try:
+            return host_resources(vslice, self._defaults)
+        except ValueError:
+            return None
+
+    def _backing_off(self, key: str) -> Unplaceable | None:
+        """Why the slice is not placed yet if the API server refused its pods a moment ago."""
+        refusal = self._refusals.get(key)
+        if refusal is None:
+            return None
+        _, until, why = refusal
+        left = until - self._clock()
+        if left <= 0:
+            return None
+        return dataclasses.replace(why, message=f"{why.message}; placing the gang again in {left:.0f} s")
+
+    def _wants_devices(self, other: VirtualSliceObject, pods: Sequence[PodView]) -> bool:
+        """In the admission queue: alive, not suspended, not failed or blocked, and holding no pods."""
+        return not (
+            other.deleting
+            or other.spec.suspend
+            or slice_record(other).failure
+            or other.key in self._blocked
+            or pods
+        )
+
+    def _queued_gang(self, other: VirtualSliceObject, needs: HostResources) -> QueuedGang | None:
+        """The slice as the admission queue sees it; None if its admission group is unreadable."""
+        size = other.admission_group_size() if other.admission_group else 1
+        if isinstance(size, str):
+            return None
+        return QueuedGang(
+            GangRequest(
+                slice=other.key,
+                devices=other.spec.devices,
+                devices_per_host=self._host_size(other),
+                island=other.spec.island,
+                host_resources=needs,
+            ),
+            priority=self._priority(other.spec.priority_class),
+            queued_at=other.created,
+            group=other.admission_group,
+            group_size=size,
+        )
+
+    def _preempt_for(
+        self,
+        vslice: VirtualSliceObject,
+        waiting: Unplaceable,
+        slices: Sequence[VirtualSliceObject],
+        all_pods: Sequence[PodView],
+        nodes: Sequence[Json],
+        needs: HostResources,
+    ) -> Unplaceable:
+        """Evict lower-priority gangs if that makes room for ``vslice``; says so in its message."""
+        priority = self._priority(vslice.spec.priority_class)
+        by_key = {s.key: s for s in slices}
+        running = [
+            RunningGang(r.placement, self._priority(by_key[r.key].spec.priority_class), by_key[r.key].created)
+            for r in self.ledger.all()
+            if r.key != vslice.key and r.key in by_key
+        ]
+        if not any(g.priority < priority for g in running):
+            return waiting
+        draining = [p for p in all_pods if not p.deleting]
+        machines = inventory.machines(nodes, draining, self.ledger.all())
+        request = GangRequest(vslice.key, vslice.spec.devices, self._host_size(vslice), vslice.spec.island, needs)
+        plan = choose_victims(request, priority, running, machines)
+        if plan is None or not plan.victims:
+            return waiting
+        names = ", ".join(plan.victims)
+        for victim in plan.victims:
+            if victim not in self._evicting:
+                self._evicting[victim] = (
+                    f"preempted by VirtualSlice {vslice.key} (priority {priority} > "
+                    f"{self._priority(by_key[victim].spec.priority_class)}), which needs its devices on "
+                    f"{plan.island}; the slice is queued again and resumes when room returns"
+                )
+                log.info("%s: preempting %s on %s", vslice.key, victim, plan.island)
+            self._wake(victim)
+        return Unplaceable(
+            vslice.key, Reason.INSUFFICIENT_DEVICES,
+            f"{waiting.message}; preempting {names} (lower priority) to make room on {plan.island}",
+            closest_island=plan.island,
+        )
