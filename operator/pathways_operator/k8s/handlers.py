@@ -32,7 +32,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
@@ -152,6 +152,52 @@ async def _run_loop(
         wakeups.drop(key)
 
 
+class _Reconciler(Protocol):
+    def reconcile(self, namespace: str, name: str) -> float: ...
+    def deleted(self, namespace: str, name: str, uid: str) -> None: ...
+
+
+def _register_kind(
+    registry: kopf.OperatorRegistry,
+    kind: str,
+    plural: str,
+    daemon_id: str,
+    key_of: Callable[[str, str], str],
+    reconciler: _Reconciler,
+    wakeups: Wakeups,
+    executor: ThreadPoolExecutor,
+    *,
+    after_delete: Callable[[], None] = lambda: None,
+) -> None:
+    """One kind's handlers: a reconcile loop per object, woken by changes, and its deletion.
+
+    The deletion handler keeps the id kopf gave the functions these handlers were
+    written as before (``register.<locals>.slice_deleted``), so the progress of a
+    deletion under way survives an upgrade of the operator.
+    """
+    @kopf.daemon(GROUP, VERSION, plural, id=daemon_id, registry=registry,
+                 cancellation_backoff=5.0, cancellation_timeout=10.0)
+    async def loop(
+        name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+    ) -> None:
+        ns = namespace or "default"
+        reconcile = functools.partial(reconciler.reconcile, ns, name)
+        await _run_loop(key_of(ns, name), reconcile, wakeups, executor, stopped, logger)
+
+    @kopf.on.create(GROUP, VERSION, plural, id="wake-on-create", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, plural, id="wake-on-resume", registry=registry)
+    @kopf.on.update(GROUP, VERSION, plural, id="wake-on-update", field="spec", registry=registry)
+    async def changed(name: str, namespace: str | None, **_: Any) -> None:
+        wakeups.wake(key_of(namespace or "default", name))
+
+    @kopf.on.delete(GROUP, VERSION, plural, id=f"register.<locals>.{kind}_deleted", registry=registry,
+                    retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_S)
+    async def deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
+        running = asyncio.get_running_loop()
+        await running.run_in_executor(executor, reconciler.deleted, namespace or "default", name, uid)
+        after_delete()
+
+
 def register(
     registry: kopf.OperatorRegistry,
     slices: SliceReconciler,
@@ -174,29 +220,8 @@ def register(
     async def cleanup(**_: Any) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
-    # ---------------------------------------------------------------- VirtualSlice
-
-    @kopf.daemon(GROUP, VERSION, SLICE_PLURAL, id="gang", registry=registry,
-                 cancellation_backoff=5.0, cancellation_timeout=10.0)
-    async def slice_daemon(
-        name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
-    ) -> None:
-        ns = namespace or "default"
-        reconcile = functools.partial(slices.reconcile, ns, name)
-        await _run_loop(slice_key(ns, name), reconcile, wakeups, executor, stopped, logger)
-
-    @kopf.on.create(GROUP, VERSION, SLICE_PLURAL, id="wake-on-create", registry=registry)
-    @kopf.on.resume(GROUP, VERSION, SLICE_PLURAL, id="wake-on-resume", registry=registry)
-    @kopf.on.update(GROUP, VERSION, SLICE_PLURAL, id="wake-on-update", field="spec", registry=registry)
-    async def slice_changed(name: str, namespace: str | None, **_: Any) -> None:
-        wakeups.wake(slice_key(namespace or "default", name))
-
-    @kopf.on.delete(GROUP, VERSION, SLICE_PLURAL, registry=registry,
-                    retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_S)
-    async def slice_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(executor, slices.deleted, namespace or "default", name, uid)
-        wakeups.wake_prefix("slice:")  # queued slices may fit now
+    _register_kind(registry, "slice", SLICE_PLURAL, "gang", slice_key, slices, wakeups, executor,
+                   after_delete=lambda: wakeups.wake_prefix("slice:"))  # queued slices may fit now
 
     @kopf.on.event(GROUP, VERSION, SLICE_PLURAL, registry=registry)
     async def slice_event(namespace: str | None, **_: Any) -> None:
@@ -206,25 +231,4 @@ def register(
     async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         wakeups.wake(slice_key(namespace or "default", labels[SLICE_LABEL]))
 
-    # ---------------------------------------------------------------- PathwaysProgram
-
-    @kopf.daemon(GROUP, VERSION, PROGRAM_PLURAL, id="run", registry=registry,
-                 cancellation_backoff=5.0, cancellation_timeout=10.0)
-    async def program_daemon(
-        name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
-    ) -> None:
-        ns = namespace or "default"
-        reconcile = functools.partial(programs.reconcile, ns, name)
-        await _run_loop(program_key(ns, name), reconcile, wakeups, executor, stopped, logger)
-
-    @kopf.on.create(GROUP, VERSION, PROGRAM_PLURAL, id="wake-on-create", registry=registry)
-    @kopf.on.resume(GROUP, VERSION, PROGRAM_PLURAL, id="wake-on-resume", registry=registry)
-    @kopf.on.update(GROUP, VERSION, PROGRAM_PLURAL, id="wake-on-update", field="spec", registry=registry)
-    async def program_changed(name: str, namespace: str | None, **_: Any) -> None:
-        wakeups.wake(program_key(namespace or "default", name))
-
-    @kopf.on.delete(GROUP, VERSION, PROGRAM_PLURAL, registry=registry,
-                    retries=DELETE_RETRIES, backoff=DELETE_BACKOFF_S)
-    async def program_deleted(name: str, namespace: str | None, uid: str, **_: Any) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(executor, programs.deleted, namespace or "default", name, uid)
+    _register_kind(registry, "program", PROGRAM_PLURAL, "run", program_key, programs, wakeups, executor)
