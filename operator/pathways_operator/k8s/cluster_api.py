@@ -123,16 +123,27 @@ class ClusterApi:
             )
         return list(_decode(reply).get("items", []))
 
-    def create_pod(self, namespace: str, body: Json) -> Json:
+    def _create(self, kind: str, namespace: str, body: Json, create: Callable[..., Any]) -> Json:
+        """Create a core object; :class:`AlreadyExists` when one of that name exists."""
         name = body["metadata"]["name"]
         return _decode(
             self._call(
-                f"creating pod {namespace}/{name}",
-                lambda: self.core.create_namespaced_pod(
-                    namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False
-                ),
+                f"creating {kind} {namespace}/{name}",
+                lambda: create(namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False),
             )
         )
+
+    @staticmethod
+    def _delete_if_same(doing: str, delete: Callable[[], object]) -> None:
+        """Delete with a uid precondition: gone already (404) or replaced (409) deletes nothing."""
+        try:
+            delete()
+        except ApiException as err:
+            if err.status not in (404, 409):
+                raise KubeError(doing, int(err.status or 0), _detail(err)) from None
+
+    def create_pod(self, namespace: str, body: Json) -> Json:
+        return self._create("pod", namespace, body, self.core.create_namespaced_pod)
 
     def bind_pod(self, namespace: str, pod: str, node: str) -> None:
         """Bind a pod to a Node with the Binding API, as a scheduler does."""
@@ -160,14 +171,9 @@ class ClusterApi:
 
         Gone already, or replaced by another object of the same name: nothing is deleted.
         """
-        try:
-            self.core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=grace_seconds, body=_precondition(uid),
-                _preload_content=False,
-            )
-        except ApiException as err:
-            if err.status not in (404, 409):
-                raise KubeError(f"deleting pod {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+        self._delete_if_same(f"deleting pod {namespace}/{name}", lambda: self.core.delete_namespaced_pod(
+            name, namespace, grace_period_seconds=grace_seconds, body=_precondition(uid), _preload_content=False,
+        ))
 
     # ------------------------------------------------------------ custom resources
 
@@ -223,16 +229,12 @@ class ClusterApi:
 
     def delete_slice(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Delete the VirtualSlice; given ``uid``, only if the name still holds that object."""
-        try:
+        self._delete_if_same(f"deleting VirtualSlice {namespace}/{name}", lambda: (
             self.custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, SLICE_PLURAL, name, propagation_policy="Background",
                 body=_precondition(uid) if uid else None,
             )
-        except ApiException as err:
-            if err.status not in (404, 409):
-                raise KubeError(
-                    f"deleting VirtualSlice {namespace}/{name}", int(err.status or 0), _detail(err)
-                ) from None
+        ))
 
     def annotate_slice(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]) -> None:
         """Set (None: remove) annotations of the VirtualSlice, provided it is still the object ``uid``."""
@@ -290,25 +292,13 @@ class ClusterApi:
 
     def create_secret(self, namespace: str, body: Json) -> Json:
         """Create the Secret; :class:`AlreadyExists` when one of that name exists."""
-        name = body["metadata"]["name"]
-        return _decode(
-            self._call(
-                f"creating Secret {namespace}/{name}",
-                lambda: self.core.create_namespaced_secret(
-                    namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False
-                ),
-            )
-        )
+        return self._create("Secret", namespace, body, self.core.create_namespaced_secret)
 
     def delete_secret(self, namespace: str, name: str, uid: str) -> None:
         """Delete the Secret of that name only if it is still the object ``uid``."""
-        try:
-            self.core.delete_namespaced_secret(
-                name, namespace, body=_precondition(uid), _preload_content=False
-            )
-        except ApiException as err:
-            if err.status not in (404, 409):
-                raise KubeError(f"deleting Secret {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+        self._delete_if_same(f"deleting Secret {namespace}/{name}", lambda: self.core.delete_namespaced_secret(
+            name, namespace, body=_precondition(uid), _preload_content=False
+        ))
 
     def priority_value(self, priority_class: str) -> int | None:
         """The value of a PriorityClass, or None when it does not exist."""
