@@ -9,23 +9,8 @@ import pytest
 from pathways_operator.core.phases import InvalidTransition, ProgramPhase, SlicePhase
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, Reported
 from pathways_operator.core.program_machine import (
-    SUSPEND_GRACE_S,
-    AskSuspend,
-    Attempt,
-    CreateInlineSlice,
-    DiscardOutcome,
-    ForgetSuspend,
-    Next,
-    ProgramDecision,
-    ProgramLook,
-    ProgramMachine,
-    ProgramReport,
-    ProgramSliceFact,
-    ReleaseSlices,
-    StartDriver,
-    StopDriver,
-    StoreResults,
-    epoch,
+    SUSPEND_GRACE_S, Attempt, CreateInlineSlice, Next, Order, ProgramDecision, ProgramLook, ProgramMachine,
+    ProgramReport, ProgramSliceFact, StartDriver, StoreResults, epoch,
 )
 from pathways_operator.core.reasons import Condition, Reason
 
@@ -85,7 +70,7 @@ def test_inline_slices_are_created_and_the_program_waits_for_them() -> None:
     creating = ProgramSliceFact("main", "train-main", exists=False)
     machine = ProgramMachine(look(slices=(creating,), absent_inline=((0, "train-main"),)))
     machine.start()
-    assert machine.take_actions() == [CreateInlineSlice(0, "train-main"), ForgetSuspend()]
+    assert machine.take_actions() == [CreateInlineSlice(0, "train-main"), Order.FORGET_SUSPEND]
     decision = machine.decision()
     assert decision.status.phase is ProgramPhase.PENDING
     assert decision.status.message == "waiting for slices to be Ready: main (VirtualSlice train-main: being created)"
@@ -187,7 +172,7 @@ def test_lost_host_sends_the_program_back_to_wait_and_run_again() -> None:
         done=3, attempt=Attempt(1, {"main": 0}), slices=(ready(restarts=1),),
     ))
     machine.start()
-    assert DiscardOutcome() in machine.take_actions()
+    assert Order.DISCARD_OUTCOME in machine.take_actions()
     decision = machine.decision()
     assert decision.status.phase is ProgramPhase.PENDING
     assert decision.status.restarts == 1
@@ -205,7 +190,7 @@ def test_failed_slice_fails_the_program_and_stops_its_driver() -> None:
     ))
     machine = ProgramMachine(after(running(), driver=DriverState.RUNNING, slices=(failed,)))
     machine.start()
-    assert StopDriver() in machine.take_actions()
+    assert Order.STOP_DRIVER in machine.take_actions()
     assert condition(machine.decision(), "Failed").message == (
         "slice 'main' (VirtualSlice train-main) failed: pod train-main-1 failed"
     )
@@ -225,14 +210,14 @@ def test_start_deadline_fails_a_program_still_waiting() -> None:
 def test_suspend_asks_the_driver_to_stop_at_a_step_then_releases_slices() -> None:
     asking = ProgramMachine(after(running(), suspend=True, driver=DriverState.RUNNING, done=2))
     asking.start()
-    assert asking.take_actions() == [AskSuspend()]
+    assert asking.take_actions() == [Order.ASK_SUSPEND]
     assert asking.decision().status.phase is ProgramPhase.RUNNING
 
     late = ProgramMachine(after(
         running(), suspend=True, driver=DriverState.RUNNING, done=2, suspend_asked_at=1000.0 - SUSPEND_GRACE_S,
     ))
     late.start()
-    assert late.take_actions() == [ForgetSuspend(), DiscardOutcome(), ReleaseSlices()]
+    assert late.take_actions() == [Order.FORGET_SUSPEND, Order.DISCARD_OUTCOME, Order.RELEASE_SLICES]
     decision = late.decision()
     assert decision.status.phase is ProgramPhase.SUSPENDED
     assert [e.reason for e in decision.events] == ["Suspended"]

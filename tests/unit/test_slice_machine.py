@@ -10,21 +10,8 @@ from pathways_operator.core.phases import InvalidTransition, SlicePhase
 from pathways_operator.core.placement import HostAssignment, Placement, Unplaceable
 from pathways_operator.core.reasons import Condition, Reason
 from pathways_operator.core.slice_look import (
-    BackOff,
-    BindHostPod,
-    Block,
-    ClearBackOff,
-    CreateHostPod,
-    DeletePods,
-    InTheWay,
-    MarkDrained,
-    Next,
-    ReleaseGang,
-    Requeue,
-    SaveRecord,
-    SeeHosts,
-    SliceDecision,
-    SliceLook,
+    BackOff, BindHostPod, Block, ClearBackOff, CreateHostPod, DeletePods, InTheWay, MarkDrained, Next,
+    ReleaseGang, Requeue, SaveRecord, SeeHosts, SliceDecision, SliceLook,
 )
 from pathways_operator.core.slice_machine import SliceMachine, plan_pods, refused_name
 from pathways_operator.core.slice_phase import SliceRecord

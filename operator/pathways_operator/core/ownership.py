@@ -31,8 +31,11 @@ from typing import Any
 
 
 class Ownership(enum.Enum):
+    """The three answers of :func:`ownership` (see the module docstring)."""
+
     OWNED = "owned"
     EARLIER = "earlier"
+    """Controlled by a deleted object of the same kind and name: going away; wait for it."""
     FOREIGN = "foreign"
 
 

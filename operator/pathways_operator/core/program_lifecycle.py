@@ -51,7 +51,9 @@ class Reported(enum.Enum):
     """What the driver wrote into its results file before it exited."""
 
     RESULTS = "results"
+    """It returned: the results are in the file."""
     ERROR = "error"
+    """The program raised; the error is in the file."""
     SUSPENDED = "suspended"
     NOTHING = "nothing"
     """It exited without a word: ``os._exit``, a signal, a crash of the interpreter."""
@@ -71,16 +73,22 @@ class DriverExit:
 
 
 class Verdict(enum.Enum):
+    """What becomes of a program whose driver exited."""
+
     SUCCEED = "succeed"
+    """Every step ran: store the results, Succeeded."""
     RESUME = "resume"
     """It stopped for a suspend that was lifted meanwhile: start it again, nothing failed."""
     RETRY = "retry"
     """It lost a host: run it again from its last step once the slices are Ready."""
     FAIL = "fail"
+    """The program cannot succeed: Failed, with the driver's error and log tail."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ExitDecision:
+    """:func:`judge_exit`'s answer: the verdict, and the condition reason and message that go with it."""
+
     verdict: Verdict
     reason: Reason | None = None
     message: str = ""

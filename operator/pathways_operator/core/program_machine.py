@@ -64,6 +64,7 @@ class ProgramReport:
     results_keys: tuple[str, ...] = ()
     message: str = ""
     restarts: int = 0
+    """Times the driver ran again after losing a host (counted against spec.backoffLimit)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Attempt:
 
     number: int
     slice_restarts: Mapping[str, int]
+    """Each slice's ``status.restarts`` when the run started: a change means a host was lost meanwhile."""
 
 
 # ------------------------------------------------------------------ actions
@@ -112,28 +114,18 @@ class CreateInlineSlice:
     name: str
 
 
-@dataclasses.dataclass(frozen=True)
-class StopDriver:
+class Order(enum.Enum):
+    """The actions that carry nothing but their name."""
+
+    STOP_DRIVER = "stop driver"
     """Stop the program's driver, if one runs."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AskSuspend:
+    ASK_SUSPEND = "ask suspend"
     """Ask the running driver to stop at its next step boundary (remembering when it was first asked)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ForgetSuspend:
+    FORGET_SUSPEND = "forget suspend"
     """No suspend is in progress any more."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DiscardOutcome:
+    DISCARD_OUTCOME = "discard outcome"
     """Forget how the last run ended (stopping it), so the next look starts a new one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ReleaseSlices:
+    RELEASE_SLICES = "release slices"
     """Delete the VirtualSlices the program created from templates."""
 
 
@@ -155,10 +147,7 @@ class StoreResults:
     results: Mapping[str, object]
 
 
-ProgramAction = (
-    CreateInlineSlice | StopDriver | AskSuspend | ForgetSuspend | DiscardOutcome | ReleaseSlices | StartDriver
-    | StoreResults
-)
+ProgramAction = CreateInlineSlice | StartDriver | StoreResults | Order
 
 
 class Next(enum.Enum):
@@ -267,7 +256,7 @@ class ProgramMachine:
         )
         if look.suspend:
             return self._suspend(done)
-        r.act(ForgetSuspend())
+        r.act(Order.FORGET_SUSPEND)
         if r.phase is _P.SUSPENDED:
             r.move(_P.PENDING)
             r.condition(_C.SUSPENDED, "False", Reason.SUSPENDED,
@@ -278,7 +267,7 @@ class ProgramMachine:
         waiting = [s.summary() for s in look.slices if s.phase is not SlicePhase.READY]
         deadline = check_deadlines(self._deadlines(), look.wall_now)
         if deadline.exceeded is not None:
-            r.act(StopDriver())
+            r.act(Order.STOP_DRIVER)
             detail = f"; stopped after {done} of {look.steps} steps"
             if deadline.exceeded is Reason.START_DEADLINE_EXCEEDED:
                 detail = ": " + "; ".join(
@@ -291,7 +280,7 @@ class ProgramMachine:
         if failed:
             ready = find_condition(failed[0].conditions, "Ready")
             why = ready.message if ready is not None else "no reason recorded"
-            r.act(StopDriver())
+            r.act(Order.STOP_DRIVER)
             self.fail(Reason.SLICE_FAILED,
                       f"slice {failed[0].name!r} (VirtualSlice {failed[0].virtual_slice}) failed: {why}")
             return Next.DONE
@@ -328,7 +317,7 @@ class ProgramMachine:
         """A slice is missing or not Ready: the program waits (Pending), its driver stopped."""
         look, r = self.look, self.report
         if look.driver is DriverState.RUNNING:
-            r.act(StopDriver())
+            r.act(Order.STOP_DRIVER)
             r.event(event_type(Reason.WAITING_FOR_SLICES), Reason.WAITING_FOR_SLICES,
                     f"Driver stopped at step {done}: a slice is not Ready")
         r.move(_P.PENDING)
@@ -374,7 +363,7 @@ class ProgramMachine:
         if look.driver is DriverState.RUNNING:
             asked = look.monotonic_now if look.suspend_asked_at is None else look.suspend_asked_at
             if look.monotonic_now - asked < SUSPEND_GRACE_S:
-                r.act(AskSuspend())
+                r.act(Order.ASK_SUSPEND)
                 message = (f"suspending: the driver finishes its current step (after {done}) "
                            "and writes its state, then the program's slices are released")
                 r.condition(_C.SUSPENDED, "False", Reason.SUSPENDED, message)
@@ -383,7 +372,7 @@ class ProgramMachine:
                 return Next.DONE
         elif look.driver is DriverState.EXITED and look.results is not None:
             return self._succeed(look.results)  # it ended before it could stop
-        r.act(ForgetSuspend(), DiscardOutcome(), ReleaseSlices())
+        r.act(Order.FORGET_SUSPEND, Order.DISCARD_OUTCOME, Order.RELEASE_SLICES)
         where = look.checkpoint_dir
         message = (f"spec.suspend is true: stopped after {done} of {plural(look.steps, 'step')}; "
                    "it holds no slices of its own and continues from "
@@ -422,7 +411,7 @@ class ProgramMachine:
         if decision.verdict is Verdict.SUCCEED:
             return self._succeed(look.results or {})
         if decision.verdict is Verdict.RESUME:  # asked to suspend, then resumed before we saw it stop
-            r.act(DiscardOutcome())
+            r.act(Order.DISCARD_OUTCOME)
             r.move(_P.PENDING)
             r.delay = SOON
             return Next.DONE
@@ -430,7 +419,7 @@ class ProgramMachine:
         if decision.verdict is Verdict.FAIL:
             self.fail(decision.reason, decision.message)
             return Next.DONE
-        r.act(DiscardOutcome())
+        r.act(Order.DISCARD_OUTCOME)
         r.move(_P.PENDING)
         r.condition(_C.RUNNING, "False", Reason.WAITING_FOR_SLICES, decision.message)
         self._set(message=decision.message, restarts=decision.restarts)

@@ -124,6 +124,7 @@ class BackOff:
 
     count: int
     wait_s: float
+    """Seconds from now (the reconciler's clock) before the gang is placed again."""
     why: Unplaceable
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from pathways_operator.core.object_names import inline_slice_name
 from pathways_operator.core.phases import ProgramPhase
 from pathways_operator.core.program_lifecycle import DEFAULT_BACKOFF_LIMIT
+from pathways_operator.core.program_machine import ProgramReport
 from pathways_operator.core.reasons import Condition
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.resources import API_VERSION, PROGRAM_KIND
@@ -92,22 +93,11 @@ class ProgramSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class ProgramStatus:
-    """``PathwaysProgram.status``, written once per reconcile."""
+class ProgramStatus(ProgramReport):
+    """``PathwaysProgram.status``, written once per reconcile: the program machine's report, and
+    the generation it answers."""
 
-    phase: ProgramPhase | None = None
-    conditions: tuple[Condition, ...] = ()
-    slice_names: str = ""
-    steps_completed: int = 0
-    progress: str = ""
-    start_time: str = ""
-    completion_time: str = ""
-    results_config_map: str = ""
-    results_keys: tuple[str, ...] = ()
-    message: str = ""
     observed_generation: int = 0
-    restarts: int = 0
-    """Times the driver ran again after losing a host (counted against spec.backoffLimit)."""
 
     def to_manifest(self) -> Json:
         results: Json | None = None

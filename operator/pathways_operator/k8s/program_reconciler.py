@@ -29,23 +29,8 @@ from pathlib import Path
 from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, is_permanent_refusal
 from pathways_operator.core.program_machine import (
-    IDLE,
-    AskSuspend,
-    Attempt,
-    CreateInlineSlice,
-    DiscardOutcome,
-    ForgetSuspend,
-    Next,
-    ProgramAction,
-    ProgramDecision,
-    ProgramLook,
-    ProgramMachine,
-    ProgramReport,
-    ReleaseSlices,
-    StartDriver,
-    StopDriver,
-    StoreResults,
-    results_config_map,
+    IDLE, Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramMachine,
+    ProgramReport, StartDriver, StoreResults, results_config_map,
 )
 from pathways_operator.k8s import program_checks, program_objects
 from pathways_operator.k8s.cluster_api import ClusterApi, KubeError, now_rfc3339
@@ -164,7 +149,6 @@ class ProgramReconciler:
         return slices
 
     def _look(self, program: ProgramObject) -> ProgramLook:
-        status = program.status
         spec = program.spec
         base = ProgramLook(
             key=program.key,
@@ -172,7 +156,7 @@ class ProgramReconciler:
             now=now_rfc3339(),
             wall_now=self._wall_clock(),
             monotonic_now=self._clock(),
-            status=ProgramReport(**{f.name: getattr(status, f.name) for f in dataclasses.fields(ProgramReport)}),
+            status=program.status,
             created=program.created,
             steps=spec.steps,
         )
@@ -232,16 +216,16 @@ class ProgramReconciler:
         for action in actions:
             if isinstance(action, CreateInlineSlice):
                 program_objects.create_inline_slice(self._api, program, action.name, action.index)
-            elif isinstance(action, StopDriver):
+            elif action is Order.STOP_DRIVER:
                 self._drivers.stop(namespace, name, uid)
-            elif isinstance(action, AskSuspend):
+            elif action is Order.ASK_SUSPEND:
                 self._suspending.setdefault(program.key, self._clock())
                 self._drivers.request_suspend(namespace, name)
-            elif isinstance(action, ForgetSuspend):
+            elif action is Order.FORGET_SUSPEND:
                 self._suspending.pop(program.key, None)
-            elif isinstance(action, DiscardOutcome):
+            elif action is Order.DISCARD_OUTCOME:
                 self._drivers.discard_outcome(namespace, name, uid)
-            elif isinstance(action, ReleaseSlices):
+            elif action is Order.RELEASE_SLICES:
                 program_objects.delete_inline_slices(self._api, namespace, name, uid)
             elif isinstance(action, StartDriver):
                 self._start_driver(program, action)

@@ -37,21 +37,8 @@ from pathways_operator.core.object_names import slice_name_problem
 from pathways_operator.core.ownership import Ownership
 from pathways_operator.core.placement import Machine, Unplaceable
 from pathways_operator.core.slice_look import (
-    BackOff,
-    Block,
-    ClearBackOff,
-    DeletePods,
-    GangPod,
-    InTheWay,
-    MarkDrained,
-    Next,
-    ReleaseGang,
-    Requeue,
-    SaveRecord,
-    SeeHosts,
-    SliceAction,
-    SliceDecision,
-    SliceLook,
+    BackOff, Block, ClearBackOff, DeletePods, GangPod, InTheWay, MarkDrained, Next, ReleaseGang, Requeue,
+    SaveRecord, SeeHosts, SliceAction, SliceDecision, SliceLook,
 )
 from pathways_operator.core.slice_machine import IDLE, SliceMachine, plan_pods, refused_name
 from pathways_operator.core.slice_phase import current_generation

@@ -16,6 +16,7 @@ from typing import Any
 
 from pathways_operator.core.phases import SlicePhase
 from pathways_operator.core.reasons import Condition
+from pathways_operator.core.slice_look import HostReport
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.resources import (
     ADMISSION_GROUP_LABEL,
@@ -87,14 +88,8 @@ class SliceSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostRecord:
-    """One entry of ``status.hosts``."""
-
-    index: int
-    node: str
-    devices: int
-    pod: str = ""
-    pod_ip: str = ""
+class HostRecord(HostReport):
+    """One entry of ``status.hosts``, as the API holds it."""
 
     def to_manifest(self) -> Json:
         return {
