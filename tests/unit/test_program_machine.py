@@ -8,10 +8,11 @@ import pytest
 
 from pathways_operator.core.phases import InvalidTransition, ProgramPhase, SlicePhase
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, Reported
-from pathways_operator.core.program_machine import (
-    SUSPEND_GRACE_S, Attempt, CreateInlineSlice, Next, Order, ProgramDecision, ProgramLook, ProgramMachine,
-    ProgramReport, ProgramSliceFact, StartDriver, StoreResults, epoch,
+from pathways_operator.core.program_look import (
+    Attempt, CreateInlineSlice, Next, Order, ProgramDecision, ProgramLook, ProgramReport, ProgramSliceFact,
+    StartDriver, StoreResults, epoch,
 )
+from pathways_operator.core.program_machine import SUSPEND_GRACE_S, ProgramMachine
 from pathways_operator.core.reasons import Condition, Reason
 
 NOW = "2026-01-01T00:10:00Z"

@@ -27,6 +27,8 @@ feeds the outcome back as the next stimulus: :meth:`~SliceMachine.admitted`,
 stimulus the reconciler carries out :meth:`~SliceMachine.take_actions`; at the
 end it writes :meth:`~SliceMachine.decision`'s status once. The pod plan of a
 launch is :func:`plan_pods`. Nothing here reads a clock or talks to anything.
+The module runs a little over 400 lines so that every stimulus of a slice's
+life, and so every phase change, reads in one place.
 """
 
 from __future__ import annotations

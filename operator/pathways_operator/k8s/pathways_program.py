@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pathways_operator.core.object_names import inline_slice_name
 from pathways_operator.core.phases import ProgramPhase
 from pathways_operator.core.program_lifecycle import DEFAULT_BACKOFF_LIMIT
-from pathways_operator.core.program_machine import ProgramReport
+from pathways_operator.core.program_look import ProgramReport
 from pathways_operator.core.reasons import Condition
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.resources import API_VERSION, PROGRAM_KIND

@@ -28,7 +28,7 @@ from pathways.compiled import CompiledProgram
 from pathways.errors import InvalidProgramError
 from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
 from pathways_operator.core.object_names import program_name_problem
-from pathways_operator.core.program_machine import ProgramSliceFact
+from pathways_operator.core.program_look import ProgramSliceFact
 from pathways_operator.core.reasons import Reason
 from pathways_operator.k8s.cluster_api import ClusterApi, Json
 from pathways_operator.k8s.pathways_program import ProgramObject

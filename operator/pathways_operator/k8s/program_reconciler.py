@@ -28,10 +28,11 @@ from pathlib import Path
 
 from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, is_permanent_refusal
-from pathways_operator.core.program_machine import (
-    IDLE, Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramMachine,
-    ProgramReport, StartDriver, StoreResults, results_config_map,
+from pathways_operator.core.program_look import (
+    Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramReport,
+    StartDriver, StoreResults, results_config_map,
 )
+from pathways_operator.core.program_machine import IDLE, ProgramMachine
 from pathways_operator.k8s import program_checks, program_objects
 from pathways_operator.k8s.cluster_api import ClusterApi, KubeError, now_rfc3339
 from pathways_operator.k8s.drivers import DriverLaunch, DriverSupervisor
