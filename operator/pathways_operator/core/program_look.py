@@ -88,16 +88,11 @@ class CreateInlineSlice:
 class Order(enum.Enum):
     """The actions that carry nothing but their name."""
 
-    STOP_DRIVER = "stop driver"
-    """Stop the program's driver, if one runs."""
-    ASK_SUSPEND = "ask suspend"
-    """Ask the running driver to stop at its next step boundary (remembering when it was first asked)."""
-    FORGET_SUSPEND = "forget suspend"
-    """No suspend is in progress any more."""
-    DISCARD_OUTCOME = "discard outcome"
-    """Forget how the last run ended (stopping it), so the next look starts a new one."""
-    RELEASE_SLICES = "release slices"
-    """Delete the VirtualSlices the program created from templates."""
+    STOP_DRIVER = "stop the program's driver, if one runs"
+    ASK_SUSPEND = "ask the running driver to stop at its next step boundary (noting when it was first asked)"
+    FORGET_SUSPEND = "no suspend is in progress any more"
+    DISCARD_OUTCOME = "forget how the last run ended (stopping it), so the next look starts a new one"
+    RELEASE_SLICES = "delete the VirtualSlices the program created from templates"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,6 +123,7 @@ class BackOff:
     """The API server refused the gang's pods ``count`` times in a row: place it again in ``wait_s``."""
 
     count: int
+    """Refusals in a row, this one included (the wait grows with it)."""
     wait_s: float
     """Seconds from now (the reconciler's clock) before the gang is placed again."""
     why: Unplaceable
