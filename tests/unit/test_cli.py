@@ -20,16 +20,12 @@ import numpy as np
 import pytest
 import yaml
 
-from pathways.cli import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
+from pathways.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from pathways.cli.durations import human_duration, parse_duration
+from pathways.cli.logs import log_file
+from pathways.cli.render import (
     describe_program,
     describe_slice,
-    human_duration,
-    log_file,
-    main,
-    parse_duration,
     prefixed,
     program_table,
     render_table,

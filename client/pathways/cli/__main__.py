@@ -1,0 +1,7 @@
+"""``python -m pathways.cli``: the ``pathways`` command."""
+
+import sys
+
+from pathways.cli import main
+
+sys.exit(main())

@@ -1,0 +1,26 @@
+"""``pathways compile prog.py``: the ConfigMap and PathwaysProgram manifest, written without a cluster."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import IO
+
+from pathways.cli.errors import EXIT_OK
+from pathways.cli.program_file import compile_program_file
+from pathways.cli.render import to_yaml
+
+
+def cmd_compile(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    config_map, program, summary = compile_program_file(Path(args.file), args.name, args.namespace, args.steps)
+    text = to_yaml([config_map, program])
+    if args.output == "-":
+        out.write(text)
+    else:
+        Path(args.output).write_text(text)
+        err.write(
+            f"{summary}\nwrote {args.output}: ConfigMap {config_map['metadata']['name']} and "
+            f"PathwaysProgram {program['metadata']['name']}; apply with `kubectl apply --server-side -f {args.output}`\n"
+            "(server-side: a client-side apply copies the ConfigMap into an annotation limited to 256 KiB)\n"
+        )
+    return EXIT_OK

@@ -1,0 +1,16 @@
+"""Exit statuses the ``pathways`` command promises scripts, and the error that carries one."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A command cannot go on; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code

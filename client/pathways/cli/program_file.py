@@ -1,0 +1,86 @@
+"""Programs from files: a ``prog.py`` that defines ``program`` and ``example_args()``.
+
+``compile``, ``submit`` and ``run`` all start here: the file is imported with its
+directory first on ``sys.path`` (so its siblings import), checked against the
+convention, and for the cluster commands traced into a ConfigMap and a PathwaysProgram.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pathways.cli.errors import CliError
+from pathways.errors import PathwaysError
+from pathways_wire.wording import plural
+
+
+@dataclass(frozen=True)
+class ProgramFile:
+    """A ``prog.py``: its ``program`` and the arguments ``example_args()`` returns."""
+
+    path: Path
+    function: Any
+    args: tuple[Any, ...]
+
+
+PROGRAM_FILE_HELP = (
+    "define a module-level `program` (a function decorated with @pw.program) and "
+    "`example_args()` returning its arguments as a tuple"
+)
+
+
+def load_program_file(path: Path) -> ProgramFile:
+    """Imports ``path`` (its directory first on sys.path, so its siblings import) and checks it."""
+    from pathways.tracing import ProgramFunction
+
+    if not path.is_file():
+        raise CliError(f"{path}: no such file")
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(f"pathways_program_file_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise CliError(f"{path}: not a Python file Python can import")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except PathwaysError as err:
+        raise CliError(f"{path}: {err}") from None
+    function = getattr(module, "program", None)
+    if not isinstance(function, ProgramFunction):
+        found = f"`program` is a {type(function).__name__}" if function is not None else "it has no `program`"
+        raise CliError(f"{path}: {found}; {PROGRAM_FILE_HELP}")
+    example_args = getattr(module, "example_args", None)
+    if not callable(example_args):
+        raise CliError(f"{path}: it has no `example_args()`; {PROGRAM_FILE_HELP}")
+    args = example_args()
+    return ProgramFile(path, function, args if isinstance(args, tuple) else (args,))
+
+
+def compile_program_file(
+    path: Path, name: str | None, namespace: str | None, steps: int
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The ConfigMap and PathwaysProgram for ``path``, and a one-line summary."""
+    from pathways.compiled import CompiledProgram, resource_name
+
+    loaded = load_program_file(path)
+    try:
+        compiled = CompiledProgram.trace(loaded.function, loaded.args)
+        program_name = resource_name(name or compiled.program.name)
+        cm_name = resource_name(program_name, "-compiled")
+        config_map = compiled.to_config_map(cm_name, namespace)
+    except PathwaysError as err:
+        raise CliError(f"{path}: {err}") from None
+    program = compiled.to_program(program_name, cm_name, namespace, steps)
+    size = sum(len(v) * 3 // 4 for v in config_map["binaryData"].values())
+    p = compiled.program
+    summary = (
+        f"program '{p.name}': {plural(len(p.computations), 'computation')} on "
+        f"{plural(len(p.slices), 'slice')}, {plural(len(p.inputs), 'input')}, {size / 1024:.1f} KiB compiled"
+    )
+    return config_map, program, summary

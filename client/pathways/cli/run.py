@@ -1,0 +1,39 @@
+"""``pathways run prog.py``: the program on the embedded local runtime, no cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from pathways.cli.errors import EXIT_OK, CliError
+from pathways.cli.program_file import load_program_file
+from pathways.errors import PathwaysError
+from pathways_wire.wording import plural
+
+
+def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    import jax
+    import numpy as np
+
+    import pathways as pw
+
+    loaded = load_program_file(Path(args.file))
+    err.write(f"running '{loaded.function.name}' on the embedded local runtime ({plural(args.steps, 'step')})\n")
+    try:
+        outputs: Any = None
+        for step in range(args.steps):
+            started = time.monotonic()
+            outputs = loaded.function(*loaded.args)
+            err.write(f"step {step + 1}/{args.steps} done in {time.monotonic() - started:.2f} s\n")
+    except PathwaysError as e:
+        raise CliError(f"{args.file}: {e}") from None
+    finally:
+        pw.shutdown()
+    if args.output == "json":
+        out.write(json.dumps(jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), outputs)) + "\n")
+    else:
+        out.write(repr(jax.tree_util.tree_map(np.asarray, outputs)) + "\n")
+    return EXIT_OK
