@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--until-done", action="store_true",
         help="with -w: stop when every program has Succeeded or Failed (exit 1 if any Failed)",
     )  # fmt: skip
+    # how long -w waits before watching again after a dropped connection
     status.add_argument("--interval", type=parse_duration, default=1.0, help=argparse.SUPPRESS)
 
     describe = commands.add_parser("describe", help="conditions, hosts, events and why a slice waits")
