@@ -54,58 +54,68 @@ def _dash(text: str) -> str:
     return text or "-"
 
 
+Table = tuple[list[str], list[list[str]]]
+
+
+def _listing(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], namespaces: Sequence[str], *, all_namespaces: bool
+) -> Table:
+    """A kind's columns, with NAMESPACE first when the table spans namespaces (``-A``)."""
+    if all_namespaces:
+        return ["NAMESPACE", *headers], [[ns, *row] for ns, row in zip(namespaces, rows)]
+    return list(headers), [list(row) for row in rows]
+
+
+def _slice_row(s: SliceView, now: datetime, wide: bool) -> list[str]:
+    row = [
+        s.name, str(s.devices), _dash(s.island or (f"({s.island_pin})" if s.island_pin else "")),
+        _dash(s.phase), _dash(s.ready_hosts), str(s.restarts), age(s.created, now),
+    ]  # fmt: skip
+    if wide:
+        waiting = s.waiting_reason
+        per_host = s.devices_per_host or next((h.devices for h in s.hosts if h.devices), 0)
+        row += [
+            str(per_host) if per_host else "-",
+            _dash(",".join(sorted({h.node for h in s.hosts if h.node}))),
+            f"{waiting.reason}: {waiting.message}" if waiting else "-",
+        ]
+    return row
+
+
 def slice_table(
     slices: Sequence[SliceView], now: datetime, *, wide: bool = False, all_namespaces: bool = False
-) -> tuple[list[str], list[list[str]]]:
+) -> Table:
     """``pathways status`` rows for VirtualSlices."""
     headers = ["SLICE", "DEVICES", "ISLAND", "PHASE", "READY", "RESTARTS", "AGE"]
-    if wide:
-        headers += ["PER HOST", "NODES", "WAITING"]
-    if all_namespaces:
-        headers = ["NAMESPACE", *headers]
-    rows = []
-    for s in slices:
-        row = [
-            s.name, str(s.devices), _dash(s.island or (f"({s.island_pin})" if s.island_pin else "")),
-            _dash(s.phase), _dash(s.ready_hosts), str(s.restarts), age(s.created, now),
-        ]  # fmt: skip
-        if wide:
-            waiting = s.waiting_reason
-            per_host = s.devices_per_host or next((h.devices for h in s.hosts if h.devices), 0)
-            row += [
-                str(per_host) if per_host else "-",
-                _dash(",".join(sorted({h.node for h in s.hosts if h.node}))),
-                f"{waiting.reason}: {waiting.message}" if waiting else "-",
-            ]
-        rows.append([s.namespace, *row] if all_namespaces else row)
-    return headers, rows
+    headers += ["PER HOST", "NODES", "WAITING"] if wide else []
+    rows = [_slice_row(s, now, wide) for s in slices]
+    return _listing(headers, rows, [s.namespace for s in slices], all_namespaces=all_namespaces)
 
 
 def program_slices_cell(p: ProgramView) -> str:
     return ",".join(f"{name}={vs}" for name, vs in p.virtual_slices().items()) or "-"
 
 
+def _program_row(p: ProgramView, now: datetime, wide: bool) -> list[str]:
+    row = [
+        p.name, program_slices_cell(p), _dash(p.phase), f"{p.steps_completed}/{p.steps}",
+        _weight(p.weight), age(p.created, now),
+    ]  # fmt: skip
+    if wide:
+        source = p.entrypoint or (f"configmap/{p.config_map}" if p.config_map else "")
+        results = f"configmap/{p.results_config_map}" if p.results_config_map else ""
+        row += [_dash(source), _dash(results), _dash(p.message)]
+    return row
+
+
 def program_table(
     programs: Sequence[ProgramView], now: datetime, *, wide: bool = False, all_namespaces: bool = False
-) -> tuple[list[str], list[list[str]]]:
+) -> Table:
     """``pathways status`` rows for PathwaysPrograms."""
     headers = ["PROGRAM", "SLICES", "PHASE", "STEPS", "WEIGHT", "AGE"]
-    if wide:
-        headers += ["SOURCE", "RESULTS", "MESSAGE"]
-    if all_namespaces:
-        headers = ["NAMESPACE", *headers]
-    rows = []
-    for p in programs:
-        row = [
-            p.name, program_slices_cell(p), _dash(p.phase), f"{p.steps_completed}/{p.steps}",
-            _weight(p.weight), age(p.created, now),
-        ]  # fmt: skip
-        if wide:
-            source = p.entrypoint or (f"configmap/{p.config_map}" if p.config_map else "")
-            results = f"configmap/{p.results_config_map}" if p.results_config_map else ""
-            row += [_dash(source), _dash(results), _dash(p.message)]
-        rows.append([p.namespace, *row] if all_namespaces else row)
-    return headers, rows
+    headers += ["SOURCE", "RESULTS", "MESSAGE"] if wide else []
+    rows = [_program_row(p, now, wide) for p in programs]
+    return _listing(headers, rows, [p.namespace for p in programs], all_namespaces=all_namespaces)
 
 
 def status_text(
