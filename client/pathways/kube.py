@@ -579,20 +579,26 @@ class Kube:
 
     # -- watching ------------------------------------------------------------------------
 
-    def list_custom(self, plural: str, namespace: str | None) -> tuple[list[Manifest], str]:
-        """VirtualSlices or PathwaysPrograms (``plural``) and the list's resourceVersion to watch from."""
+    def list_custom(
+        self, plural: str, namespace: str | None, name: str | None = None
+    ) -> tuple[list[Manifest], str]:
+        """VirtualSlices or PathwaysPrograms (``plural``; only ``name``'s when given) and the
+        list's resourceVersion to watch from."""
         api = self._api("CustomObjectsApi")
         where = f"in namespace {namespace}" if namespace else "in all namespaces"
         args = (GROUP, VERSION, plural) if namespace is None else (GROUP, VERSION, namespace, plural)
         fn = api.list_cluster_custom_object if namespace is None else api.list_namespaced_custom_object
-        out = _map(self._call(f"listing {plural}.{GROUP} {where}", fn, *args))
+        selector = {"field_selector": f"metadata.name={name}"} if name else {}
+        out = _map(self._call(f"listing {plural}.{GROUP} {where}", fn, *args, **selector))
         items = [dict(i) for i in _list(out.get("items"))]
         return items, _str(_map(out.get("metadata")).get("resourceVersion"))
 
     def watch_custom(
-        self, plural: str, namespace: str | None, resource_version: str, timeout_s: int, watcher: Any = None
-    ) -> Iterator[tuple[str, Manifest]]:
-        """Changes to ``plural`` after ``resource_version``, as (type, object), for at most ``timeout_s``.
+        self, plural: str, namespace: str | None, resource_version: str, timeout_s: int,
+        watcher: Any = None, name: str | None = None,
+    ) -> Iterator[tuple[str, Manifest]]:  # fmt: skip
+        """Changes to ``plural`` (``name`` only, when given) after ``resource_version``, as
+        (type, object), for at most ``timeout_s`` seconds.
 
         ``watcher`` is the :class:`kubernetes.watch.Watch` to stream with, so that another
         thread can ``stop()`` it. Bookmarks come through (type ``BOOKMARK``) to carry the
@@ -610,15 +616,17 @@ class Kube:
         args = (GROUP, VERSION, plural) if namespace is None else (GROUP, VERSION, namespace, plural)
         fn = api.list_cluster_custom_object if namespace is None else api.list_namespaced_custom_object
         stream = watcher if watcher is not None else watch.Watch()  # type: ignore[no-untyped-call]
+        selector = {"field_selector": f"metadata.name={name}"} if name else {}
         try:
             for event in stream.stream(
-                fn, *args, resource_version=resource_version, timeout_seconds=timeout_s,
+                fn, *args, resource_version=resource_version, timeout_seconds=timeout_s, **selector,
                 allow_watch_bookmarks=True, _request_timeout=(REQUEST_TIMEOUT[0], timeout_s + REQUEST_TIMEOUT[1]),
             ):  # fmt: skip
                 yield str(event["type"]), dict(_map(event.get("raw_object")))
         except ApiException as err:
             if err.status == 410:
-                raise ResourceVersionGone(f"{doing}: resourceVersion {resource_version} is gone: {err.reason}") from None
+                gone = f"{doing}: resourceVersion {resource_version} is gone: {err.reason}"
+                raise ResourceVersionGone(gone) from None
             raise self._explain(doing, err) from None
         except (HTTPError, OSError) as err:
             raise WatchInterrupted(f"{doing}: the connection to {self.server} dropped ({type(err).__name__})") from None

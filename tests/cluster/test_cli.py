@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -28,9 +27,13 @@ import yaml
 from kubernetes import client
 
 from pathways.cli import EXIT_FAILED, EXIT_OK, main
+from pathways.cli.watch_state import SLICES, Listed, StreamFailed
+from pathways.cli.watch_streams import follow
+from pathways.kube import Kube, ResourceVersionGone
 from tests.cluster.builders import container, pod
 from tests.cluster.conftest import Cluster
 from tests.cluster.controlplane import REPO_ROOT
+from tests.cluster.program_files import double_inc_program
 
 GROUP, VERSION = "pathways.dev", "v1alpha1"
 Manifest = dict[str, Any]
@@ -332,23 +335,7 @@ def test_logs_of_a_finished_program_show_its_driver_log(scene: Scene) -> None:
 # -- submit ------------------------------------------------------------------------------
 
 
-PROGRAM_FILE = textwrap.dedent(
-    """
-    import numpy as np
-    import pathways as pw
-
-    pool = pw.make_virtual_device_set().add_slice(devices=2)
-    double = pw.pmap(lambda x: x * 2.0, devices=pool.devices)
-    inc = pw.pmap(lambda x: x + 1.0, devices=pool.devices)
-
-    @pw.program(name="double-inc")
-    def program(v):
-        return inc(double(v))
-
-    def example_args():
-        return (np.array([1.0, 2.0], np.float32),)
-    """
-)
+PROGRAM_FILE = double_inc_program()
 
 
 @pytest.mark.timeout(180)
@@ -411,3 +398,34 @@ def test_submit_stores_a_complete_program_owned_by_its_pathwaysprogram(scene: Sc
     finally:
         shutdown()
     np.testing.assert_allclose(y, [3.0, 5.0])
+
+
+# -- watch streams -----------------------------------------------------------------------
+
+
+def test_a_watch_from_a_version_the_server_no_longer_keeps_is_gone(scene: Scene) -> None:
+    kube = Kube.connect(str(scene.cluster.kubeconfig), None, scene.namespace)
+    with pytest.raises(ResourceVersionGone, match="resourceVersion 1 is gone"):
+        list(kube.watch_custom(SLICES, scene.namespace, "1", 5))
+
+
+def test_following_slices_lists_again_when_the_server_says_gone(scene: Scene) -> None:
+    kube = Kube.connect(str(scene.cluster.kubeconfig), None, scene.namespace)
+    watched_from: list[str] = []
+
+    def watch_from(version: str) -> Iterator[tuple[str, Manifest]]:
+        watched_from.append(version)
+        return kube.watch_custom(SLICES, scene.namespace, "1" if len(watched_from) == 1 else version, 2)
+
+    stopped = threading.Event()
+    listed: list[Listed] = []
+    for update in follow(SLICES, lambda: kube.list_custom(SLICES, scene.namespace), watch_from, stopped, 0.1):
+        assert not isinstance(update, StreamFailed), update
+        if isinstance(update, Listed):
+            listed.append(update)
+        if len(listed) == 2:
+            stopped.set()
+            break
+    names = [sorted(o["metadata"]["name"] for o in update.items) for update in listed]
+    assert names[0] == names[1] and {"big", "shared"} <= set(names[0])
+    assert watched_from[0] != "1" and len(watched_from) == 1

@@ -34,7 +34,8 @@ def obj(name: str, version: str, namespace: str = "ns", **status: Any) -> Manife
 
 
 def program(name: str, phase: str) -> ProgramView:
-    return ProgramView.from_object({"metadata": {"name": name, "namespace": "ns"}, "spec": {}, "status": {"phase": phase}})
+    raw = {"metadata": {"name": name, "namespace": "ns"}, "spec": {}, "status": {"phase": phase}}
+    return ProgramView.from_object(raw)
 
 
 def test_nothing_is_printed_until_both_kinds_are_listed() -> None:
@@ -143,8 +144,10 @@ def test_follow_lists_then_watches_from_the_last_version_across_requests() -> No
     )
     updates = run(api, stop_after=3)
     assert updates == [
-        Listed(SLICES, [obj("a", "1")]), Changed(SLICES, "MODIFIED", obj("a", "11")), Changed(SLICES, "ADDED", obj("b", "16")),
-    ]  # fmt: skip
+        Listed(SLICES, [obj("a", "1")]),
+        Changed(SLICES, "MODIFIED", obj("a", "11")),
+        Changed(SLICES, "ADDED", obj("b", "16")),
+    ]
     assert api.watched_from == ["10", "15"]
 
 
@@ -177,3 +180,10 @@ def test_follow_gives_up_after_too_many_dropped_connections_in_a_row() -> None:
 def test_follow_ends_with_the_servers_words_when_it_refuses() -> None:
     api = FakeApi(lists=[([], "10")], watches=[[KubeError("watching: forbidden; ask your cluster admin")]])
     assert run(api, stop_after=100)[-1] == StreamFailed(SLICES, "watching: forbidden; ask your cluster admin")
+
+
+def test_a_watch_of_programs_alone_is_complete_once_they_are_listed() -> None:
+    seen = WatchedObjects(kinds=(PROGRAMS,))
+    assert not seen.complete
+    seen.apply(Listed(PROGRAMS, [obj("p", "1")]))
+    assert seen.complete and seen.snapshot() == (("uid-p", "1"),)

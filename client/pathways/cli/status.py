@@ -15,9 +15,9 @@ from typing import IO
 
 from pathways.cli.connection import connect, utc_now
 from pathways.cli.durations import human_duration
-from pathways.cli.errors import EXIT_FAILED, EXIT_OK, CliError
+from pathways.cli.errors import EXIT_FAILED, EXIT_OK
 from pathways.cli.render import dump_documents, status_text
-from pathways.cli.watch_state import PROGRAMS, SLICES, Manifest, StreamFailed, WatchedObjects, until_done
+from pathways.cli.watch_state import PROGRAMS, SLICES, Manifest, WatchedObjects, until_done
 from pathways.cli.watch_streams import ObjectStreams
 from pathways.kube import ProgramView, SliceView
 
@@ -28,7 +28,8 @@ def _print(
 ) -> None:  # fmt: skip
     if args.output in ("yaml", "json"):
         items = [*raw_slices, *raw_programs]
-        dump_documents(items if args.watch else [{"apiVersion": "v1", "kind": "List", "items": items}], args.output, out)
+        docs = items if args.watch else [{"apiVersion": "v1", "kind": "List", "items": items}]
+        dump_documents(docs, args.output, out)
     else:
         if again:
             out.write(f"\n--- {datetime.now().strftime('%H:%M:%S')} ---\n")
@@ -50,11 +51,7 @@ def cmd_status(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     printed = None
     with ObjectStreams(kube, namespace, retry_s=args.interval) as streams:
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            for update in streams.next_batch(left):
-                if isinstance(update, StreamFailed):
-                    raise CliError(update.message)
-                seen.apply(update)
+            streams.catch_up(seen, deadline)
             raw_programs = seen.objects(PROGRAMS)
             if seen.complete and seen.snapshot() != printed:
                 _print(seen.objects(SLICES), raw_programs, args, namespace, out, again=printed is not None)

@@ -1,4 +1,7 @@
-"""``pathways submit prog.py``: compile, create in the cluster, and with ``--wait`` follow it to its results."""
+"""``pathways submit prog.py``: compile, create in the cluster, and with ``--wait`` follow it to its results.
+
+``--wait`` follows the one program with a watch stream, as ``status -w`` does.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from pathways.cli.durations import human_duration
 from pathways.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from pathways.cli.program_file import compile_program_file
 from pathways.cli.render import results_text
+from pathways.cli.watch_state import PROGRAMS, WatchedObjects
+from pathways.cli.watch_streams import ObjectStreams
 from pathways.kube import Kube, NotFoundError, ProgramView
 from pathways_wire.wording import fraction
 
@@ -51,25 +56,34 @@ def cmd_submit(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
-def _wait_program(kube: Kube, ns: str, name: str, timeout: float, err: IO[str]) -> ProgramView | None:
-    """Follows the program until it ends (its view), or None after ``timeout`` seconds."""
+def _wait_program(
+    kube: Kube, ns: str, name: str, timeout: float, err: IO[str], retry_s: float = 1.0
+) -> ProgramView | None:
+    """Follows the program (a watch stream) until it ends (its view), or None after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout if timeout else None
+    seen = WatchedObjects(kinds=(PROGRAMS,))
     shown = ""
-    while True:
-        view = ProgramView.from_object(kube.get_program(ns, name))
-        line = f"{view.phase or 'Pending'} {fraction(view.steps_completed, view.steps, 'step')}"
-        if view.message:
-            line += f": {view.message}"
-        if line != shown:
-            err.write(f"{name}: {line}\n")
-            err.flush()
-            shown = line
-        if view.done:
-            return view
-        if deadline is not None and time.monotonic() >= deadline:
-            err.write(
-                f"error: {name} is still {view.phase or 'Pending'} after {human_duration(timeout)}: "
-                f"see `pathways describe program {name} -n {ns}`\n"
-            )
-            return None
-        time.sleep(1.0)
+    with ObjectStreams(kube, ns, retry_s=retry_s, kinds=(PROGRAMS,), name=name) as streams:
+        while True:
+            streams.catch_up(seen, deadline)
+            found = seen.objects(PROGRAMS)
+            view = ProgramView.from_object(found[0]) if found else None
+            if seen.complete and view is None:
+                raise CliError(f"PathwaysProgram {name} in namespace {ns} was deleted before it ended")
+            if view is not None:
+                line = f"{view.phase or 'Pending'} {fraction(view.steps_completed, view.steps, 'step')}"
+                if view.message:
+                    line += f": {view.message}"
+                if line != shown:
+                    err.write(f"{name}: {line}\n")
+                    err.flush()
+                    shown = line
+                if view.done:
+                    return view
+            if deadline is not None and time.monotonic() >= deadline:
+                phase = (view.phase if view is not None else "") or "Pending"
+                err.write(
+                    f"error: {name} is still {phase} after {human_duration(timeout)}: "
+                    f"see `pathways describe program {name} -n {ns}`\n"
+                )
+                return None

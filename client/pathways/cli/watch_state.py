@@ -71,12 +71,13 @@ def resume_version(current: str, event_type: str, obj: Mapping[str, Any]) -> str
 class WatchedObjects:
     """The VirtualSlices and PathwaysPrograms a watch has seen, by kind, namespace and name."""
 
+    kinds: tuple[Plural, ...] = WATCHED
     _objects: dict[Plural, dict[tuple[str, str], Manifest]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
-        """Both kinds have been listed: there is a whole picture to print."""
-        return all(plural in self._objects for plural in WATCHED)
+        """Every watched kind has been listed: there is a whole picture to print."""
+        return all(plural in self._objects for plural in self.kinds)
 
     def apply(self, update: Listed | Changed) -> None:
         if isinstance(update, Listed):
@@ -97,7 +98,7 @@ class WatchedObjects:
         """Each object's uid and resourceVersion: equal snapshots print the same tables."""
         return tuple(
             (str(o["metadata"].get("uid")), str(o["metadata"].get("resourceVersion")))
-            for plural in WATCHED
+            for plural in self.kinds
             for o in self.objects(plural)
         )
 

@@ -14,12 +14,24 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from pathways.cli.watch_state import WATCHED, Changed, EventType, Listed, Manifest, Plural, StreamFailed, Update
-from pathways.cli.watch_state import resume_version
+from pathways.cli.errors import CliError
+from pathways.cli.watch_state import (
+    WATCHED,
+    Changed,
+    EventType,
+    Listed,
+    Manifest,
+    Plural,
+    StreamFailed,
+    Update,
+    WatchedObjects,
+    resume_version,
+)
 from pathways.kube import Kube, KubeError, ResourceVersionGone, WatchInterrupted
 
 WINDOW_S = 60
@@ -64,11 +76,17 @@ def follow(
 
 
 class ObjectStreams:
-    """Both kinds of one namespace (None: all), followed on threads until :meth:`close`."""
+    """``kinds`` of one namespace (None: all; ``name``'s only, when given), each followed on
+    its own thread until :meth:`close`."""
 
-    def __init__(self, kube: Kube, namespace: str | None, *, retry_s: float, window_s: int = WINDOW_S) -> None:
+    def __init__(
+        self, kube: Kube, namespace: str | None, *, retry_s: float, kinds: tuple[Plural, ...] = WATCHED,
+        name: str | None = None, window_s: int = WINDOW_S,
+    ) -> None:  # fmt: skip
         self._kube = kube
         self._namespace = namespace
+        self._kinds = kinds
+        self._name = name
         self._retry_s = retry_s
         self._window_s = window_s
         self._updates: queue.Queue[Update] = queue.Queue()
@@ -77,7 +95,7 @@ class ObjectStreams:
         self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> ObjectStreams:
-        for plural in WATCHED:
+        for plural in self._kinds:
             thread = threading.Thread(target=self._run, args=(plural,), name=f"watch-{plural}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -108,17 +126,28 @@ class ObjectStreams:
             except queue.Empty:
                 return batch
 
+    def catch_up(self, seen: WatchedObjects, deadline: float | None) -> None:
+        """Applies to ``seen`` the updates that arrive before ``deadline`` (``time.monotonic``;
+        None: waits for the first); a stream that failed raises :class:`CliError` with its words."""
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        for update in self.next_batch(left):
+            if isinstance(update, StreamFailed):
+                raise CliError(update.message)
+            seen.apply(update)
+
     def _run(self, plural: Plural) -> None:
         from kubernetes import watch
 
         def list_objects() -> tuple[list[Manifest], str]:
-            return self._kube.list_custom(plural, self._namespace)
+            return self._kube.list_custom(plural, self._namespace, self._name)
 
         def watch_from(version: str) -> Iterator[tuple[str, Manifest]]:
             watcher = watch.Watch()  # type: ignore[no-untyped-call]
             self._watchers.append(watcher)
             try:
-                yield from self._kube.watch_custom(plural, self._namespace, version, self._window_s, watcher)
+                yield from self._kube.watch_custom(
+                    plural, self._namespace, version, self._window_s, watcher, self._name
+                )
             finally:
                 self._watchers.remove(watcher)
 
