@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +25,11 @@ from pathways_wire import pathways_pb2 as pb
 from tests.cluster.builders import Manifest, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
+from tests.cluster.program_files import double_inc_program
 
 PROGRAM_DONE_S = 180.0
 
-SHARED_PROGRAM = textwrap.dedent(
-    """
-    import numpy as np
-    import pathways as pw
-
-    pool = pw.make_virtual_device_set().add_slice(devices=2, name="compiled-pool")
-    double = pw.pmap(lambda x: x * 2.0, devices=pool.devices)
-    inc = pw.pmap(lambda x: x + 1.0, devices=pool.devices)
-
-    @pw.program(name="double-inc")
-    def program(v):
-        return inc(double(v))
-
-    def example_args():
-        return (np.array([1.0, 2.0], np.float32),)
-    """
-)
+SHARED_PROGRAM = double_inc_program("compiled-pool")
 
 
 def results(objects: Objects, done: Manifest) -> dict[str, object]:

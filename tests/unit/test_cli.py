@@ -364,14 +364,22 @@ def test_missing_kubeconfig_fails_with_what_to_do(tmp_path: Path) -> None:
     assert "pass --kubeconfig FILE, set KUBECONFIG" in err.getvalue()
 
 
-def test_unknown_context_lists_the_known_ones(tmp_path: Path) -> None:
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
+def kubeconfig(path: Path, contexts: list[dict[str, Any]]) -> Path:
+    """A kubeconfig whose current context is ``a``, with one unreachable cluster and user."""
+    path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "a",
         "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
         "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": n, "context": {"cluster": "c", "user": "u", "namespace": f"ns-{n}"}} for n in "ab"],
+        "contexts": contexts,
     }))  # fmt: skip
+    return path
+
+
+def test_unknown_context_lists_the_known_ones(tmp_path: Path) -> None:
+    config = kubeconfig(
+        tmp_path / "kubeconfig",
+        [{"name": n, "context": {"cluster": "c", "user": "u", "namespace": f"ns-{n}"}} for n in "ab"],
+    )
     with pytest.raises(KubeError, match=r"context 'z' is not in kubeconfig .* \(contexts: a, b\)"):
         Kube.connect(str(config), "z")
     session = Kube.connect(str(config), "b")
@@ -380,13 +388,7 @@ def test_unknown_context_lists_the_known_ones(tmp_path: Path) -> None:
 
 
 def test_unreachable_api_server_exits_1_naming_the_server(tmp_path: Path) -> None:
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "a",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}}],
-    }))  # fmt: skip
+    config = kubeconfig(tmp_path / "kubeconfig", [{"name": "a", "context": {"cluster": "c", "user": "u"}}])
     err = io.StringIO()
     assert main(["--kubeconfig", str(config), "describe", "slice", "x"], err=err) == EXIT_FAILED
     assert "cannot reach the API server at https://127.0.0.1:1" in err.getvalue()
