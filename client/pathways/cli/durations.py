@@ -6,26 +6,26 @@ import argparse
 import re
 
 
+_SECONDS = {"y": 365 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_SHOWN = (
+    # below this many seconds: (the larger unit, the smaller unit shown after it, or "")
+    (120, ("s", "")),
+    (600, ("m", "s")),
+    (3 * 3600, ("m", "")),
+    (8 * 3600, ("h", "m")),
+    (48 * 3600, ("h", "")),
+    (192 * 3600, ("d", "h")),
+    (730 * 86400, ("d", "")),
+)
+
+
 def human_duration(seconds: float) -> str:
     """kubectl's short duration: 45s, 3m12s, 15m, 2h5m, 10h, 3d4h, 40d, 2y30d."""
     s = max(0, int(seconds))
-    minutes, hours, days = s // 60, s // 3600, s // 86400
-    if s < 120:
-        return f"{s}s"
-    if minutes < 10:
-        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 192:
-        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
-    if days < 730:
-        return f"{days}d"
-    years = days // 365
-    return f"{years}y{days % 365}d" if days % 365 else f"{years}y"
+    large, small = next((units for limit, units in _SHOWN if s < limit), ("y", "d"))
+    count, rest = divmod(s, _SECONDS[large])
+    smaller = rest // _SECONDS[small] if small else 0
+    return f"{count}{large}{smaller}{small}" if smaller else f"{count}{large}"
 
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")

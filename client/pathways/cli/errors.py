@@ -9,8 +9,7 @@ EXIT_INTERRUPTED = 130
 
 
 class CliError(Exception):
-    """A command cannot go on; ``code`` is the exit status."""
+    """A command cannot go on: its message (what to do next) goes to stderr, and the
+    command exits with ``code``."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
+    code: int = EXIT_FAILED
