@@ -30,6 +30,7 @@ from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.env_flags import env_option
 from pathways_operator.controller import Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.host_link import GRPC_OPTIONS
@@ -60,31 +61,32 @@ def _parser() -> argparse.ArgumentParser:
                         "must start with")
     parser.add_argument("--liveness", default=None,
                         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--metrics-port", type=_metrics_port, default=os.environ.get("PATHWAYS_METRICS_PORT") or "0",
-                        help="serve Prometheus /metrics on this port; 0: off; any: a free port, logged once "
-                        "bound (PATHWAYS_METRICS_PORT)")
-    parser.add_argument("--state-dir", type=Path,
-                        default=Path(os.environ.get("PATHWAYS_OPERATOR_STATE_DIR", "/tmp/pathways-operator")),
-                        help="where program drivers keep progress, results and logs")
-    parser.add_argument("--checkpoint-root", type=Path,
-                        default=Path(os.environ["PATHWAYS_CHECKPOINT_ROOT"])
-                        if os.environ.get("PATHWAYS_CHECKPOINT_ROOT") else None,
-                        help="where PersistentVolumeClaims named by spec.checkpoint.volume are mounted: "
-                        "snapshots go to ROOT/<namespace>/<claim>/<program>-<uid>/ "
-                        "(PATHWAYS_CHECKPOINT_ROOT; default <state-dir>/checkpoints)")
-    parser.add_argument("--worker-image", default=os.environ.get("PATHWAYS_WORKER_IMAGE") or WorkerDefaults.image,
-                        help="image of worker pods when a VirtualSlice gives none (PATHWAYS_WORKER_IMAGE)")
-    parser.add_argument("--worker-image-pull-policy",
-                        default=os.environ.get("PATHWAYS_WORKER_IMAGE_PULL_POLICY", ""),
-                        help="imagePullPolicy of worker pods (PATHWAYS_WORKER_IMAGE_PULL_POLICY)")
-    parser.add_argument("--worker-resources", type=_json_object,
-                        default=os.environ.get("PATHWAYS_WORKER_RESOURCES") or "{}",
-                        help="JSON ResourceRequirements of worker containers when a VirtualSlice's "
-                        "spec.resources is empty (PATHWAYS_WORKER_RESOURCES)")
-    parser.add_argument("--devices-per-host", type=int,
-                        default=int(os.environ.get("PATHWAYS_DEVICES_PER_HOST") or 0),
-                        help="host size of slices without spec.devicesPerHost; 0: the island's "
-                        "machine size (PATHWAYS_DEVICES_PER_HOST)")
+    env_option(parser, "--metrics-port", variable="PATHWAYS_METRICS_PORT", env=os.environ, type=_metrics_port,
+               default=0,
+               help="serve Prometheus /metrics on this port; 0: off; any: a free port, logged once "
+               "bound (PATHWAYS_METRICS_PORT)")
+    env_option(parser, "--state-dir", variable="PATHWAYS_OPERATOR_STATE_DIR", env=os.environ, type=Path,
+               default=Path("/tmp/pathways-operator"),
+               help="where program drivers keep progress, results and logs")
+    env_option(parser, "--checkpoint-root", variable="PATHWAYS_CHECKPOINT_ROOT", env=os.environ, type=Path,
+               default=None,
+               help="where PersistentVolumeClaims named by spec.checkpoint.volume are mounted: "
+               "snapshots go to ROOT/<namespace>/<claim>/<program>-<uid>/ "
+               "(PATHWAYS_CHECKPOINT_ROOT; default <state-dir>/checkpoints)")
+    env_option(parser, "--worker-image", variable="PATHWAYS_WORKER_IMAGE", env=os.environ,
+               default=WorkerDefaults.image,
+               help="image of worker pods when a VirtualSlice gives none (PATHWAYS_WORKER_IMAGE)")
+    env_option(parser, "--worker-image-pull-policy", variable="PATHWAYS_WORKER_IMAGE_PULL_POLICY", env=os.environ,
+               default="",
+               help="imagePullPolicy of worker pods (PATHWAYS_WORKER_IMAGE_PULL_POLICY)")
+    env_option(parser, "--worker-resources", variable="PATHWAYS_WORKER_RESOURCES", env=os.environ,
+               type=_json_object, default="{}",
+               help="JSON ResourceRequirements of worker containers when a VirtualSlice's "
+               "spec.resources is empty (PATHWAYS_WORKER_RESOURCES)")
+    env_option(parser, "--devices-per-host", variable="PATHWAYS_DEVICES_PER_HOST", env=os.environ, type=int,
+               default=0,
+               help="host size of slices without spec.devicesPerHost; 0: the island's "
+               "machine size (PATHWAYS_DEVICES_PER_HOST)")
     parser.add_argument("--allow-system-priority-classes", action="store_true",
                         default=_env_flag("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"),
                         help="let VirtualSlices use the system-node-critical and system-cluster-critical "

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pathways_wire.env_flags import env_option
 from pathways_wire.slice_token import ENV_INSECURE, INSECURE_FLAG, insecure_allowed, read_token
 
 DEFAULT_INPUT_TIMEOUT_S = 300.0
@@ -68,6 +69,20 @@ def _split_address(flag: str, address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _host_flags(
+    p: argparse.ArgumentParser, env: Mapping[str, str], peer: str, store: tuple[str, int, str]
+) -> None:
+    """The flags both host processes take: their shared memory, their name and their store's
+    bound (``store``: its variable, default and meaning)."""
+    env_option(p, "--shm-dir", variable="PATHWAYS_SHM_DIR", env=env, default="",
+               help=f"shared-memory directory shared with the {peer} (PATHWAYS_SHM_DIR)")
+    env_option(p, "--host-name", variable="PATHWAYS_HOST_NAME", env=env, default="",
+               help="name used in errors (PATHWAYS_HOST_NAME)")
+    variable, default, meaning = store
+    env_option(p, "--store-limit-bytes", variable=variable, env=env, type=int, default=default,
+               help=f"{meaning} ({variable})")
+
+
 def _token_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slice-token-file", default="",
                    help="file holding the slice token callers must present (default: "
@@ -86,26 +101,20 @@ def parse_worker_args(
         prog="python -m pathways_worker.worker",
         description="A Pathways host's worker: JAX devices, object store and executor.",
     )
-    p.add_argument("--listen", default=env.get("PATHWAYS_WORKER_LISTEN", "127.0.0.1:0"),
-                   help="HOST:PORT to serve Executor on (PATHWAYS_WORKER_LISTEN); port 0 picks one")
-    p.add_argument("--host-index", type=int, default=int(env.get("PATHWAYS_HOST_INDEX", "0")),
-                   help="this host's process index in its slice (PATHWAYS_HOST_INDEX)")
-    p.add_argument("--num-hosts", type=int, default=int(env.get("PATHWAYS_NUM_HOSTS", "1")),
-                   help="hosts in the slice (PATHWAYS_NUM_HOSTS)")
-    p.add_argument("--coordinator", default=env.get("PATHWAYS_COORDINATOR", ""),
-                   help="host 0's HOST:PORT for jax.distributed (PATHWAYS_COORDINATOR)")
-    p.add_argument("--devices", type=int, default=int(env.get("PATHWAYS_DEVICES", "1")),
-                   help="JAX CPU devices on this host (PATHWAYS_DEVICES)")
-    p.add_argument("--shm-dir", default=env.get("PATHWAYS_SHM_DIR", ""),
-                   help="shared-memory directory shared with the sidecar (PATHWAYS_SHM_DIR)")
-    p.add_argument("--host-name", default=env.get("PATHWAYS_HOST_NAME", ""),
-                   help="name used in errors (PATHWAYS_HOST_NAME)")
-    p.add_argument("--input-timeout-s", type=float,
-                   default=float(env.get("PATHWAYS_INPUT_TIMEOUT_S", DEFAULT_INPUT_TIMEOUT_S)),
-                   help="longest wait for a computation's inputs or store space (PATHWAYS_INPUT_TIMEOUT_S)")
-    p.add_argument("--store-limit-bytes", type=int,
-                   default=int(env.get("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT)),
-                   help="object store bound (PATHWAYS_STORE_LIMIT_BYTES)")
+    env_option(p, "--listen", variable="PATHWAYS_WORKER_LISTEN", env=env, default="127.0.0.1:0",
+               help="HOST:PORT to serve Executor on (PATHWAYS_WORKER_LISTEN); port 0 picks one")
+    env_option(p, "--host-index", variable="PATHWAYS_HOST_INDEX", env=env, type=int, default=0,
+               help="this host's process index in its slice (PATHWAYS_HOST_INDEX)")
+    env_option(p, "--num-hosts", variable="PATHWAYS_NUM_HOSTS", env=env, type=int, default=1,
+               help="hosts in the slice (PATHWAYS_NUM_HOSTS)")
+    env_option(p, "--coordinator", variable="PATHWAYS_COORDINATOR", env=env, default="",
+               help="host 0's HOST:PORT for jax.distributed (PATHWAYS_COORDINATOR)")
+    env_option(p, "--devices", variable="PATHWAYS_DEVICES", env=env, type=int, default=1,
+               help="JAX CPU devices on this host (PATHWAYS_DEVICES)")
+    _host_flags(p, env, "sidecar", ("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT, "object store bound"))
+    env_option(p, "--input-timeout-s", variable="PATHWAYS_INPUT_TIMEOUT_S", env=env, type=float,
+               default=DEFAULT_INPUT_TIMEOUT_S,
+               help="longest wait for a computation's inputs or store space (PATHWAYS_INPUT_TIMEOUT_S)")
     _token_flags(p)
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
@@ -141,41 +150,36 @@ def parse_sidecar_args(
         prog="python -m pathways_worker.sidecar",
         description="A Pathways host's dataflow sidecar: plans, ordering and transfers.",
     )
-    p.add_argument("--listen", default=env.get("PATHWAYS_SIDECAR_LISTEN", "127.0.0.1:0"),
-                   help="HOST:PORT to serve Dataflow on (PATHWAYS_SIDECAR_LISTEN); port 0 picks one")
-    p.add_argument("--worker", default=env.get("PATHWAYS_WORKER_ADDRESS", ""),
-                   help="the worker's HOST:PORT (PATHWAYS_WORKER_ADDRESS)")
-    p.add_argument("--shm-dir", default=env.get("PATHWAYS_SHM_DIR", ""),
-                   help="shared-memory directory shared with the worker (PATHWAYS_SHM_DIR)")
-    p.add_argument("--host-name", default=env.get("PATHWAYS_HOST_NAME", ""),
-                   help="name used in errors (PATHWAYS_HOST_NAME)")
-    p.add_argument("--store-limit-bytes", type=int,
-                   default=int(env.get("PATHWAYS_SIDECAR_STORE_LIMIT_BYTES",
-                                       DEFAULT_SIDECAR_STORE_LIMIT)),
-                   help="bound on bytes of incoming values held (PATHWAYS_SIDECAR_STORE_LIMIT_BYTES)")
-    p.add_argument("--put-wait-s", type=float,
-                   default=float(env.get("PATHWAYS_SIDECAR_PUT_WAIT_S", DEFAULT_PUT_WAIT_S)),
-                   help="longest wait of a Put for store space (PATHWAYS_SIDECAR_PUT_WAIT_S)")
-    p.add_argument("--advertise", default=env.get("PATHWAYS_SIDECAR_ADVERTISE", ""),
-                   help="address announced to the controller; default: the listen address")
-    p.add_argument("--data-port", type=int, default=int(env.get("PATHWAYS_SIDECAR_DATA_PORT", "0")),
-                   help="port of the raw TCP data channel, on the listen address "
-                        "(PATHWAYS_SIDECAR_DATA_PORT); 0 picks one")
-    p.add_argument("--data-token", default=env.get("PATHWAYS_SIDECAR_DATA_TOKEN", ""),
-                   help="token peers must present on the data channel, and this sidecar presents "
-                        "to theirs (PATHWAYS_SIDECAR_DATA_TOKEN); default: the slice token")
-    p.add_argument("--data-channel", choices=("on", "off"),
-                   default=env.get("PATHWAYS_SIDECAR_DATA_CHANNEL", "on"),
-                   help="send routed values over peers' data channels; off: gRPC Put only "
-                        "(PATHWAYS_SIDECAR_DATA_CHANNEL)")
-    p.add_argument("--file-handover", choices=("on", "off"),
-                   default=env.get("PATHWAYS_SIDECAR_FILE_HANDOVER", "on"),
-                   help="hand piece files to peers on the same machine instead of sending bytes "
-                        "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
+    env_option(p, "--listen", variable="PATHWAYS_SIDECAR_LISTEN", env=env, default="127.0.0.1:0",
+               help="HOST:PORT to serve Dataflow on (PATHWAYS_SIDECAR_LISTEN); port 0 picks one")
+    env_option(p, "--worker", variable="PATHWAYS_WORKER_ADDRESS", env=env, default="",
+               help="the worker's HOST:PORT (PATHWAYS_WORKER_ADDRESS)")
+    held = "bound on bytes of incoming values held"
+    store = ("PATHWAYS_SIDECAR_STORE_LIMIT_BYTES", DEFAULT_SIDECAR_STORE_LIMIT, held)
+    _host_flags(p, env, "worker", store)
+    env_option(p, "--put-wait-s", variable="PATHWAYS_SIDECAR_PUT_WAIT_S", env=env, type=float,
+               default=DEFAULT_PUT_WAIT_S,
+               help="longest wait of a Put for store space (PATHWAYS_SIDECAR_PUT_WAIT_S)")
+    env_option(p, "--advertise", variable="PATHWAYS_SIDECAR_ADVERTISE", env=env, default="",
+               help="address announced to the controller; default: the listen address")
+    env_option(p, "--data-port", variable="PATHWAYS_SIDECAR_DATA_PORT", env=env, type=int, default=0,
+               help="port of the raw TCP data channel, on the listen address "
+                    "(PATHWAYS_SIDECAR_DATA_PORT); 0 picks one")
+    env_option(p, "--data-token", variable="PATHWAYS_SIDECAR_DATA_TOKEN", env=env, default="",
+               help="token peers must present on the data channel, and this sidecar presents "
+                    "to theirs (PATHWAYS_SIDECAR_DATA_TOKEN); default: the slice token")
+    env_option(p, "--data-channel", variable="PATHWAYS_SIDECAR_DATA_CHANNEL", env=env, default="on",
+               choices=("on", "off"),
+               help="send routed values over peers' data channels; off: gRPC Put only "
+                    "(PATHWAYS_SIDECAR_DATA_CHANNEL)")
+    env_option(p, "--file-handover", variable="PATHWAYS_SIDECAR_FILE_HANDOVER", env=env, default="on",
+               choices=("on", "off"),
+               help="hand piece files to peers on the same machine instead of sending bytes "
+                    "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
     _token_flags(p)
-    p.add_argument("--metrics-port", default=env.get("PATHWAYS_SIDECAR_METRICS_PORT", ""),
-                   help="serve Prometheus /metrics on this port of the listen address "
-                        "(PATHWAYS_SIDECAR_METRICS_PORT); 0 picks one; empty: no metrics")
+    env_option(p, "--metrics-port", variable="PATHWAYS_SIDECAR_METRICS_PORT", env=env, default="",
+               help="serve Prometheus /metrics on this port of the listen address "
+                    "(PATHWAYS_SIDECAR_METRICS_PORT); 0 picks one; empty: no metrics")
     a = p.parse_args(argv)
     _split_address("--listen", a.listen)
     _split_address("--worker", a.worker)

@@ -1,0 +1,76 @@
+"""Command-line flags whose defaults come from environment variables.
+
+A pod configures its containers through the environment, a person through flags: the
+flag wins, else the variable, else the built-in default. One rule for every process
+(the host processes, the operator): a variable's text is parsed exactly as the flag's
+would be, only when the flag is not given, and a value that does not parse stops the
+process with a usage error naming both the variable and the flag, e.g.::
+
+    argument --host-index: PATHWAYS_HOST_INDEX='two' is not valid (invalid int value):
+    fix PATHWAYS_HOST_INDEX or pass --host-index
+
+Plain Python (argparse only): the environment is passed in, so hosts can use this
+before JAX loads and tests need no process environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+
+class _FromEnvironment(str):
+    """A flag's default text read from environment variable ``variable``."""
+
+    variable: str
+
+
+def _from_environment(text: str, variable: str) -> _FromEnvironment:
+    tagged = _FromEnvironment(text)
+    tagged.variable = variable
+    return tagged
+
+
+def _invalid(raw: _FromEnvironment, flag: str, why: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(
+        f"{raw.variable}={str(raw)!r} is not valid ({why}): fix {raw.variable} or pass {flag}"
+    )
+
+
+def env_option(
+    parser: argparse.ArgumentParser,
+    *flags: str,
+    variable: str,
+    env: Mapping[str, str],
+    default: Any,
+    type: Callable[[str], Any] = str,
+    choices: Collection[str] | None = None,
+    help: str | None = None,
+) -> argparse.Action:
+    """Adds ``flags`` to ``parser`` with ``env[variable]`` as the default.
+
+    An unset or blank variable leaves ``default`` (not parsed, as argparse leaves a
+    non-string default). ``choices`` are checked for the variable's text too, which
+    argparse does not do for defaults.
+    """
+    flag = flags[-1]
+    name = getattr(type, "__name__", "value")
+
+    def parse(raw: str) -> Any:
+        if not isinstance(raw, _FromEnvironment):
+            return type(raw)
+        try:
+            value = type(raw)
+        except argparse.ArgumentTypeError as err:
+            raise _invalid(raw, flag, str(err)) from None
+        except (TypeError, ValueError):
+            raise _invalid(raw, flag, f"invalid {name} value") from None
+        if choices is not None and value not in choices:
+            raise _invalid(raw, flag, f"choose from {', '.join(map(repr, choices))}")
+        return value
+
+    parse.__name__ = name  # argparse names the type in its own errors: "invalid int value"
+    text = env.get(variable, "")
+    start = _from_environment(text, variable) if text.strip() else default
+    return parser.add_argument(*flags, type=parse, default=start, choices=choices, help=help)
