@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pathways.devices import VirtualSlice, make_virtual_device_set
-from pathways.errors import InvalidProgramError
+from pathways_wire.errors import InvalidProgramError
 
 if TYPE_CHECKING:
     from pathways.checkpoint import Checkpointer
@@ -267,18 +267,3 @@ def results_problem(stored: Mapping[str, str]) -> str | None:
             "large arrays in spec.checkpoint state or storage of your own"
         )
     return None
-
-
-def steps_completed(progress_file: Path) -> int:
-    """Steps recorded in a progress file: one more than the highest step done (0 if none)."""
-    if not progress_file.exists():
-        return 0
-    done = 0
-    for line in progress_file.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            done = max(done, record["step"] + 1)
-    return done

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from jax.sharding import AbstractMesh
 
-from pathways.errors import InvalidProgramError
+from pathways_wire.errors import InvalidProgramError
 from pathways_wire.ir import SliceDecl
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")

@@ -20,7 +20,7 @@ The entrypoint is ``package.module:function`` importable where the driver runs.
 A program compiled by ``pathways compile`` (``spec.source.configMapRef``) needs no
 Python of the user's: the operator reads its ConfigMap, checks it, and writes it as JSON
 to the program's work directory; the driver (``--compiled-program FILE``) loads it with
-:meth:`pathways.compiled.CompiledProgram.from_config_map`, binds each IR slice to the
+:meth:`pathways_wire.compiled_program.CompiledProgram.from_config_map`, binds each IR slice to the
 VirtualSlice that ``spec.slices`` gives the same name, and runs it ``steps`` times on the
 inputs stored with it. Its results are its flat outputs, ``output_0``, ``output_1``, ...
 of the last step. The driver never talks to the API server: only the operator holds
@@ -74,16 +74,19 @@ from pathways.context import (
     ProgramSuspended,
     SliceBinding,
     results_problem,
+)
+
+from pathways_wire.driver_protocol import (
+    EXIT_BAD_PROGRAM,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RETRYABLE,
     steps_completed,
 )
 
 if TYPE_CHECKING:
-    from pathways.compiled import CompiledProgram
+    from pathways_wire.compiled_program import CompiledProgram
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_PROGRAM = 2
-EXIT_RETRYABLE = 75
 
 
 class DriverError(Exception):
@@ -111,8 +114,8 @@ def load_entrypoint(text: str) -> Callable[..., Any]:
 
 def load_compiled(path: str) -> Callable[[ProgramContext], dict[str, Any]]:
     """A compiled program (ConfigMap JSON in ``path``) as an entrypoint, or a DriverError."""
-    from pathways.compiled import CompiledProgram
-    from pathways.errors import InvalidProgramError
+    from pathways_wire.compiled_program import CompiledProgram
+    from pathways_wire.errors import InvalidProgramError
 
     try:
         compiled = CompiledProgram.from_config_map(json.loads(Path(path).read_text()))
@@ -131,7 +134,7 @@ def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, An
     A program whose steps are all done (the operator restarted before recording its
     results) runs once more, so it still has results to give.
     """
-    from pathways.errors import InvalidProgramError
+    from pathways_wire.errors import InvalidProgramError
     from pathways.runtime import default_runtime
 
     try:
@@ -268,7 +271,7 @@ def _stop_on_signal(signum: int, _frame: object) -> None:
 
 
 def _retryable(err: Exception) -> bool:
-    from pathways.errors import ExecutionError, RuntimeUnavailableError
+    from pathways_wire.errors import ExecutionError, RuntimeUnavailableError
 
     if isinstance(err, RuntimeUnavailableError):
         return True

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from pathways.devices import VirtualSlice, slice_of_devices
-from pathways.errors import InvalidProgramError
+from pathways_wire.errors import InvalidProgramError
 from pathways_wire.ir import TensorSpec
 
 ShardingLike = PartitionSpec | NamedSharding | None

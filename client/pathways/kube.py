@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from pathways.errors import PathwaysError
+from pathways_wire.errors import PathwaysError
 
 GROUP = "pathways.dev"
 VERSION = "v1alpha1"
@@ -44,8 +44,6 @@ PROGRAM_PLURAL = "pathwaysprograms"
 SLICE_LABEL = "pathways.dev/slice"
 HOST_INDEX_LABEL = "pathways.dev/host-index"
 PROGRAM_LABEL = "pathways.dev/program"
-DRIVER_LOG_KEY = "driver.log"
-"""Key of the driver's log in its ConfigMap (see :func:`driver_log_config_map`)."""
 WORKER_CONTAINER = "worker"
 SIDECAR_CONTAINER = "dataflow"
 DEFAULT_MAX_RESTARTS = 3
@@ -55,11 +53,6 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 
 Manifest = dict[str, Any]
 """A Kubernetes object as JSON (what the API returns, what ``-o yaml`` prints)."""
-
-
-def driver_log_config_map(program: str) -> str:
-    """The ConfigMap where the operator keeps a finished program's driver log, owned by the program."""
-    return f"{program}-driver-log"
 
 
 class KubeError(PathwaysError):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pathways.context import ProgramContext, ProgramSuspended, SliceBinding
-from pathways.errors import InvalidProgramError
+from pathways_wire.errors import InvalidProgramError
 
 _runs = itertools.count()
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from pathways_wire import ir, transfer
 from pathways.embedded import LocalCluster, start_local_cluster
-from pathways.errors import (
+from pathways_wire.errors import (
     ExecutionError,
     PlacementError,
     RuntimeUnavailableError,
@@ -431,7 +431,7 @@ def _translate(err: grpc.RpcError, doing: str) -> Exception:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return RuntimeUnavailableError(f"{doing}: {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        from pathways.errors import InvalidProgramError
+        from pathways_wire.errors import InvalidProgramError
 
         return InvalidProgramError(f"{doing}: {details}")
     return ExecutionError(f"{doing}: {details}")

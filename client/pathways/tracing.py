@@ -24,7 +24,8 @@ import jax
 import numpy as np
 
 from pathways_wire import ir
-from pathways.errors import InvalidProgramError
+from pathways_wire.compiled_program import CompiledProgram
+from pathways_wire.errors import InvalidProgramError
 from pathways.functions import SliceFunction
 from pathways_wire.ir import PROGRAM_INPUT, TensorSpec, ValueRef
 
@@ -232,6 +233,15 @@ class ProgramFunction:
         )
         constants = tuple(zip(trace.constant_positions, trace.constants))
         return TracedProgram(program, in_tree, out_tree, constants, self.weight)
+
+    def compiled(self, args: tuple[Any, ...]) -> CompiledProgram:
+        """Traces for ``args`` (no runtime, no devices needed) and keeps the inputs to run it on."""
+        traced = self.trace(*args)
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tuple(args))]
+        canonical = [
+            np.ascontiguousarray(a, dtype=jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves
+        ]
+        return CompiledProgram(traced.ir, tuple(traced.flat_inputs(canonical)), traced.weight)
 
     def __call__(self, *args: Any) -> Any:
         from pathways.runtime import default_runtime

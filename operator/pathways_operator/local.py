@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from pathways_wire import process_tree
-from pathways.embedded import check_islands, parse_devices_per_host, parse_islands
+from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import SHARED_WINDOW, Controller
 from pathways_operator.controller_service import ControllerService

@@ -69,7 +69,7 @@ def sleeps(ctx: ProgramContext) -> dict[str, Any]:
 
 def loses_host(ctx: ProgramContext) -> dict[str, Any]:
     """Fails the way a lost host does (the controller is unavailable), every run."""
-    from pathways.errors import RuntimeUnavailableError
+    from pathways_wire.errors import RuntimeUnavailableError
 
     ctx.step_done(ctx.start_step)
     raise RuntimeUnavailableError("host 1 of slice main is gone (simulated)")

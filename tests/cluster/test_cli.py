@@ -375,7 +375,7 @@ def test_submit_wait_prints_the_results(scene: Scene, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_submit_stores_a_complete_program_owned_by_its_pathwaysprogram(scene: Scene, tmp_path: Path) -> None:
-    from pathways.compiled import CompiledProgram
+    from pathways_wire.compiled_program import CompiledProgram
     from pathways.runtime import connect, shutdown
 
     path = tmp_path / "prog.py"

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from pathways.cli import EXIT_OK, compile_program_file, main
-from pathways.compiled import ARTIFACT_SUFFIX, INPUTS_KEY, PROGRAM_KEY
+from pathways_wire.compiled_program import ARTIFACT_SUFFIX, INPUTS_KEY, PROGRAM_KEY
 from pathways_wire import pathways_pb2 as pb
 from tests.cluster.builders import Manifest, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT

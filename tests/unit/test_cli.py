@@ -33,8 +33,8 @@ from pathways.cli.render import (
     slice_table,
     status_text,
 )
-from pathways.compiled import CONFIG_MAP_LIMIT, CompiledProgram, resource_name
-from pathways.errors import InvalidProgramError
+from pathways_wire.compiled_program import CONFIG_MAP_LIMIT, CompiledProgram, resource_name
+from pathways_wire.errors import InvalidProgramError
 from pathways_wire.wording import fraction, plural
 from pathways.kube import (
     Condition,

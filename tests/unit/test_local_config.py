@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pathways.embedded import (
+from pathways_wire.island_config import (
     DEFAULT_DEVICES_PER_HOST,
     DEFAULT_ISLANDS,
     check_islands,

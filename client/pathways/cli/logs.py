@@ -14,15 +14,14 @@ from pathways.cli.connection import connect
 from pathways.cli.errors import EXIT_OK, CliError
 from pathways.cli.render import prefixed
 from pathways.kube import (
-    DRIVER_LOG_KEY,
     SLICE_LABEL,
     WORKER_CONTAINER,
     Kube,
     KubeError,
     NotFoundError,
     ProgramView,
-    driver_log_config_map,
 )
+from pathways_wire.driver_protocol import DRIVER_LOG_KEY, driver_log_config_map
 
 
 def log_file(log_dir: Path, namespace: str, pod: str, container: str) -> Path:

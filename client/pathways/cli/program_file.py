@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pathways.cli.errors import CliError
-from pathways.errors import PathwaysError
+from pathways_wire.errors import PathwaysError
 from pathways_wire.wording import plural
 
 
@@ -66,11 +66,11 @@ def compile_program_file(
     path: Path, name: str | None, namespace: str | None, steps: int
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The ConfigMap and PathwaysProgram for ``path``, and a one-line summary."""
-    from pathways.compiled import CompiledProgram, resource_name
+    from pathways_wire.compiled_program import resource_name
 
     loaded = load_program_file(path)
     try:
-        compiled = CompiledProgram.trace(loaded.function, loaded.args)
+        compiled = loaded.function.compiled(loaded.args)
         program_name = resource_name(name or compiled.program.name)
         cm_name = resource_name(program_name, "-compiled")
         config_map = compiled.to_config_map(cm_name, namespace)

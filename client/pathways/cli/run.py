@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from pathways.cli.errors import EXIT_OK, CliError
 from pathways.cli.program_file import load_program_file
-from pathways.errors import PathwaysError
+from pathways_wire.errors import PathwaysError
 from pathways_wire.wording import plural
 
 

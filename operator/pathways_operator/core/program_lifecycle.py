@@ -25,16 +25,13 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 
+from pathways_wire.driver_protocol import EXIT_BAD_PROGRAM, EXIT_RETRYABLE
 from pathways_wire.wording import plural
 from pathways_operator.core.reasons import Reason
 
 DEFAULT_BACKOFF_LIMIT = 6
 """``spec.backoffLimit`` when unset: runs after a lost host before the program Fails (as a Job's)."""
 
-EXIT_RETRYABLE = 75
-"""The driver's exit status for "a host or slice was lost; run me again" (``pathways.driver``)."""
-EXIT_BAD_PROGRAM = 2
-"""The driver's exit status for a bad entrypoint or bad arguments."""
 
 
 class DriverState(enum.Enum):

@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from pathways_wire import process_tree
-from pathways.context import steps_completed
+from pathways_wire.driver_protocol import EXIT_RETRYABLE, PROGRESS_FILE, steps_completed
 
-from pathways_operator.core.program_lifecycle import EXIT_RETRYABLE, Reported
+from pathways_operator.core.program_lifecycle import Reported
 from pathways_operator.core.program_lifecycle import DriverState as DriverState
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class DriverSupervisor:
         return self._state_dir / namespace / f"{name}-{uid[:8]}"
 
     def steps_completed(self, namespace: str, name: str, uid: str) -> int:
-        return steps_completed(self.workdir(namespace, name, uid) / "progress.jsonl")
+        return steps_completed(self.workdir(namespace, name, uid) / PROGRESS_FILE)
 
     def log_text(self, namespace: str, name: str, uid: str, limit_bytes: int) -> str:
         """The end of the program's ``driver.log`` (at most ``limit_bytes``, from a line start); "" if none."""
@@ -242,7 +242,7 @@ class DriverSupervisor:
             "--controller", self._controller,
             "--namespace", launch.namespace,
             "--slices", json.dumps(launch.slices),
-            "--progress-file", str(workdir / "progress.jsonl"),
+            "--progress-file", str(workdir / PROGRESS_FILE),
             "--results-file", str(workdir / "results.json"),
             "--exit-with-parent",
         ]

@@ -3,7 +3,7 @@
 * The entrypoint is allowed (``--allowed-entrypoints`` prefixes) and importable
   where the operator runs drivers.
 * A ``spec.source.configMapRef`` program has its ConfigMap read and checked whole
-  (:class:`pathways.compiled.CompiledProgram`: format, IR fingerprint,
+  (:class:`pathways_wire.compiled_program.CompiledProgram`: format, IR fingerprint,
   artifacts, inputs' shapes), once per resourceVersion; its IR slices must be
   exactly ``spec.slices``' names, with the devices it was compiled for.
 * Names fit the labels and VirtualSlices derived from them (objects stored
@@ -24,8 +24,8 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from pathways.compiled import CompiledProgram
-from pathways.errors import InvalidProgramError
+from pathways_wire.compiled_program import CompiledProgram
+from pathways_wire.errors import InvalidProgramError
 from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
 from pathways_operator.core.object_names import program_name_problem
 from pathways_operator.core.program_look import ProgramSliceFact

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from pathways.kube import DRIVER_LOG_KEY, driver_log_config_map
+from pathways_wire.driver_protocol import DRIVER_LOG_KEY, driver_log_config_map
 from pathways_operator.core.ownership import Ownership, owner_refs, ownership
 from pathways_operator.core.program_lifecycle import results_owner_problem
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json, KubeError

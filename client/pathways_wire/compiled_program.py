@@ -1,5 +1,8 @@
 """A traced program as Kubernetes objects: what ``pathways compile`` writes and ``submit`` applies.
 
+It lives below the client so that the operator reads and checks a compiled program without
+importing the user API or JAX; :meth:`pathways.tracing.ProgramFunction.compiled` makes one.
+
 A ``PathwaysProgram`` whose ``spec.source`` is ``configMapRef`` needs none of the user's
 Python: everything that runs is in the ConfigMap it names -- the dataflow IR, the
 ``jax.export`` artifacts of its computations, and the arrays to call it with. This module
@@ -37,15 +40,14 @@ import dataclasses
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pathways_wire import ir
-from pathways.errors import InvalidProgramError
-from pathways.tracing import ProgramFunction
+from pathways_wire.errors import InvalidProgramError
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.wording import plural
 
@@ -83,18 +85,6 @@ class CompiledProgram:
     program: ir.Program
     inputs: tuple[np.ndarray, ...]
     weight: float = 1.0
-
-    @classmethod
-    def trace(cls, function: ProgramFunction, args: Sequence[Any]) -> CompiledProgram:
-        """Traces ``function`` for ``args`` (no runtime, no devices needed) and keeps the inputs."""
-        import jax
-
-        traced = function.trace(*args)
-        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tuple(args))]
-        canonical = [
-            np.ascontiguousarray(a, dtype=jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves
-        ]
-        return cls(traced.ir, tuple(traced.flat_inputs(canonical)), traced.weight)
 
     # -- the ConfigMap -------------------------------------------------------------------
 

@@ -1,0 +1,30 @@
+"""Hosts' sidecars and the operator start without the user API or JAX.
+
+They share only ``pathways_wire`` with the client; a fresh interpreter shows what each
+entry point really loads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHECK = (
+    "import sys, importlib\n"
+    "for name in sys.argv[1:]:\n"
+    "    importlib.import_module(name)\n"
+    "loaded = sorted(m for m in ('jax', 'pathways') if m in sys.modules)\n"
+    "print(','.join(loaded) or 'none')\n"
+)
+
+
+@pytest.mark.parametrize("modules", [
+    ["pathways_worker.sidecar"],
+    ["pathways_operator.__main__", "pathways_operator.k8s.handlers"],
+])
+def test_entry_point_loads_neither_the_user_api_nor_jax(modules: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", CHECK, *modules], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "none", f"{modules} loaded {done.stdout.strip()}"
