@@ -19,7 +19,7 @@ Two halves:
   ask for RBAC, ...).
 
 The resource names below must match ``crds/`` and the operator's
-``pathways_operator.k8s.resources``; the client package may not import the operator,
+``pathways_wire.kube_names``; the client package may not import the operator,
 so they are repeated here, once.
 """
 
@@ -33,19 +33,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pathways_wire.errors import PathwaysError
+from pathways_wire.kube_names import GROUP, HOST_INDEX_LABEL, PROGRAM_KIND, PROGRAM_PLURAL, SLICE_LABEL, SLICE_PLURAL, VERSION
 
-GROUP = "pathways.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-SLICE_KIND = "VirtualSlice"
-SLICE_PLURAL = "virtualslices"
-PROGRAM_KIND = "PathwaysProgram"
-PROGRAM_PLURAL = "pathwaysprograms"
-SLICE_LABEL = "pathways.dev/slice"
-HOST_INDEX_LABEL = "pathways.dev/host-index"
-PROGRAM_LABEL = "pathways.dev/program"
-WORKER_CONTAINER = "worker"
-SIDECAR_CONTAINER = "dataflow"
 DEFAULT_MAX_RESTARTS = 3
 TERMINAL_PROGRAM_PHASES = frozenset({"Succeeded", "Failed"})
 REQUEST_TIMEOUT = (5.0, 30.0)

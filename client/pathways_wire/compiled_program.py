@@ -48,14 +48,13 @@ import numpy as np
 
 from pathways_wire import ir
 from pathways_wire.errors import InvalidProgramError
+from pathways_wire.kube_names import MANAGED_BY_LABEL, PROGRAM_LABEL
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.wording import plural
 
 FORMAT = "compiled-program/v1"
 FORMAT_ANNOTATION = "pathways.dev/format"
 FINGERPRINT_ANNOTATION = "pathways.dev/program-fingerprint"
-PROGRAM_LABEL = "pathways.dev/program"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "pathways-cli"
 PROGRAM_KEY = "program.pb"
 SUMMARY_KEY = "program.json"

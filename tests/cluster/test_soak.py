@@ -21,7 +21,7 @@ import pytest
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_operator.k8s.resources import SIDECAR_PORT
+from pathways_wire.kube_names import SIDECAR_PORT
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from tests.cluster.harness import Objects, OperatorProcess
 

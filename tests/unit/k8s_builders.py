@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pathways_operator.core.placement import HostAssignment, Placement
-from pathways_operator.k8s.resources import (
+from pathways_wire.kube_names import (
     DEVICE_RESOURCE,
     GENERATION_LABEL,
     HOST_INDEX_LABEL,

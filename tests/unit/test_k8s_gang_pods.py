@@ -22,7 +22,7 @@ from pathways_operator.k8s.gang_pods import (
     requested_devices,
     requested_resources,
 )
-from pathways_operator.k8s.resources import DEVICE_RESOURCE, PLACEMENT_ANNOTATION, SCHEDULER_NAME
+from pathways_wire.kube_names import DEVICE_RESOURCE, PLACEMENT_ANNOTATION, SCHEDULER_NAME
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 from tests.unit.k8s_builders import placement, pod, virtual_slice
 

@@ -11,9 +11,7 @@ import argparse
 from pathways.cli.connection import add_cluster_options
 from pathways.cli.durations import parse_duration, positive_int
 from pathways.cli.program_file import PROGRAM_FILE_HELP
-from pathways.kube import SIDECAR_CONTAINER, WORKER_CONTAINER
-
-
+from pathways_wire.kube_names import SIDECAR_CONTAINER, WORKER_CONTAINER
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pathways",

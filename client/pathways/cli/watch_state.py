@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
-from pathways.kube import PROGRAM_PLURAL, SLICE_PLURAL, ProgramView
-
+from pathways.kube import ProgramView
+from pathways_wire.kube_names import PROGRAM_PLURAL, SLICE_PLURAL
 Manifest = dict[str, Any]
 Plural = Literal["virtualslices", "pathwaysprograms"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]

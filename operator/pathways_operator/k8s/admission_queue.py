@@ -40,7 +40,7 @@ from pathways_operator.k8s.cluster_api import ClusterApi, Json
 from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults, host_resources, placement_from_json
 from pathways_operator.k8s.inventory import Reservation, ReservationLedger
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_operator.k8s.resources import FAILURE_ANNOTATION, RESTARTS_ANNOTATION
+from pathways_wire.kube_names import FAILURE_ANNOTATION, RESTARTS_ANNOTATION
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from pathways_operator.k8s.resources import (
+from pathways_wire.kube_names import (
     FIELD_MANAGER,
     GROUP,
     PROGRAM_PLURAL,

@@ -37,7 +37,7 @@ from pathways_operator.k8s.gang_pods import (
     token_secret_name,
 )
 from pathways_operator.k8s.inventory import Reservation
-from pathways_operator.k8s.resources import FAILURE_ANNOTATION, RESTARTS_ANNOTATION, SLICE_KIND, SLICE_LABEL
+from pathways_wire.kube_names import FAILURE_ANNOTATION, RESTARTS_ANNOTATION, SLICE_KIND, SLICE_LABEL
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from kubernetes.utils import parse_quantity
 from pathways_operator.core.ownership import controller_of, owner_refs
 from pathways_operator.core.placement import HostAssignment, HostResources, Placement
 from pathways_operator.k8s.cluster_api import Json
-from pathways_operator.k8s.resources import (
+from pathways_wire.kube_names import (
     COORDINATOR_PORT,
     DEVICE_RESOURCE,
     GENERATION_LABEL,

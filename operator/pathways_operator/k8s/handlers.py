@@ -38,7 +38,7 @@ import kopf
 
 from pathways_operator.k8s import log_context
 from pathways_operator.k8s.program_reconciler import ProgramReconciler
-from pathways_operator.k8s.resources import (
+from pathways_wire.kube_names import (
     ANNOTATION_PREFIX,
     GROUP,
     PROGRAM_PLURAL,

@@ -29,7 +29,7 @@ from typing import Any
 
 from pathways_operator.core.placement import Machine, Placement
 from pathways_operator.k8s.gang_pods import PodView, quantity
-from pathways_operator.k8s.resources import DEVICE_RESOURCE, ISLAND_LABEL
+from pathways_wire.kube_names import DEVICE_RESOURCE, ISLAND_LABEL
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathways_operator.core.program_lifecycle import DEFAULT_BACKOFF_LIMIT
 from pathways_operator.core.program_look import ProgramReport
 from pathways_operator.core.reasons import Condition
 from pathways_operator.k8s.cluster_api import Json
-from pathways_operator.k8s.resources import API_VERSION, PROGRAM_KIND
+from pathways_wire.kube_names import API_VERSION, PROGRAM_KIND
 from pathways_operator.k8s.virtual_slice import SliceSpec
 
 _T = TypeVar("_T")

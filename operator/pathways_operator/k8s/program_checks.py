@@ -32,7 +32,7 @@ from pathways_operator.core.program_look import ProgramSliceFact
 from pathways_operator.core.reasons import Reason
 from pathways_operator.k8s.cluster_api import ClusterApi, Json
 from pathways_operator.k8s.pathways_program import ProgramObject
-from pathways_operator.k8s.resources import PROGRAM_LABEL
+from pathways_wire.kube_names import PROGRAM_LABEL
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 
 

@@ -22,7 +22,7 @@ from pathways_operator.core.ownership import Ownership, owner_refs, ownership
 from pathways_operator.core.program_lifecycle import results_owner_problem
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json, KubeError
 from pathways_operator.k8s.pathways_program import ProgramObject
-from pathways_operator.k8s.resources import (
+from pathways_wire.kube_names import (
     ADMISSION_GROUP_LABEL,
     ADMISSION_GROUP_SIZE_ANNOTATION,
     API_VERSION,

@@ -50,7 +50,7 @@ from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults
 from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegistry
 from pathways_operator.k8s.inventory import Reservation
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_operator.k8s.resources import SIDECAR_PORT, SLICE_LABEL
+from pathways_wire.kube_names import SIDECAR_PORT, SLICE_LABEL
 from pathways_operator.k8s.status_writer import StatusWriter
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
 

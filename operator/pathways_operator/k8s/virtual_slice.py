@@ -18,7 +18,7 @@ from pathways_operator.core.phases import SlicePhase
 from pathways_operator.core.reasons import Condition
 from pathways_operator.core.slice_look import HostReport
 from pathways_operator.k8s.cluster_api import Json
-from pathways_operator.k8s.resources import (
+from pathways_wire.kube_names import (
     ADMISSION_GROUP_LABEL,
     ADMISSION_GROUP_SIZE_ANNOTATION,
     API_VERSION,

@@ -1,4 +1,4 @@
-"""The Kubernetes names the operator reads and writes, declared once.
+"""The Kubernetes names the operator, the CLI and the hosts read and write, declared once.
 
 Group, versions and plurals of the two custom resources; the labels and
 annotations put on worker pods (what ``kubectl get pods -l`` selects on); the
