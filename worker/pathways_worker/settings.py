@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pathways_wire import host_env
 from pathways_wire.env_flags import env_option
 from pathways_wire.slice_token import ENV_INSECURE, INSECURE_FLAG, insecure_allowed, read_token
 
@@ -74,9 +75,9 @@ def _host_flags(
 ) -> None:
     """The flags both host processes take: their shared memory, their name and their store's
     bound (``store``: its variable, default and meaning)."""
-    env_option(p, "--shm-dir", variable="PATHWAYS_SHM_DIR", env=env, default="",
+    env_option(p, "--shm-dir", variable=host_env.SHM_DIR, env=env, default="",
                help=f"shared-memory directory shared with the {peer} (PATHWAYS_SHM_DIR)")
-    env_option(p, "--host-name", variable="PATHWAYS_HOST_NAME", env=env, default="",
+    env_option(p, "--host-name", variable=host_env.HOST_NAME, env=env, default="",
                help="name used in errors (PATHWAYS_HOST_NAME)")
     variable, default, meaning = store
     env_option(p, "--store-limit-bytes", variable=variable, env=env, type=int, default=default,
@@ -101,15 +102,15 @@ def parse_worker_args(
         prog="python -m pathways_worker.worker",
         description="A Pathways host's worker: JAX devices, object store and executor.",
     )
-    env_option(p, "--listen", variable="PATHWAYS_WORKER_LISTEN", env=env, default="127.0.0.1:0",
+    env_option(p, "--listen", variable=host_env.WORKER_LISTEN, env=env, default="127.0.0.1:0",
                help="HOST:PORT to serve Executor on (PATHWAYS_WORKER_LISTEN); port 0 picks one")
-    env_option(p, "--host-index", variable="PATHWAYS_HOST_INDEX", env=env, type=int, default=0,
+    env_option(p, "--host-index", variable=host_env.HOST_INDEX, env=env, type=int, default=0,
                help="this host's process index in its slice (PATHWAYS_HOST_INDEX)")
-    env_option(p, "--num-hosts", variable="PATHWAYS_NUM_HOSTS", env=env, type=int, default=1,
+    env_option(p, "--num-hosts", variable=host_env.NUM_HOSTS, env=env, type=int, default=1,
                help="hosts in the slice (PATHWAYS_NUM_HOSTS)")
-    env_option(p, "--coordinator", variable="PATHWAYS_COORDINATOR", env=env, default="",
+    env_option(p, "--coordinator", variable=host_env.COORDINATOR, env=env, default="",
                help="host 0's HOST:PORT for jax.distributed (PATHWAYS_COORDINATOR)")
-    env_option(p, "--devices", variable="PATHWAYS_DEVICES", env=env, type=int, default=1,
+    env_option(p, "--devices", variable=host_env.DEVICES, env=env, type=int, default=1,
                help="JAX CPU devices on this host (PATHWAYS_DEVICES)")
     _host_flags(p, env, "sidecar", ("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT, "object store bound"))
     env_option(p, "--input-timeout-s", variable="PATHWAYS_INPUT_TIMEOUT_S", env=env, type=float,
@@ -150,9 +151,9 @@ def parse_sidecar_args(
         prog="python -m pathways_worker.sidecar",
         description="A Pathways host's dataflow sidecar: plans, ordering and transfers.",
     )
-    env_option(p, "--listen", variable="PATHWAYS_SIDECAR_LISTEN", env=env, default="127.0.0.1:0",
+    env_option(p, "--listen", variable=host_env.SIDECAR_LISTEN, env=env, default="127.0.0.1:0",
                help="HOST:PORT to serve Dataflow on (PATHWAYS_SIDECAR_LISTEN); port 0 picks one")
-    env_option(p, "--worker", variable="PATHWAYS_WORKER_ADDRESS", env=env, default="",
+    env_option(p, "--worker", variable=host_env.WORKER_ADDRESS, env=env, default="",
                help="the worker's HOST:PORT (PATHWAYS_WORKER_ADDRESS)")
     held = "bound on bytes of incoming values held"
     store = ("PATHWAYS_SIDECAR_STORE_LIMIT_BYTES", DEFAULT_SIDECAR_STORE_LIMIT, held)
@@ -177,7 +178,7 @@ def parse_sidecar_args(
                help="hand piece files to peers on the same machine instead of sending bytes "
                     "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
     _token_flags(p)
-    env_option(p, "--metrics-port", variable="PATHWAYS_SIDECAR_METRICS_PORT", env=env, default="",
+    env_option(p, "--metrics-port", variable=host_env.SIDECAR_METRICS_PORT, env=env, default="",
                help="serve Prometheus /metrics on this port of the listen address "
                     "(PATHWAYS_SIDECAR_METRICS_PORT); 0 picks one; empty: no metrics")
     a = p.parse_args(argv)

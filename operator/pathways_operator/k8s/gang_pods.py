@@ -47,6 +47,8 @@ from kubernetes.utils import parse_quantity
 from pathways_operator.core.ownership import controller_of, owner_refs
 from pathways_operator.core.placement import HostAssignment, HostResources, Placement
 from pathways_operator.k8s.cluster_api import Json
+from pathways_wire import host_env
+from pathways_wire.slice_token import ENV_TOKEN_FILE
 from pathways_wire.kube_names import (
     COORDINATOR_PORT,
     DEVICE_RESOURCE,
@@ -274,11 +276,11 @@ def host_pod_manifest(
         {"name": "slice-token", "mountPath": TOKEN_DIR, "readOnly": True},
     ]
     common = [
-        _env("PATHWAYS_SLICE_TOKEN_FILE", f"{TOKEN_DIR}/{TOKEN_KEY}"),
-        _env("PATHWAYS_SHM_DIR", SHM_DIR),
-        _env("PATHWAYS_HOST_NAME", hostname),
-        _env("PATHWAYS_SLICE", vslice.name),
-        _env("PATHWAYS_NAMESPACE", vslice.namespace),
+        _env(ENV_TOKEN_FILE, f"{TOKEN_DIR}/{TOKEN_KEY}"),
+        _env(host_env.SHM_DIR, SHM_DIR),
+        _env(host_env.HOST_NAME, hostname),
+        _env(host_env.SLICE, vslice.name),
+        _env(host_env.NAMESPACE, vslice.namespace),
     ]
     worker_resources, sidecar_resources = container_resources(vslice, defaults, host.devices)
     worker = {
@@ -287,11 +289,11 @@ def host_pod_manifest(
         "command": ["python", "-m", "pathways_worker.worker"],
         "env": [
             pod_ip,
-            _env("PATHWAYS_WORKER_LISTEN", f"$(POD_IP):{WORKER_PORT}"),
-            _env("PATHWAYS_HOST_INDEX", str(index)),
-            _env("PATHWAYS_NUM_HOSTS", str(len(placement.hosts))),
-            _env("PATHWAYS_COORDINATOR", coordinator),
-            _env("PATHWAYS_DEVICES", str(host.devices)),
+            _env(host_env.WORKER_LISTEN, f"$(POD_IP):{WORKER_PORT}"),
+            _env(host_env.HOST_INDEX, str(index)),
+            _env(host_env.NUM_HOSTS, str(len(placement.hosts))),
+            _env(host_env.COORDINATOR, coordinator),
+            _env(host_env.DEVICES, str(host.devices)),
             *common,
         ],
         "ports": [
@@ -307,9 +309,9 @@ def host_pod_manifest(
         "command": ["python", "-m", "pathways_worker.sidecar"],
         "env": [
             pod_ip,
-            _env("PATHWAYS_SIDECAR_LISTEN", f"$(POD_IP):{SIDECAR_PORT}"),
-            _env("PATHWAYS_WORKER_ADDRESS", f"$(POD_IP):{WORKER_PORT}"),
-            _env("PATHWAYS_SIDECAR_METRICS_PORT", str(SIDECAR_METRICS_PORT)),
+            _env(host_env.SIDECAR_LISTEN, f"$(POD_IP):{SIDECAR_PORT}"),
+            _env(host_env.WORKER_ADDRESS, f"$(POD_IP):{WORKER_PORT}"),
+            _env(host_env.SIDECAR_METRICS_PORT, str(SIDECAR_METRICS_PORT)),
             *common,
         ],
         "ports": [
