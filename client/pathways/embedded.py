@@ -57,8 +57,6 @@ def remove_stale_state_dirs(root: Path | None = None) -> list[Path]:
         return removed
     for entry in entries:
         try:
-            if entry.stat().st_uid != os.getuid():
-                continue
             owners = [
                 process_tree.ProcessId.from_text((entry / name).read_text())
                 for name in ("owner", "controller.owner")
@@ -68,10 +66,8 @@ def remove_stale_state_dirs(root: Path | None = None) -> list[Path]:
             continue
         if not owners or any(o is None or o.alive() for o in owners):
             continue  # not written yet (just made), or still in use
-        if not process_tree.unowned(entry):
-            continue
-        shutil.rmtree(entry, ignore_errors=True)
-        removed.append(entry)
+        if process_tree.remove_if_abandoned(entry):
+            removed.append(entry)
     return removed
 
 

@@ -39,6 +39,7 @@ import fcntl
 import logging
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -137,6 +138,19 @@ def unowned(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+    return True
+
+
+def remove_if_abandoned(path: Path) -> bool:
+    """Removes ``path`` if it is this user's and no process holds it; True if it was removed."""
+    try:
+        if path.stat().st_uid != os.getuid():
+            return False
+    except OSError:
+        return False
+    if not unowned(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
     return True
 
 

@@ -66,15 +66,8 @@ def remove_stale_shm_dirs(root: Path = SHM_ROOT) -> list[Path]:
         match = _SHM_NAME.fullmatch(entry.name)
         if match is None or process_tree.pid_alive(int(match.group(1))):
             continue
-        try:
-            if entry.stat().st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if not process_tree.unowned(entry):
-            continue
-        shutil.rmtree(entry, ignore_errors=True)
-        removed.append(entry)
+        if process_tree.remove_if_abandoned(entry):
+            removed.append(entry)
     return removed
 
 
