@@ -45,7 +45,8 @@ from typing import Protocol
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.slice_token import new_token
-from pathways_wire.wording import fraction, plural
+from pathways_wire.wording import plural
+from pathways_operator.core.call_tracking import CallProgress, CallState, GangState, check_gang_move
 from pathways_operator.core.island_scheduler import Grant, IslandScheduler, ScheduledComputation
 from pathways_operator.core.placement import GangRequest, Machine, Placement, Unplaceable, place_gang
 from pathways_operator.host_link import HostLink
@@ -100,9 +101,18 @@ class SliceRecord:
     generation: int = 0
     clients: set[str] = field(default_factory=set)
     loaded: set[str] = field(default_factory=set)
-    ready: bool = False
-    failed: str = ""
+    gang: GangState = "launching"
+    failure: str = ""
+    """Why the gang could not be launched again (gang ``failed``)."""
     token: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.gang == "ready"
+
+    def move(self, new: GangState, failure: str = "") -> None:
+        self.gang = check_gang_move(self.decl.name, self.gang, new)
+        self.failure = failure
 
     def info(self) -> pb.SliceInfo:
         """What a client of the slice learns, its token included (`Describe` strips it)."""
@@ -138,19 +148,29 @@ class ProgramRecord:
 
 @dataclass
 class CallRecord:
-    call_id: str
+    """A call in flight: its progress (decided in :mod:`core.call_tracking`) and its inline outputs."""
+
     program: ProgramRecord
-    slices: set[str]
-    total: int
-    completed: int = 0
-    state: pb.CallStatus.State.ValueType = pb.CallStatus.RUNNING
-    message: str = ""
-    waiting: dict[tuple[str, int], int] = field(default_factory=dict)
+    progress: CallProgress
     started: float = field(default_factory=time.monotonic)
     values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
     """Outputs that came back inline with their completions."""
-    reported: dict[tuple[str, int], set[str]] = field(default_factory=dict)
-    """Outstanding grant (slice id, seq) -> hosts that already reported it."""
+
+    @property
+    def call_id(self) -> str:
+        return self.progress.call_id
+
+    def status(self, message: str = "") -> pb.CallStatus:
+        p = self.progress
+        return pb.CallStatus(call_id=p.call_id, state=_CALL_STATES[p.state], message=p.message or message,
+                             completed=p.completed, total=p.total)
+
+
+_CALL_STATES: dict[CallState, pb.CallStatus.State.ValueType] = {
+    "running": pb.CallStatus.RUNNING,
+    "succeeded": pb.CallStatus.SUCCEEDED,
+    "failed": pb.CallStatus.FAILED,
+}
 
 
 def _gang_requests(record: SliceRecord) -> list[HostRequest]:
@@ -274,8 +294,8 @@ class Controller:
 
     def _wait_ready(self, rec: SliceRecord, deadline: float) -> None:
         while not rec.ready:
-            if rec.failed:
-                raise ControllerError("UNAVAILABLE", rec.failed)
+            if rec.gang == "failed":
+                raise ControllerError("UNAVAILABLE", rec.failure)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ControllerError(
@@ -372,15 +392,20 @@ class Controller:
             for h in hosts
         ]
         with self._changed:
-            rec.hosts = hosts
-            rec.links = links
-            rec.generation += 1
-            rec.loaded = set()
-            rec.ready = True
-            rec.failed = ""
-            for link in links:
-                link.start()
-            self._changed.notify_all()
+            released = rec.gang == "released"
+            if not released:
+                rec.hosts = hosts
+                rec.links = links
+                rec.generation += 1
+                rec.loaded = set()
+                rec.move("ready")
+                for link in links:
+                    link.start()
+                self._changed.notify_all()
+        if released:  # its last client let it go while its hosts started
+            if self._launcher is not None:
+                self._launcher.stop(hosts)
+            return
         log.info(
             "slice %s ready on %s: %s", rec.decl.name, rec.placement.island,
             ", ".join(h.sidecar_address for h in hosts),
@@ -396,7 +421,7 @@ class Controller:
                 return
             del self._slices[rec.key]
             hosts, links = rec.hosts, rec.links
-            rec.ready = False
+            rec.move("released")
             self._changed.notify_all()
         for link in links:
             link.close()
@@ -467,10 +492,13 @@ class Controller:
                 slices[vid] = rec
             reply, launches = self._launches(prec, slices, call_id, inputs)
             record = CallRecord(
-                call_id=call_id,
                 program=prec,
-                slices={rec.slice_id for rec in slices.values()},
-                total=len(program.computations),
+                progress=CallProgress(
+                    call_id=call_id,
+                    program=program.name,
+                    slices=frozenset(rec.slice_id for rec in slices.values()),
+                    total=len(program.computations),
+                ),
             )
             self._calls[call_id] = record
             for vid, rec in slices.items():
@@ -583,7 +611,7 @@ class Controller:
             for g in items:
                 call = self._calls.get(g.call_id)
                 if call is not None:
-                    call.waiting[(slice_id, g.seq)] = len(rec.links)
+                    call.progress.granted((slice_id, g.seq), len(rec.links))
             for link in rec.links:
                 link.send(pb.HostCommand(grants=batch))
             self.computations_dispatched += len(items)
@@ -610,22 +638,13 @@ class Controller:
                     continue
                 for value in done.outputs:
                     call.values[(value.value.node, value.value.index)] = value
-                left = call.waiting.get(key)
-                if left is None:
+                report = call.progress.report(key, link.name, done.ok, done.error, done.node)
+                if report is None:
                     continue
-                call.reported.setdefault(key, set()).add(link.name)
-                if not done.ok and call.state == pb.CallStatus.RUNNING:
-                    self._fail_call(call, done.error or f"computation {done.node} failed on {link.name}")
-                if left > 1:
-                    call.waiting[key] = left - 1
-                    continue
-                del call.waiting[key]
-                call.reported.pop(key, None)
-                self._scheduler_complete(rec.slice_id, done.seq)
-                if done.ok:
-                    call.completed += 1
-                if call.state == pb.CallStatus.RUNNING and call.completed == call.total:
-                    call.state = pb.CallStatus.SUCCEEDED
+                if report.failed_now:
+                    self._tell_failed(call, report.failed_now)
+                if report.grant_done:
+                    self._scheduler_complete(rec.slice_id, done.seq)
             self._dispatch_grants()
             self._changed.notify_all()
 
@@ -636,11 +655,14 @@ class Controller:
             pass  # the slice was reset since this grant; nothing is outstanding
 
     def _fail_call(self, call: CallRecord, message: str) -> None:
-        call.state = pb.CallStatus.FAILED
-        call.message = message
+        call.progress.fail(message)
+        self._tell_failed(call, message)
+
+    def _tell_failed(self, call: CallRecord, message: str) -> None:
+        """The call has failed: the scheduler drops its grants and its hosts stop waiting for it."""
         self._scheduler.cancel(call.call_id)
         fail = pb.HostCommand(fail=pb.FailCall(call_id=call.call_id, message=message))
-        for slice_id in call.slices:
+        for slice_id in call.progress.slices:
             rec = self._by_id(slice_id)
             if rec is not None:
                 for link in rec.links:
@@ -673,11 +695,11 @@ class Controller:
         with self._changed:
             if not rec.ready:
                 return []
-            rec.ready = False
+            rec.move("lost")
             affected = self._scheduler.reset_slice(slice_id)
             for call in self._calls.values():
-                if call.state == pb.CallStatus.RUNNING and (
-                    slice_id in call.slices or call.call_id in affected
+                if call.progress.running and (
+                    slice_id in call.progress.slices or call.call_id in affected
                 ):
                     self._fail_call(
                         call,
@@ -685,7 +707,7 @@ class Controller:
                         f"{host_name} of slice '{rec.decl.name}' failed ({reason}); "
                         "the slice is being relaunched",
                     )
-                call.waiting = {k: v for k, v in call.waiting.items() if k[0] != slice_id}
+                call.progress.forget_slice(slice_id)
             hosts, links = rec.hosts, rec.links
             rec.hosts, rec.links = [], []
             self._changed.notify_all()
@@ -699,9 +721,10 @@ class Controller:
             self._launch(rec)
         except Exception as err:
             with self._changed:
-                rec.failed = f"slice '{rec.decl.name}' could not be relaunched: {err}"
+                if rec.gang == "lost":
+                    rec.move("failed", f"slice '{rec.decl.name}' could not be relaunched: {err}")
                 self._changed.notify_all()
-            log.error("%s", rec.failed)
+            log.error("slice '%s' could not be relaunched: %s", rec.decl.name, err)
 
     # ------------------------------------------------------------ calls
 
@@ -713,54 +736,37 @@ class Controller:
                 if call is None:
                     return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN,
                                          message=f"call {call_id} is not known")
-                if call.state != pb.CallStatus.RUNNING:
+                if not call.progress.running:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._changed.wait(min(remaining, 1.0))
-            return pb.CallStatus(
-                call_id=call_id,
-                state=call.state,
-                message=call.message or (self._stragglers(call) if call.state == pb.CallStatus.RUNNING else ""),
-                completed=call.completed,
-                total=call.total,
-            )
+            return call.status(self._stragglers(call) if call.progress.running else "")
 
     def _stragglers(self, call: CallRecord) -> str:
         """For a call still running: which hosts owe which granted computations."""
-        owed: dict[str, list[int]] = defaultdict(list)
-        for slice_id, seq in sorted(call.waiting):
+        gangs: dict[str, list[tuple[str, str]]] = {}
+        for slice_id in {k[0] for k in call.progress.waiting}:
             rec = self._by_id(slice_id)
-            if rec is None:
-                continue
-            done = call.reported.get((slice_id, seq), set())
-            for link in rec.links:
-                if link.name not in done:
-                    owed[f"{link.name} ({link.address})"].append(seq)
-        if not owed:
-            return (
-                f"{fraction(call.completed, call.total, 'computation')} done; the rest are not granted yet "
-                "(waiting for their inputs or behind other programs on the slice)"
-            )
-        hosts = "; ".join(f"host {h} has not completed grant(s) {seqs[:5]}" for h, seqs in sorted(owed.items()))
-        return f"{fraction(call.completed, call.total, 'computation')} done; waiting on {hosts}"
+            if rec is not None:
+                gangs[slice_id] = [(link.name, f"{link.name} ({link.address})") for link in rec.links]
+        return call.progress.stragglers(gangs)
 
     def finish_call(self, call_id: str) -> pb.CallStatus:
         with self._changed:
             call = self._calls.pop(call_id, None)
             if call is None:
                 return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN)
-            if call.state == pb.CallStatus.RUNNING:
+            if call.progress.running:
                 self._fail_call(call, f"call {call_id} was abandoned by its client")
             release = pb.HostCommand(release=pb.ReleaseCall(call_id=call_id))
-            for slice_id in call.slices:
+            for slice_id in call.progress.slices:
                 rec = self._by_id(slice_id)
                 if rec is not None:
                     for link in rec.links:
                         link.send(release)
-            return pb.CallStatus(call_id=call_id, state=call.state, message=call.message,
-                                 completed=call.completed, total=call.total)
+            return call.status()
 
     def describe(self) -> pb.ClusterInfo:
         with self._lock:
