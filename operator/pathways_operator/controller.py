@@ -218,6 +218,11 @@ class Controller:
         self._explain_missing = explain_missing
         self.computations_dispatched = 0
 
+    def contended_grants(self) -> dict[float, int]:
+        """Grants made on slices other calls were waiting for, by weight (the shares between programs)."""
+        with self._lock:
+            return self._scheduler.contended_grants
+
     # ------------------------------------------------------------ slices
 
     def _free_machines(self, exclude: str = "") -> list[Machine]:

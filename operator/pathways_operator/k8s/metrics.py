@@ -12,6 +12,9 @@ What an operator of a shared accelerator pool wants on a dashboard:
     admission;
 ``pathways_computations_dispatched_total``
     computations the island scheduler has granted;
+``pathways_contended_grants_total{weight}``
+    those granted on a slice that another program's call was also waiting for, by
+    the weight of the program that got them: on a shared slice they follow the weights;
 ``pathways_program_step_seconds``
     wall time per completed program step, as the drivers report them.
 
@@ -37,13 +40,18 @@ _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 class OperatorMetrics(Collector):
     """Everything the operator exports; thread-safe, since reconciles run in parallel."""
 
-    def __init__(self, computations: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        computations: Callable[[], int] = lambda: 0,
+        contended: Callable[[], Mapping[float, int]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
         self._slice_phases: dict[str, str] = {}
         self._program_phases: dict[str, str] = {}
         self._queue: dict[str, int] = {}
         self._computations = computations
+        self._contended = contended
         self.admission_wait = Histogram(
             "pathways_admission_wait_seconds",
             "Seconds a VirtualSlice waited in the admission queue before its gang was placed.",
@@ -101,6 +109,14 @@ class OperatorMetrics(Collector):
             "Computations granted by the island scheduler.",
             value=self._computations(),
         )
+        shares = CounterMetricFamily(
+            "pathways_contended_grants",
+            "Computations granted on a slice another program's call was also waiting for, by weight.",
+            labels=["weight"],
+        )
+        for weight, count in sorted(self._contended().items()):
+            shares.add_metric([f"{weight:g}"], count)
+        yield shares
 
     def serve(self, port: int) -> int:
         """Serve ``/metrics`` on ``port`` (all interfaces; 0: any free port) from a background
