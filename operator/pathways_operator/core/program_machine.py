@@ -46,8 +46,6 @@ from pathways_operator.core.status_report import Report
 
 SOON = 1.0
 IDLE = 15.0
-SUSPEND_GRACE_S = 60.0
-"""How long a driver asked to suspend may take to reach a step boundary before it is stopped."""
 
 _P = ProgramPhase
 _C = ProgramConditionType
@@ -192,13 +190,13 @@ class ProgramMachine:
         """spec.suspend: let the driver finish its step and snapshot, then release the slices.
 
         The driver gets SIGUSR1 and stops at its next ``ctx.step_done`` (after writing a
-        checkpoint); one that does not get there within SUSPEND_GRACE_S is stopped, and
+        checkpoint); one that does not get there within ``look.suspend_grace_s`` is stopped, and
         resumes from its last snapshot.
         """
         look, r = self.look, self.report
         if look.driver is DriverState.RUNNING:
             asked = look.monotonic_now if look.suspend_asked_at is None else look.suspend_asked_at
-            if look.monotonic_now - asked < SUSPEND_GRACE_S:
+            if look.monotonic_now - asked < look.suspend_grace_s:
                 r.act(Order.ASK_SUSPEND)
                 message = (f"suspending: the driver finishes its current step (after {done}) "
                            "and writes its state, then the program's slices are released")

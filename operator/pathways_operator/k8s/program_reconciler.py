@@ -29,6 +29,7 @@ from pathlib import Path
 from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, is_permanent_refusal
 from pathways_operator.core.program_look import (
+    DEFAULT_SUSPEND_GRACE_S,
     Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramReport,
     StartDriver, StoreResults, results_config_map,
 )
@@ -62,8 +63,10 @@ class ProgramReconciler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         checkpoint_root: Path | None = None,
+        suspend_grace_s: float = DEFAULT_SUSPEND_GRACE_S,
     ) -> None:
         self._api = api
+        self._suspend_grace_s = suspend_grace_s
         self._drivers = drivers
         self._checkpoint_root = checkpoint_root
         self._suspending: dict[str, float] = {}
@@ -195,6 +198,7 @@ class ProgramReconciler:
             results=driver.results,
             attempt=self._attempts.get(program.key),
             suspend_asked_at=self._suspending.get(program.key),
+            suspend_grace_s=self._suspend_grace_s,
             checkpoint_dir=str(where) if where else "",
             results_owner_problem=results_problem,
         )
