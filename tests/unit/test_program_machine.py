@@ -114,6 +114,18 @@ def test_ready_slices_start_the_driver_and_run() -> None:
     assert decision.events[0].message == "Started driver for examples.programs:train (10 steps)"
 
 
+def test_a_driver_started_again_says_where_it_resumes() -> None:
+    restarted = ProgramMachine(after(running(), done=5))
+    restarted.start()
+    assert restarted.decision().events[0].message.startswith("Restarted from step 5: driver for")
+    resumed = ProgramMachine(after(running(), done=5, checkpoint_dir="/ckpt/train", snapshot_step=4))
+    resumed.start()
+    assert isinstance(resumed.take_actions()[-1], StartDriver)
+    assert resumed.decision().events[0].message == (
+        "Resumed at step 4 from the snapshot of step 4: driver for examples.programs:train (10 steps)"
+    )
+
+
 def test_running_driver_reports_progress_without_restarting() -> None:
     machine = ProgramMachine(after(running(), driver=DriverState.RUNNING, done=4))
     machine.start()

@@ -170,6 +170,8 @@ class ProgramLook:
     """How long a driver asked to suspend may take to reach a step boundary before it is
     stopped (``--suspend-grace-seconds``)."""
     checkpoint_dir: str = ""
+    snapshot_step: int | None = None
+    """The newest committed snapshot in ``checkpoint_dir``: where a driver started now begins."""
     results_owner_problem: str | None = None
     """Why ``<program>-results`` may not be written (one exists the program does not own)."""
 

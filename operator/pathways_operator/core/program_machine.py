@@ -136,7 +136,10 @@ class ProgramMachine:
                 {s.name: (s.virtual_slice, s.devices) for s in look.slices if s.exists},
                 Attempt(number, {s.name: s.restarts for s in look.slices if s.exists}),
             ))
-            what = "Started" if done == 0 else f"Restarted from step {done}:"
+            if look.snapshot_step is not None:
+                what = f"Resumed at step {look.snapshot_step} from the snapshot of step {look.snapshot_step}:"
+            else:
+                what = "Started" if done == 0 else f"Restarted from step {done}:"
             source = look.entrypoint or f"ConfigMap {look.config_map}"
             r.event(event_type(Reason.STEPS_RUNNING), Reason.STEPS_RUNNING,
                     f"{what} driver for {source} ({plural(look.steps, 'step')})")

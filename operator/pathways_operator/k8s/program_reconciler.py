@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pathways_operator.core.checkpoint_paths import newest_snapshot
 from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, is_permanent_refusal
 from pathways_operator.core.program_look import (
@@ -200,6 +201,7 @@ class ProgramReconciler:
             suspend_asked_at=self._suspending.get(program.key),
             suspend_grace_s=self._suspend_grace_s,
             checkpoint_dir=str(where) if where else "",
+            snapshot_step=_newest_snapshot(where),
             results_owner_problem=results_problem,
         )
 
@@ -284,3 +286,12 @@ class ProgramReconciler:
         )
         self._status.write(program.key, program.reference(), None if new == program.status else new.to_manifest(),
                            str(s.phase), decision.events)
+
+
+def _newest_snapshot(where: Path | None) -> int | None:
+    if where is None:
+        return None
+    try:
+        return newest_snapshot(entry.name for entry in where.iterdir())
+    except OSError:
+        return None  # no snapshot written yet
