@@ -7,6 +7,7 @@ template slice is deleted), and problems are Warning Events.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pathways_wire import process_tree
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from tests.cluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
@@ -113,15 +115,16 @@ def test_active_deadline_stops_the_program_and_releases_its_slice(
     assert passed["message"].startswith("spec.activeDeadlineSeconds (4) passed")
     assert "DeadlineExceeded" in warning_events(objects, "sleeper")
     slice_released(objects, "sleeper-main")
-    drivers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, f"{FAULTY}:sleeps")]
-    assert drivers == [], "the driver of the stopped program still runs"
+    drivers = driver_pids(objects, operator, "sleeper")
+    assert drivers, "the operator logged no driver of the program"
+    objects.cluster.poll(lambda: not any(process_tree.pid_alive(pid) for pid in drivers),
+                         timeout=30, what="the driver of the stopped program gone")
 
 
-def _cmdline_has(proc: Path, text: str) -> bool:
-    try:
-        return text.encode() in (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
+def driver_pids(objects: Objects, operator: OperatorProcess, name: str) -> list[int]:
+    """The PIDs of the program's drivers, as the operator logged each when it started it."""
+    started = re.compile(rf"{re.escape(objects.namespace)}/{re.escape(name)}: driver (\d+) started")
+    return [int(pid) for pid in started.findall(operator.log_path.read_text(errors="replace"))]
 
 
 @pytest.mark.timeout(180, func_only=True)

@@ -22,14 +22,15 @@ operator, kubectl and the controllers can see:
   leaving the API objects as they are.
 
 Logs: ``<state-dir>/pods/<namespace>_<pod>/<container>.log`` for a container's first run,
-``.log.N`` for restart N (``container_log_path``).
+``.log.N`` for restart N (``container_log_path``); the PID of its current run in
+``<container>.pid`` beside it (``container_pid_path``).
 
 Run it as ``python -m tests.cluster.kubelet --kubeconfig K --node a-0:island-a:4
 --state-dir D``; ``NodeAgentProcess`` does that for tests.
 """
 
 from tests.cluster.kubelet.agent_process import NodeAgentProcess
-from tests.cluster.kubelet.containers import container_log_path
+from tests.cluster.kubelet.containers import container_log_path, container_pid_path
 from tests.cluster.kubelet.node_registrar import NodeSpec
 
-__all__ = ["NodeAgentProcess", "NodeSpec", "container_log_path"]
+__all__ = ["NodeAgentProcess", "NodeSpec", "container_log_path", "container_pid_path"]
