@@ -33,6 +33,13 @@ def results(objects: Objects, done: dict[str, object]) -> dict[str, object]:
     return {k: json.loads(v) for k, v in data.items()}
 
 
+def slice_looks(operator: OperatorProcess, result: str) -> float:
+    """``pathways_reconciles_total`` of VirtualSlices with ``result`` (wrote or unchanged)."""
+    line = f'pathways_reconciles_total{{kind="VirtualSlice",result="{result}"}} '
+    found = [float(x.split()[-1]) for x in operator.metrics().splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
 def assert_continued(starts: list[RunStart], *, at_least: int) -> None:
     """A program without snapshots ran first from step 0, then again from the steps its
     progress file recorded: at least ``at_least``, never from the start."""
@@ -79,7 +86,9 @@ def test_slice_becomes_a_gang_of_pods_on_one_island(objects: Objects, operator: 
     annotations = objects.slice("gang")["metadata"].get("annotations") or {}
     assert "pathways.dev/last-handled-configuration" in annotations
     version = objects.slice("gang")["metadata"]["resourceVersion"]
-    time.sleep(5)
+    quiet = slice_looks(operator, "unchanged")
+    objects.cluster.poll(lambda: slice_looks(operator, "unchanged") > quiet, timeout=60, interval=0.5,
+                         what="the operator looking at the steady slice again")
     assert objects.slice("gang")["metadata"]["resourceVersion"] == version
 
 

@@ -16,7 +16,11 @@ What an operator of a shared accelerator pool wants on a dashboard:
     those granted on a slice that another program's call was also waiting for, by
     the weight of the program that got them: on a shared slice they follow the weights;
 ``pathways_program_step_seconds``
-    wall time per completed program step, as the drivers report them.
+    wall time per completed program step, as the drivers report them;
+``pathways_reconciles_total{kind,result}``
+    looks at VirtualSlices and PathwaysPrograms, ``result`` ``wrote`` when the look
+    patched status and ``unchanged`` when it found nothing to write: a steady object
+    keeps being looked at without being rewritten.
 
 The reconcilers report into :class:`OperatorMetrics`; gauges are rendered at
 scrape time from those reports, so a metric never disagrees with the last status
@@ -30,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import Counter as PrometheusCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -64,6 +69,12 @@ class OperatorMetrics(Collector):
             buckets=_STEP_BUCKETS,
             registry=self.registry,
         )
+        self.reconciles = PrometheusCounter(
+            "pathways_reconciles",
+            "Looks at an object, by kind and whether the look wrote its status.",
+            labelnames=["kind", "result"],
+            registry=self.registry,
+        )
         self.registry.register(self)
 
     def slice_phase(self, key: str, phase: str | None) -> None:
@@ -79,6 +90,9 @@ class OperatorMetrics(Collector):
                 self._program_phases.pop(key, None)
             else:
                 self._program_phases[key] = phase
+
+    def looked(self, kind: str, wrote: bool) -> None:
+        self.reconciles.labels(kind=kind, result="wrote" if wrote else "unchanged").inc()
 
     def queue(self, waiting_by_island: Mapping[str, int]) -> None:
         with self._lock:

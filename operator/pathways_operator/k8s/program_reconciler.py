@@ -20,6 +20,7 @@ created from templates; a deleted program's checkpoint directory is deleted too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
 from pathways_operator.k8s.program_checks import CompiledPrograms, InvalidProgram, ProgramSlices
 from pathways_operator.k8s.status_writer import StatusWriter
+from pathways_wire.kube_names import PROGRAM_KIND
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,8 @@ class ProgramReconciler:
         self._allowed = tuple(allowed_entrypoints)
         self._attempts: dict[str, Attempt] = {}
         self._metrics = metrics or OperatorMetrics()
-        self._status = StatusWriter(api, api.patch_program_status, self._metrics.program_phase)
+        self._status = StatusWriter(api, api.patch_program_status, self._metrics.program_phase,
+                                    functools.partial(self._metrics.looked, PROGRAM_KIND))
         self._clock = clock
         self._wall_clock = wall_clock
         """Seconds since the epoch: deadlines count from API timestamps."""
