@@ -54,9 +54,9 @@ HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "12
 STOP_GRACE_S = 5.0
 SHM_ROOT = Path("/dev/shm")
 _SHM_NAME = re.compile(r"pathways-(\d+)-127\.0\.0\.\d+")
-_LISTENING = {
-    "worker": re.compile(rb"pathways-worker listening on (\S+)"),
-    "dataflow": re.compile(rb"pathways-sidecar listening on (\S+)"),
+_LISTENING = {  # a whole line: a port cut short by a read mid-write is never taken
+    "worker": re.compile(rb"pathways-worker listening on (\S+)\n"),
+    "dataflow": re.compile(rb"pathways-sidecar listening on (\S+)\n"),
 }
 
 
@@ -149,10 +149,10 @@ class LocalHostLauncher:
             with self._lock:
                 self._hosts.extend(hosts)
             for host in hosts:
-                host.worker_address = self._listening(host, "worker", deadline)
+                host.worker_address = self._listening(host, "worker", deadline, hosts)
                 self._spawn(host, "dataflow", self._sidecar_command(host))
             for host in hosts:
-                host.sidecar_address = self._listening(host, "dataflow", deadline)
+                host.sidecar_address = self._listening(host, "dataflow", deadline, hosts)
             self._wait_ready(hosts, deadline)
         except Exception:
             self.stop(hosts)
@@ -218,12 +218,16 @@ class LocalHostLauncher:
         host.processes.append(process)
         (host.run_dir / f"{role}.pid").write_text(f"{process.pid}\n")
 
-    def _listening(self, host: LocalHost, role: str, deadline: float) -> str:
-        """The address ``role`` printed once it served, read from its log (this start's part)."""
+    def _listening(self, host: LocalHost, role: str, deadline: float, gang: Sequence[LocalHost]) -> str:
+        """The address ``role`` printed once it served, read from its log (this start's part).
+
+        A worker serves only once the whole gang formed its JAX job, so a process of any
+        host of the gang that exits meanwhile ends the wait, named."""
         assert host.run_dir is not None
         log_path = host.run_dir / f"{role}.log"
         while True:
-            self._raise_if_exited(host)
+            for member in gang:
+                self._raise_if_exited(member)
             with open(log_path, "rb") as log_file:
                 log_file.seek(host.log_offsets[role])
                 found = _LISTENING[role].search(log_file.read())
