@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pathways_wire import ir
-from pathways_operator.controller import SliceRecord, _plan_call
+from pathways_operator.controller.plans import INLINE_OUTPUT_BYTES, call_launches, plan_call
+from pathways_operator.controller.programs import ProgramRecord
+from pathways_operator.controller.slices import SliceRecord
 from pathways_operator.core.placement import HostAssignment, Placement
 
 F32 = ir.TensorSpec((4,), "float32")
@@ -47,7 +49,7 @@ def test_cross_slice_value_is_routed_to_every_consumer_host_and_expected_from_ev
         slices=(ir.SliceDecl("a", "a", 8), ir.SliceDecl("b", "b", 4)),
     )
     slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
-    reply, launches = _plan_call(program, "c1", "prog", slices)
+    reply, launches = plan_call(program, "c1", "prog", slices)
 
     a_hosts = [h.sidecar_address for h in slices["a"].hosts]
     b_hosts = [h.sidecar_address for h in slices["b"].hosts]
@@ -78,7 +80,7 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
         outputs=(ir.ValueRef(1, 0),),
         slices=(ir.SliceDecl("a", "a", 4),),
     )
-    _, launches = _plan_call(program, "c", "p", {"a": slice_record("a", 1)})
+    _, launches = plan_call(program, "c", "p", {"a": slice_record("a", 1)})
     (launch,) = launches["a"]
     assert not launch.routes and not launch.expects
     assert [o.node for o in launch.outputs] == [1]
@@ -86,7 +88,6 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
 
 def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> None:
     from pathways_wire import pathways_pb2 as pb
-    from pathways_operator.controller import INLINE_OUTPUT_BYTES, Controller, ProgramRecord
 
     inp0, inp1 = ir.ValueRef(ir.PROGRAM_INPUT, 0), ir.ValueRef(ir.PROGRAM_INPUT, 1)
     program = ir.Program(
@@ -98,12 +99,11 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     )
     prec = ProgramRecord("prog", program, {"a": "a-phys", "b": "b-phys"})
     slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
-    controller = Controller(lambda: [], None)
     small = [
         pb.InlineValue(value=inp.to_proto(), spec=F32.to_proto(), data=bytes(16))
         for inp in (inp0, inp1)
     ]
-    reply, launches = controller._launches(prec, slices, "c1", small)
+    reply, launches = call_launches(prec, slices, "c1", small)
     assert [list(i.hosts) for i in reply.inputs] == [[], []]  # nothing left to Put
     assert {launch.call_id for per_host in launches.values() for launch in per_host} == {"c1"}
     assert [v.value.index for v in launches["a"][0].inputs] == [0]
@@ -113,6 +113,6 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     assert launches["b"][0].inline_output_bytes == INLINE_OUTPUT_BYTES
 
     # the plan is kept per program and gangs; the next call gets its own launches
-    _, again = controller._launches(prec, slices, "c2", [])
+    _, again = call_launches(prec, slices, "c2", [])
     assert again["a"][0].call_id == "c2" and not again["a"][0].inputs
     assert launches["a"][0].call_id == "c1"

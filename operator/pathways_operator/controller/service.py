@@ -1,4 +1,4 @@
-"""The Controller gRPC service: a thin skin over `Controller`."""
+"""The Controller gRPC service: a thin skin over `Controller`, whatever its gangs' runtime."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import grpc
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_operator.controller import Controller, ControllerError
+from pathways_operator.controller.controller import Controller
+from pathways_operator.controller.errors import ControllerError
+from pathways_operator.controller.gangs import Gangs
 
 
 class ControllerService(pb_grpc.ControllerServicer):
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller[Gangs]) -> None:
         self.controller = controller
 
     @staticmethod
