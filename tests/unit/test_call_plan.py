@@ -2,41 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pathways_wire import ir
-from pathways_operator.controller.plans import INLINE_OUTPUT_BYTES, call_launches, plan_call
+from pathways_operator.controller.plans import INLINE_OUTPUT_BYTES, call_launches, host_program, plan_call
 from pathways_operator.controller.programs import ProgramRecord
-from pathways_operator.controller.slices import SliceRecord
-from pathways_operator.core.placement import HostAssignment, Placement
-
-F32 = ir.TensorSpec((4,), "float32")
-
-
-@dataclass(frozen=True)
-class FakeHost:
-    name: str
-    sidecar_address: str
-
-
-def slice_record(vid: str, hosts: int) -> SliceRecord:
-    placement = Placement(
-        vid, "island-a", tuple(HostAssignment(i, f"m{i}", 4) for i in range(hosts))
-    )
-    return SliceRecord(
-        key=vid,
-        slice_id=f"{vid}-phys",
-        decl=ir.SliceDecl(vid, vid, 4 * hosts),
-        placement=placement,
-        hosts=[FakeHost(f"{vid}/host-{i}", f"10.0.{vid}.{i}:1") for i in range(hosts)],
-    )
-
-
-def comp(index: int, vslice: str, *inputs: ir.ValueRef) -> ir.Computation:
-    return ir.Computation(
-        index=index, name=f"f{index}", slice=vslice, artifact=b"x", inputs=inputs,
-        input_specs=tuple(F32 for _ in inputs), outputs=(F32,), mesh_shape=(4,), mesh_axes=("x",),
-    )
+from tests.unit.controller_builders import F32, FakeHost, comp, slice_record, two_slice_program
 
 
 def test_cross_slice_value_is_routed_to_every_consumer_host_and_expected_from_every_producer() -> None:
@@ -116,3 +85,33 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     _, again = call_launches(prec, slices, "c2", [])
     assert again["a"][0].call_id == "c2" and not again["a"][0].inputs
     assert launches["a"][0].call_id == "c1"
+
+
+def test_each_host_program_carries_only_its_own_slices_artifacts() -> None:
+    msg = host_program(two_slice_program(), "prog", "b")
+    assert (msg.program_id, msg.slice) == ("prog", "b")
+    assert [(c.index, c.artifact) for c in msg.program.computations] == [(0, b""), (1, b"artifact-1"), (2, b"")]
+
+
+def test_routes_carry_the_receiving_slices_token_and_the_reply_every_hosts_token() -> None:
+    slices = {"a": slice_record("a", 2, token="tok-a"), "b": slice_record("b", 1, token="tok-b")}
+    reply, launches = plan_call(two_slice_program(), "c1", "prog", slices)
+    (a_route,) = launches["a"][0].routes
+    (b_route,) = launches["b"][0].routes
+    assert list(a_route.destination_tokens) == ["tok-b"]
+    assert list(b_route.destination_tokens) == ["tok-a", "tok-a"]
+    assert dict(reply.host_tokens) == {
+        "10.0.a.0:1": "tok-a", "10.0.a.1:1": "tok-a", "10.0.b.0:1": "tok-b",
+    }
+
+
+def test_a_new_gang_generation_gets_a_new_plan() -> None:
+    prec = ProgramRecord("prog", two_slice_program(), {"a": "a-phys", "b": "b-phys"})
+    slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
+    call_launches(prec, slices, "c1", [])
+    first = prec.launch_plan
+    slices["b"].hosts = [FakeHost("b/host-0", "10.0.b.9:1")]
+    slices["b"].generation += 1
+    _, launches = call_launches(prec, slices, "c2", [])
+    assert prec.launch_plan is not first
+    assert [list(r.destinations) for r in launches["a"][0].routes] == [["10.0.b.9:1"]]

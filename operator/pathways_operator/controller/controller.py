@@ -7,10 +7,10 @@ is its `Gangs` strategy's business (`gangs`): the embedded runtime places and
 starts local hosts itself, on Kubernetes the operator registers the gangs it
 placed. Everything else is the same on both:
 
-* `run` plans each host's launch once per program and set of gangs
-  (`plans`), stamps it with the call, submits the call's computations to the
-  island scheduler and streams every host its grants; hosts then run on their
-  own while the controller counts their batched completions.
+* A call (`calls.run`) is planned once per program and set of gangs
+  (`plans`) and stamped with the call; its computations go to the island
+  scheduler and every host gets its grants; hosts then run on their own while
+  the controller counts their batched completions.
 * A host that dies fails the calls on its slice at once (every other host of
   those calls is told, so nothing waits forever) and its gang is replaced.
 * Every slice has a token (`pathways_wire.slice_token`) its hosts demand on
@@ -22,13 +22,16 @@ placed. Everything else is the same on both:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.calls import SHARED_WINDOW, Calls
-from pathways_operator.controller.gangs import EmbeddedGangs, GangLinks, Gangs, HostLauncher, KubernetesGangs
+from pathways_operator.controller.gangs import (
+    EmbeddedGangs, GangLinks, Gangs, HostLauncher, KubernetesGangs, SliceAsk,
+)
 from pathways_operator.controller.programs import Programs
 from pathways_operator.controller.slices import SliceTable
 from pathways_operator.core.placement import Machine
@@ -53,8 +56,9 @@ class Controller(Generic[G_co]):
         use on top); `gangs`: builds the strategy over the controller's tables."""
         self._slices = SliceTable(machines)
         self._programs = Programs()
-        self._calls = Calls(self._slices, self._programs, window, shared_window)
-        self.gangs: G_co = gangs(self._slices, GangLinks(self._slices, self._calls))
+        self.calls = Calls(self._slices, self._programs, window, shared_window)
+        """Program calls: run, wait for, finish."""
+        self.gangs: G_co = gangs(self._slices, GangLinks(self._slices, self.calls))
 
     @staticmethod
     def embedded(
@@ -79,12 +83,14 @@ class Controller(Generic[G_co]):
 
     @property
     def computations_dispatched(self) -> int:
-        return self._calls.dispatched
+        return self.calls.dispatched
 
     def create_slice(
         self, decl: ir.SliceDecl, client: str, timeout_s: float, namespace: str = ""
     ) -> pb.SliceInfo:
-        return self.gangs.create_slice(decl, client, timeout_s, namespace)
+        """The slice `decl` for `client`, waiting up to `timeout_s` for it to be ready."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        return self.gangs.create_slice(SliceAsk(decl, client, namespace, timeout_s, deadline))
 
     def release_slice(self, slice_id: str, client: str) -> None:
         self.gangs.release_slice(slice_id, client)
@@ -96,31 +102,6 @@ class Controller(Generic[G_co]):
     def load_program(self, program: ir.Program, bindings: dict[str, str]) -> str:
         with self._slices.lock:
             return self._programs.load(program, bindings, self._slices.live_decl)
-
-    def run(
-        self,
-        program_id: str,
-        call_id: str,
-        weight: float,
-        inputs: Sequence[pb.InlineValue] = (),
-    ) -> pb.RunReply:
-        return self._calls.run(program_id, call_id, weight, inputs)
-
-    def run_to_end(
-        self,
-        program_id: str,
-        call_id: str,
-        weight: float,
-        inputs: Sequence[pb.InlineValue],
-        wait_s: float,
-    ) -> pb.RunReply:
-        return self._calls.run_to_end(program_id, call_id, weight, inputs, wait_s)
-
-    def wait_call(self, call_id: str, timeout_s: float) -> pb.CallStatus:
-        return self._calls.wait_call(call_id, timeout_s)
-
-    def finish_call(self, call_id: str) -> pb.CallStatus:
-        return self._calls.finish_call(call_id)
 
     def describe(self) -> pb.ClusterInfo:
         return self._slices.describe()

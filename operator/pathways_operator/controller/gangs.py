@@ -42,12 +42,22 @@ HostFailed = Callable[[str, str, str], None]
 """A strategy's answer to a dead host: (slice id, host name, reason)."""
 
 
+@dataclass(frozen=True)
+class SliceAsk:
+    """A client's request for a slice: which, for whom, and how long it may wait."""
+
+    decl: ir.SliceDecl
+    client: str
+    namespace: str
+    timeout_s: float
+    deadline: float
+    """`time.monotonic()` at which the wait is over."""
+
+
 class Gangs(Protocol):
     """What the controller asks of the runtime that provides its gangs."""
 
-    def create_slice(
-        self, decl: ir.SliceDecl, client: str, timeout_s: float, namespace: str
-    ) -> pb.SliceInfo: ...
+    def create_slice(self, ask: SliceAsk) -> pb.SliceInfo: ...
 
     def release_slice(self, slice_id: str, client: str) -> None: ...
 
@@ -176,10 +186,8 @@ class EmbeddedGangs:
         self._links = links
         self._launcher = launcher
 
-    def create_slice(
-        self, decl: ir.SliceDecl, client: str, timeout_s: float, namespace: str
-    ) -> pb.SliceInfo:
-        deadline = time.monotonic() + max(timeout_s, 0.0)
+    def create_slice(self, ask: SliceAsk) -> pb.SliceInfo:
+        decl, client = ask.decl, ask.client
         key = slice_key(decl, client)
         with self._changed:
             while True:
@@ -192,7 +200,7 @@ class EmbeddedGangs:
                             f"a program asked for {decl.devices}. Use another name or the same size",
                         )
                     rec.clients.add(client)
-                    self._slices.wait_ready(rec, deadline)
+                    self._slices.wait_ready(rec, ask.deadline)
                     return rec.info()
                 request = GangRequest(
                     slice=decl.name,
@@ -205,11 +213,11 @@ class EmbeddedGangs:
                     break
                 if not outcome.retryable:
                     raise ControllerError("FAILED_PRECONDITION", outcome.message)
-                remaining = deadline - time.monotonic()
+                remaining = ask.deadline - time.monotonic()
                 if remaining <= 0:
                     raise ControllerError(
                         "RESOURCE_EXHAUSTED",
-                        f"{outcome.message} (waited {timeout_s:.0f} s for room)",
+                        f"{outcome.message} (waited {ask.timeout_s:.0f} s for room)",
                     )
                 self._changed.wait(min(remaining, 1.0))
             rec = self._slices.add(key, decl, outcome)
@@ -284,12 +292,10 @@ class KubernetesGangs:
         self._links = links
         self._explain_missing = explain_missing
 
-    def create_slice(
-        self, decl: ir.SliceDecl, client: str, timeout_s: float, namespace: str
-    ) -> pb.SliceInfo:
+    def create_slice(self, ask: SliceAsk) -> pb.SliceInfo:
         """A named slice is a VirtualSlice: wait until its gang is registered and ready."""
-        deadline = time.monotonic() + max(timeout_s, 0.0)
-        key = f"{namespace or 'default'}/{decl.name}"
+        decl = ask.decl
+        key = f"{ask.namespace or 'default'}/{decl.name}"
         with self._changed:
             while True:
                 rec = self._slices.get(key)
@@ -300,9 +306,9 @@ class KubernetesGangs:
                             f"VirtualSlice {key} has {plural(rec.decl.devices, 'device')}; the program "
                             f"asked for {decl.devices}",
                         )
-                    rec.clients.add(client)
+                    rec.clients.add(ask.client)
                     return rec.info()
-                remaining = deadline - time.monotonic()
+                remaining = ask.deadline - time.monotonic()
                 if remaining <= 0:
                     why = self._explain_missing(key) if self._explain_missing else "not registered"
                     raise ControllerError(

@@ -53,11 +53,11 @@ class ControllerService(pb_grpc.ControllerServicer):
     def Run(self, request: pb.RunRequest, context: grpc.ServicerContext) -> pb.RunReply:
         try:
             if request.wait:
-                return self.controller.run_to_end(
+                return self.controller.calls.run_to_end(
                     request.program_id, request.call_id, request.weight, request.inputs,
                     request.wait_s,
                 )
-            return self.controller.run(
+            return self.controller.calls.run(
                 request.program_id, request.call_id, request.weight, request.inputs
             )
         except ControllerError as err:
@@ -65,10 +65,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             raise
 
     def WaitCall(self, request: pb.CallStatusRequest, context: grpc.ServicerContext) -> pb.CallStatus:
-        return self.controller.wait_call(request.call_id, request.timeout_s)
+        return self.controller.calls.wait_call(request.call_id, request.timeout_s)
 
     def FinishCall(self, request: pb.ReleaseCall, context: grpc.ServicerContext) -> pb.CallStatus:
-        return self.controller.finish_call(request.call_id)
+        return self.controller.calls.finish_call(request.call_id)
 
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
         return self.controller.describe()
