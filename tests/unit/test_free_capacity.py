@@ -6,12 +6,13 @@ import random
 
 import pytest
 
-from pathways_operator.core.admission import QueuedGang, admit, admit_by_scan
+from pathways_operator.core.admission import QueuedGang, admit, admit_on
 from pathways_operator.core.free_capacity import CapacityIndex
 from pathways_operator.core.placement import (
     GangRequest,
     HostResources,
     Machine,
+    MachineScan,
     Placement,
     place_gang,
     reserve,
@@ -109,14 +110,14 @@ def test_index_reserves_and_restores_as_the_scan_counts(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_admission_with_the_index_decides_as_admission_by_scan(seed: int) -> None:
+def test_admission_with_the_index_decides_as_admission_by_scan_does(seed: int) -> None:
     rng = random.Random(200 + seed)
     for _ in range(CLUSTERS // 2):
         machines = random_machines(rng)
         queue = random_queue(rng)
         now = float(rng.choice((0, 500, 2_000)))
         holding = {"g1": 1} if rng.random() < 0.3 else None
-        expected = admit_by_scan(queue, machines, now=now, reserve_after=300.0, holding=holding)
+        expected = admit_on(MachineScan(machines), queue, now=now, reserve_after=300.0, holding=holding)
         assert admit(queue, machines, now=now, reserve_after=300.0, holding=holding) == expected
 
 

@@ -7,7 +7,7 @@ placed against an index of the inventory's free capacity
 (``free_capacity.CapacityIndex``) in which the devices of every gang admitted
 earlier in the same decision are already counted as used, so two gangs admitted
 together can never over-commit a machine. The index makes the decisions a scan
-of every machine would (:func:`admit_by_scan`, the reference), at a cost that
+of every machine would (:func:`admit_on` a ``MachineScan``, the reference), at a cost that
 does not grow with the number of machines. A gang that does not
 fit takes nothing: there are no partial holds, which is what rules out two
 half-placed gangs deadlocking each other.
@@ -60,7 +60,6 @@ from pathways_operator.core.placement import (
     GangRequest,
     Inventory,
     Machine,
-    MachineScan,
     Placement,
     Unplaceable,
 )
@@ -134,18 +133,6 @@ def admit(
     return admit_on(CapacityIndex(machines), queue, now=now, reserve_after=reserve_after, holding=holding)
 
 
-def admit_by_scan(
-    queue: Sequence[QueuedGang],
-    machines: Sequence[Machine],
-    *,
-    now: float,
-    reserve_after: float = DEFAULT_RESERVE_AFTER_S,
-    holding: Mapping[str, int] | None = None,
-) -> AdmissionResult:
-    """:func:`admit` with every decision scanning every machine: the reference it must agree with."""
-    return admit_on(MachineScan(machines), queue, now=now, reserve_after=reserve_after, holding=holding)
-
-
 def admit_on(
     inventory: Inventory,
     queue: Sequence[QueuedGang],
@@ -154,7 +141,11 @@ def admit_on(
     reserve_after: float = DEFAULT_RESERVE_AFTER_S,
     holding: Mapping[str, int] | None = None,
 ) -> AdmissionResult:
-    """:func:`admit` against ``inventory``, which it leaves holding the admitted gangs."""
+    """:func:`admit` against ``inventory``, which it leaves holding the admitted gangs.
+
+    With ``placement.MachineScan(machines)`` every decision scans every machine:
+    the reference that :func:`admit`'s index must agree with.
+    """
     seen: set[str] = set()
     for gang in queue:
         if gang.request.slice in seen:
