@@ -127,8 +127,15 @@ def _multi_controller(processes: int, devices: int, steps: int, repeats: int) ->
     return [float(t) for t in result["ms_per_step"]], float(result["loss"])
 
 
+def _against(name: str, samples: list[float], baseline: Figure, short: str, limit: float,
+             target: str, note: str) -> Figure:
+    f = figure(EXP, name, "ms/step", samples, baseline=short)
+    f.ratio = f.median / baseline.median
+    f.target, f.met, f.note = target, f.ratio <= limit, note
+    return f
+
+
 def run(steps: int, repeats: int) -> list[Figure]:
-    figures: list[Figure] = []
     batch_kib = mlp.batch_bytes() / 1024
     params_mib = mlp.param_bytes(mlp.init_params()) / 2**20
 
@@ -136,21 +143,19 @@ def run(steps: int, repeats: int) -> list[Figure]:
     base_a = figure(EXP, "jax.jit, one process, 1 device", "ms/step", jit_ms)
     pw.connect(islands={"island-a": 8}, devices_per_host=4)
     one_ms, one_loss, one_traffic = _pathways(1, steps, repeats)
-    a = figure(EXP, "(a) 1-device slice", "ms/step", one_ms, baseline="jax.jit")
-    a.ratio = a.median / base_a.median
-    a.target, a.met = "≤ 1.2× jax.jit", a.ratio <= 1.2
-    a.note = f"final loss {one_loss:.6f} (jax.jit {jit_loss:.6f}); {params_mib:.1f} MiB of parameters"
+    a = _against("(a) 1-device slice", one_ms, base_a, "jax.jit", 1.2, "≤ 1.2× jax.jit",
+                 f"final loss {one_loss:.6f} (jax.jit {jit_loss:.6f}); {params_mib:.1f} MiB of parameters")
 
     mc_ms, mc_loss = _multi_controller(2, 4, steps, repeats)
     base_b = figure(EXP, "multi-controller JAX, 2 processes x 4 devices (gloo)", "ms/step", mc_ms)
     pw.connect(islands={"island-a": 8}, devices_per_host=4)
     eight_ms, eight_loss, eight_traffic = _pathways(8, steps, repeats)
-    b = figure(EXP, "(b) 8-device slice, 2 hosts x 4", "ms/step", eight_ms, baseline="multi-controller")
-    b.ratio = b.median / base_b.median
-    b.target, b.met = "≤ 1.1× multi-controller (paper: parity)", b.ratio <= 1.1
-    b.note = f"final loss {eight_loss:.6f} (multi-controller {mc_loss:.6f})"
+    b = _against("(b) 8-device slice, 2 hosts x 4", eight_ms, base_b, "multi-controller", 1.1,
+                 "≤ 1.1× multi-controller (paper: parity)",
+                 f"final loss {eight_loss:.6f} (multi-controller {mc_loss:.6f})")
     pw.shutdown()
 
+    figures = [base_a, a, base_b, b]
     timed_steps = steps * repeats
     for label, traffic in (("1-device", one_traffic), ("8-device", eight_traffic)):
         per_step_kib = traffic.total / timed_steps / 1024
@@ -162,4 +167,4 @@ def run(steps: int, repeats: int) -> list[Figure]:
                   f"{traffic.received / timed_steps / 1024:.0f} KiB per step; the batch is "
                   f"{batch_kib:.0f} KiB; counted over {timed_steps} steps")
         figures.append(c)
-    return [base_a, a, base_b, b, *figures]
+    return figures
