@@ -37,6 +37,9 @@ Every call to the controller or a host has a deadline, and an interrupted call
 (Ctrl-C, KeyboardInterrupt) cancels the transfers it started in other threads,
 so the process never waits at exit for a call nobody wants any more; shutting
 down gives each remaining bookkeeping call `EXIT_RPC_TIMEOUT_S`.
+
+The module runs to about 550 lines because it is the one place the client speaks
+the protocol: every RPC, its deadline and the translation of its errors read here.
 """
 
 from __future__ import annotations
