@@ -26,7 +26,7 @@ REPEATS = MIN_REPEATS
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="1,2,3,4,5,6,7")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
     only = {int(x) for x in args.only.split(",")}
@@ -104,6 +104,13 @@ def main() -> int:
                                4 if quick else 16, 30 if quick else 60, 5)
 
     attempt(7, "checkpoints", seven)
+
+    def eight() -> list[Figure]:
+        from bench import training
+
+        return training.run(6 if quick else 12, 5)
+
+    attempt(8, "training", eight)
     mode = "quick" if quick else "full"
     title = args.title or f"This machine ({os.cpu_count()} cores), {mode}"
     load = f"{start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
