@@ -33,6 +33,8 @@ class Figure:
     """The baseline is a given number (a weight's share), not a measurement."""
     limit: float | None = None
     """The most the quantity can physically be (utilization: 1); above it the baseline is wrong."""
+    counted: bool = False
+    """The value is counted (bytes moved), not timed: one count is exact and needs no repeats."""
 
 
 def repeat(fn: Callable[[], float], repeats: int) -> list[float]:

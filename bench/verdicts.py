@@ -4,7 +4,8 @@ A run's figures come from shared 2-core machines where another process can
 halve a measurement at any moment, so "met" or "missed" is printed only when the
 figure could tell: at least `MIN_REPEATS` independent repeats of the figure, and
 a baseline measured in the same run whose own repeats agree within
-`MAX_BASELINE_SPREAD` (largest over smallest). Otherwise the row says
+`MAX_BASELINE_SPREAD` (largest over smallest); a count (bytes moved) against
+a given number is exact and judged as it is. Otherwise the row says
 "noisy, not judged" and why. A value beyond what the quantity can physically be
 (a utilization above 1) means its baseline is wrong: the row says "invalid",
 which is never "met". Shares are judged relative to each weight's share, so a
@@ -46,7 +47,7 @@ def verdict(f: Figure) -> str:
         return f"invalid: {f.high:.3g} > {f.limit:g}, so the baseline is wrong"
     if f.met is None:
         return ""
-    if f.repeats < MIN_REPEATS:
+    if f.repeats < MIN_REPEATS and not f.counted:
         return f"{NOT_JUDGED} (n {f.repeats} < {MIN_REPEATS})"
     if not f.baseline_exact:
         n = len(f.baseline_samples)
@@ -80,7 +81,8 @@ def rules_text() -> str:
         f"A verdict (met / missed) is printed only for a figure with at least {MIN_REPEATS} repeats "
         f"whose baseline, measured in the same run, also has at least {MIN_REPEATS} repeats with "
         f"max/min ≤ {MAX_BASELINE_SPREAD:g}; otherwise the row says \"{NOT_JUDGED}\" and why. A "
-        "baseline that is a given number (a weight's share) has no spread. A figure above what its "
+        "baseline that is a given number (a weight's share) has no spread, and a count (bytes moved) "
+        "against one is judged from a single count. A figure above what its "
         "quantity can be (utilization above 1: the single-tenant baseline is wrong) is \"invalid\", "
         f"never met. Shares are judged within {SHARE_TOLERANCE:.0%} of each weight's share, relative. "
         "n is the number of independent repeats; a single measurement has no spread column."

@@ -46,6 +46,13 @@ def test_an_exact_baseline_needs_no_repeats_of_its_own() -> None:
     assert verdict(judged([0.27] * 5, baseline=[], exact=True)) == "met"
 
 
+def test_a_count_against_a_given_number_is_judged_from_one_count() -> None:
+    bytes_moved = Figure("x", "bytes through the client", "KiB/step", 40.0, 40.0, 40.0, 1,
+                         baseline="the batch", target="only the batch", met=True,
+                         counted=True, baseline_exact=True)
+    assert verdict(bytes_moved) == "met"
+
+
 def test_a_measured_baseline_without_recorded_repeats_is_not_judged() -> None:
     old = Figure("x", "f", "GB/s", 2.0, 1.9, 2.1, 5, baseline="raw TCP", target="≥ 0.5×", met=True)
     assert verdict(old) == "noisy, not judged (baseline n 0 < 5)"
