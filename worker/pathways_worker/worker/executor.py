@@ -52,19 +52,17 @@ from jax.sharding import Sharding
 from pathways_wire.transfer import Piece, parse_spec, value_pieces
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
-from pathways_worker.call_plan import (
+from pathways_worker.value_ref import Ref, ref_name, ref_of
+from pathways_worker.worker.call_plan import (
     CallPlan,
     LocalComputation,
     ProgramLayout,
-    Ref,
     layout_program,
     plan_call,
-    ref_name,
-    ref_of,
 )
-from pathways_worker.executables import Executable, ExecutableCache, LoadError
-from pathways_worker.object_store import ObjectStore, Slot
 from pathways_worker.shared_memory import ShmDir, map_value, remove
+from pathways_worker.worker.executables import Executable, ExecutableCache, LoadError
+from pathways_worker.worker.object_store import ObjectStore, Slot
 
 log = logging.getLogger(__name__)
 

@@ -14,18 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pathways_wire.transfer import value_name
 from pathways_wire import pathways_pb2 as pb
-
-Ref = tuple[int, int]  # (node, index); node -1 is a program input
-
-
-def ref_of(value: pb.ValueRef) -> Ref:
-    return (value.node, value.index)
-
-
-def ref_name(ref: Ref) -> str:
-    return value_name(pb.ValueRef(node=ref[0], index=ref[1]))
+from pathways_worker.value_ref import Ref, ref_of
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.call_plan import Ref
+from pathways_worker.value_ref import Ref
 
 SlotState = Literal["pending", "ready", "failed"]
 
