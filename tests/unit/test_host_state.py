@@ -28,7 +28,6 @@ from pathways_worker.worker.instructions import (
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.states import InvalidTransition
 from pathways_worker.worker.stimuli import (
-    ArrivedValue,
     CallFailed,
     CallLaunched,
     CallReleased,
@@ -94,7 +93,7 @@ def launch(
             outputs=[pb.ValueRef(node=n, index=i) for n, i in outputs],
             routes=[pb.Route(value=pb.ValueRef(node=n, index=i), destinations=["peer:1"]) for n, i in routes],
         ),
-        tuple(ArrivedValue(ref, f"{call_id}-in{ref[1]}", 8) for ref in inputs),
+        tuple(ValueArrived(ObjectId(call_id, ref), f"{call_id}-in{ref[1]}", 8) for ref in inputs),
     )
 
 
@@ -167,7 +166,7 @@ def test_a_runnable_grant_does_not_overtake_the_head_grant_waiting_for_its_input
     assert only(Dispatch, said) == []
     assert state.grant_state(GrantId(1, "c1", 0)) == "waiting"
     assert state.grant_state(GrantId(2, "c2", 0)) == "queued"
-    settled = state.handle(ValueArrived("c1", ArrivedValue(INPUT, "arrived", 8)))
+    settled = state.handle(ValueArrived(ObjectId("c1", INPUT), "arrived", 8))
     assert [d.grant for d in only(Dispatch, settled)] == [GrantId(1, "c1", 0)]
     assert only(Dispatch, settled)[0].inputs == ("arrived",)
 
@@ -180,7 +179,7 @@ def test_an_arrival_settles_the_waiting_head_grant_and_cancels_its_timer() -> No
     state.handle(launch("c1"))
 
     waiting = state.handle(grants("c1", 0))
-    settled = state.handle(ValueArrived("c1", ArrivedValue(INPUT, "x", 8)))
+    settled = state.handle(ValueArrived(ObjectId("c1", INPUT), "x", 8))
 
     timers = only(StartTimer, waiting)
     assert [t.delay_s for t in timers] == [5.0]
@@ -324,7 +323,7 @@ def test_release_frees_the_call_and_drops_late_messages() -> None:
     assert state.store.used == OUT_BYTES     # its input went after its last use
 
     released = state.handle(CallReleased("c1"))
-    late_arrival = state.handle(ValueArrived("c1", ArrivedValue(INPUT, "late", 8)))
+    late_arrival = state.handle(ValueArrived(ObjectId("c1", INPUT), "late", 8))
     late_launch = state.handle(launch("c1", inputs=[INPUT]))
     late_fetch = state.handle(fetch("c1", (0, 0)))
     late_grant = state.handle(grants("c1", 1, first_seq=9))
@@ -357,7 +356,7 @@ def test_a_fetch_that_releases_its_value_frees_it_once_written() -> None:
     run_chain(state, state.handle(grants("c1", 0, 1)))
 
     said = state.handle(fetch("c1", (1, 0), release=True))
-    written = state.handle(ExportWritten("c1", (1, 0)))
+    written = state.handle(ExportWritten(ObjectId("c1", (1, 0))))
 
     (export,) = only(Export, said)
     assert (export.value, export.token, export.release) == ("c1-out1", 7, True)

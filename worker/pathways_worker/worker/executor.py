@@ -37,6 +37,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import parse_spec
 from pathways_worker.shared_memory import ShmDir, map_value, remove
 from pathways_worker.value_ref import ref_name, ref_of
+from pathways_worker.worker import stimuli
 from pathways_worker.worker.alarm_clock import AlarmClock
 from pathways_worker.worker.call_plan import layout_program
 from pathways_worker.worker.executables import Executable, ExecutableCache, LoadError
@@ -52,21 +53,9 @@ from pathways_worker.worker.instructions import (
     StartTimer,
     StoreChanged,
 )
+from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.outbox import WorkerOutbox
-from pathways_worker.worker.stimuli import (
-    ArrivedValue,
-    CallFailed,
-    CallLaunched,
-    CallReleased,
-    ComputationDispatched,
-    ExportRequested,
-    GrantsReceived,
-    ProgramLoaded,
-    Stimulus,
-    TimerFired,
-    ValueArrived,
-    grant_of,
-)
+from pathways_worker.worker.stimuli import ComputationDispatched, Stimulus, TimerFired, grant_of
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +105,18 @@ class Executor:
         if kind == "load":
             self.load(command.load)
         elif kind == "launch":
-            self._feed(CallLaunched(command.launch, tuple(self._inline(v) for v in command.launch.inputs)))
+            inputs = tuple(self._inline(command.launch.call_id, v) for v in command.launch.inputs)
+            self._feed(stimuli.CallLaunched(command.launch, inputs))
         elif kind == "grants":
-            self._feed(GrantsReceived(tuple(grant_of(g) for g in command.grants.grants)))
+            self._feed(stimuli.GrantsReceived(tuple(grant_of(g) for g in command.grants.grants)))
         elif kind == "fail":
-            self._feed(CallFailed(command.fail.call_id, command.fail.message))
+            self._feed(stimuli.CallFailed(command.fail.call_id, command.fail.message))
         elif kind == "release":
-            self._feed(CallReleased(command.release.call_id))
+            self._feed(stimuli.CallReleased(command.release.call_id))
         elif kind == "arrival":
-            self._feed(ValueArrived(command.arrival.call_id, self._arrived(command.arrival)))
+            self._feed(self._arrived(command.arrival))
         elif kind == "export":
-            self._feed(ExportRequested(command.export))
+            self._feed(stimuli.ExportRequested(command.export))
         else:
             log.warning("ignoring empty worker command")
 
@@ -153,35 +143,33 @@ class Executor:
         for error in errors.values():
             log.error("%s", error)
         out_bytes = {index: exe.out_bytes for index, exe in executables.items()}
-        self._feed(ProgramLoaded(layout_program(host_program), errors, out_bytes, specs))
+        self._feed(stimuli.ProgramLoaded(layout_program(host_program), errors, out_bytes, specs))
 
-    def _inline(self, inline: pb.InlineValue) -> ArrivedValue:
+    def _inline(self, call_id: str, inline: pb.InlineValue) -> stimuli.ValueArrived:
         """A program input that came with the launch."""
-        ref = ref_of(inline.value)
+        oid = ObjectId(call_id, ref_of(inline.value))
         try:
             shape, dtype = parse_spec(inline.spec)
             value = np.frombuffer(inline.data, dtype).reshape(shape)
         except Exception as err:
-            return ArrivedValue(
-                ref, None, 0, f"cannot load inline {ref_name(ref)} on host {self.host_name}: {err}"
-            )
-        return ArrivedValue(ref, value, int(value.nbytes))
+            error = f"cannot load inline {ref_name(oid.ref)} on host {self.host_name}: {err}"
+            return stimuli.ValueArrived(oid, None, 0, error)
+        return stimuli.ValueArrived(oid, value, int(value.nbytes))
 
-    def _arrived(self, arrival: pb.Arrival) -> ArrivedValue:
+    def _arrived(self, arrival: pb.Arrival) -> stimuli.ValueArrived:
         """A value from outside the slice, mapped from the file the sidecar wrote."""
-        ref = ref_of(arrival.value)
+        oid = ObjectId(arrival.call_id, ref_of(arrival.value))
         if arrival.error:
-            return ArrivedValue(ref, None, 0, arrival.error)
+            return stimuli.ValueArrived(oid, None, 0, arrival.error)
         try:
             shape, dtype = parse_spec(arrival.spec)
             path = self._shm.resolve(arrival.path)
             value = map_value(path, shape, dtype)
             remove(path)
         except Exception as err:
-            return ArrivedValue(
-                ref, None, 0, f"cannot load arrived {ref_name(ref)} on host {self.host_name}: {err}"
-            )
-        return ArrivedValue(ref, value, int(value.nbytes))
+            error = f"cannot load arrived {ref_name(oid.ref)} on host {self.host_name}: {err}"
+            return stimuli.ValueArrived(oid, None, 0, error)
+        return stimuli.ValueArrived(oid, value, int(value.nbytes))
 
     # ------------------------------------------------------------ the machine
 

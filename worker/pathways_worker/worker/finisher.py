@@ -23,8 +23,8 @@ import numpy as np
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import Piece, value_pieces
 from pathways_worker.shared_memory import ShmDir, remove
-from pathways_worker.value_ref import ref_name
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
+from pathways_worker.worker.object_store import ObjectId, object_name
 from pathways_worker.worker.outbox import WorkerOutbox
 from pathways_worker.worker.stimuli import ComputationFailedLate, ExportWritten, Stimulus
 
@@ -40,11 +40,8 @@ class Finisher:
         outbox: WorkerOutbox,
         report: Callable[[Stimulus], None],
     ) -> None:
-        self.host_name = host_name
-        self.host_index = host_index
-        self._shm = shm
-        self._outbox = outbox
-        self._report = report
+        self.host_name, self.host_index = host_name, host_index
+        self._shm, self._outbox, self._report = shm, outbox, report
         self._jobs: queue.SimpleQueue[FinishBatch | Export | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="finisher", daemon=True)
         self._thread.start()
@@ -105,18 +102,16 @@ class Finisher:
                 self._outbox.completions(done)
                 done = []
             for routed in job.routed:
-                self._write(Export(
-                    grant.call_id, routed.ref, 0, None if error else routed.value, error,
-                    routed.declared, False,
-                ))
+                value = None if error else routed.value
+                self._write(Export(ObjectId(grant.call_id, routed.ref), 0, value, error, routed.declared, False))
         if done:
             self._outbox.completions(done)
 
     def _write(self, job: Export) -> None:
         """A value's pieces to shared memory, announced to the sidecar (or why there are none)."""
         spec = spec_of(job.value) if job.value is not None else job.declared or pb.TensorSpec()
-        exported = pb.Exported(call_id=job.call_id, token=job.token, spec=spec)
-        exported.value.node, exported.value.index = job.ref
+        exported = pb.Exported(call_id=job.oid.call_id, token=job.token, spec=spec)
+        exported.value.node, exported.value.index = job.oid.ref
         error = job.error
         if not error and job.value is not None:
             try:
@@ -130,13 +125,13 @@ class Finisher:
                     remove(p.path)
                 del exported.pieces[:]
                 error = (
-                    f"{ref_name(job.ref)} of call {job.call_id} could not be exported from "
+                    f"{object_name(job.oid)} could not be exported from "
                     f"host {self.host_name}: {type(err).__name__}: {err}"
                 )
         exported.error = error
         self._outbox.exported(exported)
         if job.release:
-            self._report(ExportWritten(job.call_id, job.ref))
+            self._report(ExportWritten(job.oid))
 
     def _pieces(self, value: Any) -> list[Piece]:
         if isinstance(value, np.ndarray) and self.host_index != 0:

@@ -21,7 +21,6 @@ from pathways_worker.worker.call_plan import CallPlan, LocalComputation, plan_ca
 from pathways_worker.worker.instructions import Export, Instruction, Log, StoreChanged
 from pathways_worker.worker.object_store import ObjectId, ObjectStore, Slot
 from pathways_worker.worker.stimuli import (
-    ArrivedValue,
     CallFailed,
     CallLaunched,
     CallReleased,
@@ -117,9 +116,9 @@ class HostCalls:
 
     def arrive(self, arrived: ValueArrived, out: list[Instruction]) -> None:
         """A value from outside the slice (program input or another slice's output)."""
-        if arrived.call_id in self._released:
+        if arrived.oid.call_id in self._released:
             return
-        if self._settle_arrived(self.call(arrived.call_id), arrived.value, out):
+        if self._settle_arrived(self.call(arrived.oid.call_id), arrived, out):
             out.append(StoreChanged())
 
     def request_export(self, requested: ExportRequested, out: list[Instruction]) -> None:
@@ -154,23 +153,21 @@ class HostCalls:
                 self.settle_failed(slot.oid, failed.error, out)
 
     def export_written(self, written: ExportWritten, out: list[Instruction]) -> None:
-        oid = ObjectId(written.call_id, written.ref)
+        oid = written.oid
         slot = self.store.get(oid)
         if slot is not None and slot.settled and not slot.waiting_exports:
             self.store.drop(oid)
-            call = self.calls.get(written.call_id)
+            call = self.calls.get(oid.call_id)
             if call is not None:
-                call.freed.add(written.ref)
+                call.freed.add(oid.ref)
         out.append(StoreChanged())
 
     def get(self, call_id: str) -> CallState | None:
         return self.calls.get(call_id)
 
     def call(self, call_id: str) -> CallState:
-        call = self.calls.get(call_id)
-        if call is None:
-            call = self.calls[call_id] = CallState(call_id)
-        return call
+        """The call's state, created by the first message about it."""
+        return self.calls.get(call_id) or self.calls.setdefault(call_id, CallState(call_id))
 
     def _remember_released(self, call_id: str) -> None:
         if call_id in self._released:
@@ -191,9 +188,9 @@ class HostCalls:
             return f"computation {comp.index} has no executable on host {self.host_name}"
         return ""
 
-    def _settle_arrived(self, call: CallState, arrived: ArrivedValue, out: list[Instruction]) -> bool:
+    def _settle_arrived(self, call: CallState, arrived: ValueArrived, out: list[Instruction]) -> bool:
         """A value from outside settles its slot, unless one settled it already."""
-        oid = ObjectId(call.call_id, arrived.ref)
+        oid = ObjectId(call.call_id, arrived.oid.ref)
         existing = self.store.get(oid)
         if existing is not None and existing.settled:
             return False
@@ -201,7 +198,7 @@ class HostCalls:
             self.settle_failed(oid, arrived.error, out)
         else:
             self.settle_ready(oid, arrived.value, arrived.nbytes, False, out)
-            self.maybe_free(call, arrived.ref)
+            self.maybe_free(call, oid.ref)
         return True
 
     def settle_ready(
@@ -223,7 +220,7 @@ class HostCalls:
         if value is None and not error:
             error = f"{ref_name(ref)} of call {request.call_id} has no value on host {self.host_name}"
         declared = None if value is not None else self.declared(request.call_id, ref)
-        out.append(Export(request.call_id, ref, request.token, value, error, declared, request.release))
+        out.append(Export(ObjectId(request.call_id, ref), request.token, value, error, declared, request.release))
 
     def declared(self, call_id: str, ref: Ref) -> pb.TensorSpec:
         """The program's spec of a value, for exports that carry no value."""

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pathways_worker.value_ref import Ref, ref_name
-from pathways_worker.worker.host_calls import CallState, HostCalls
+from pathways_worker.worker import stimuli
 from pathways_worker.worker.call_plan import LocalComputation
+from pathways_worker.worker.host_calls import CallState, HostCalls
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
@@ -50,21 +51,7 @@ from pathways_worker.worker.instructions import (
 )
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.states import GRANT_MOVES, GrantState, InvalidTransition
-from pathways_worker.worker.stimuli import (
-    CallFailed,
-    CallLaunched,
-    CallReleased,
-    ComputationDispatched,
-    ComputationFailedLate,
-    ExportRequested,
-    ExportWritten,
-    GrantId,
-    GrantsReceived,
-    ProgramLoaded,
-    Stimulus,
-    TimerFired,
-    ValueArrived,
-)
+from pathways_worker.worker.stimuli import ComputationDispatched, GrantId, GrantsReceived, Stimulus, TimerFired
 
 FINISH_BATCH = 32
 """Dispatched grants handed to the finisher at once, at most."""
@@ -99,16 +86,16 @@ class HostState:
         self._batch: list[Finished] = []
         self._timers = 0
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
-            ProgramLoaded: self.calls.load,
-            CallLaunched: self.calls.launch,
+            stimuli.ProgramLoaded: self.calls.load,
+            stimuli.CallLaunched: self.calls.launch,
             GrantsReceived: self._grants_received,
-            CallFailed: self.calls.fail_call,
-            CallReleased: self.calls.release,
-            ValueArrived: self.calls.arrive,
-            ExportRequested: self.calls.request_export,
+            stimuli.CallFailed: self.calls.fail_call,
+            stimuli.CallReleased: self.calls.release,
+            stimuli.ValueArrived: self.calls.arrive,
+            stimuli.ExportRequested: self.calls.request_export,
             ComputationDispatched: self._computation_dispatched,
-            ComputationFailedLate: self.calls.fail_late,
-            ExportWritten: self.calls.export_written,
+            stimuli.ComputationFailedLate: self.calls.fail_late,
+            stimuli.ExportWritten: self.calls.export_written,
             TimerFired: self._timer_fired,
         }
 

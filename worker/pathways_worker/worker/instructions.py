@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref
+from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.stimuli import GrantId
 
 
@@ -24,18 +25,20 @@ class Dispatch:
     program_id: str
     computation: int
     inputs: tuple[object, ...]
-    where: str            # names the computation, for its errors
+    where: str
+    """The computation, named for its errors."""
     num_outputs: int
-    wait: bool            # wait for the results before reporting (multi-process slices)
+    wait: bool
+    """Wait for the results before reporting: multi-process slices run one at a time."""
 
 
 @dataclass(frozen=True)
 class RoutedValue:
-    """An output that leaves the host for another slice's hosts."""
+    """An output that leaves the host for another slice's hosts (None: it failed)."""
 
     ref: Ref
     value: object | None
-    declared: pb.TensorSpec | None   # None when there is a value
+    declared: pb.TensorSpec | None
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,10 @@ class Finished:
     outputs: tuple[object, ...]
     error: str
     routed: tuple[RoutedValue, ...] = ()
-    inline: tuple[int, ...] = ()     # outputs whose bytes go inline with the completion
-    await_outputs: bool = True       # False: the executor thread waited for them already
+    inline: tuple[int, ...] = ()
+    """Outputs whose bytes go back inline with the completion."""
+    await_outputs: bool = True
+    """False where the executor thread waited for them already."""
 
 
 @dataclass(frozen=True)
@@ -61,25 +66,28 @@ class FinishBatch:
 class Export:
     """Write a value's pieces to shared memory for a fetch (or say why there is none)."""
 
-    call_id: str
-    ref: Ref
+    oid: ObjectId
     token: int
     value: object | None
     error: str
-    declared: pb.TensorSpec | None   # None when there is a value
-    release: bool         # report `ExportWritten` once written
+    declared: pb.TensorSpec | None
+    release: bool
+    """Report `ExportWritten` once written, so the value can go."""
 
 
 @dataclass(frozen=True)
 class StartTimer:
-    """Fire `TimerFired(timer)` after `delay_s`, unless cancelled first."""
+    """Ring `TimerFired(timer)` after `delay_s`, unless cancelled first."""
 
     timer: int
     delay_s: float
+    """The worker's input timeout: how long a grant may wait for inputs and store room."""
 
 
 @dataclass(frozen=True)
 class CancelTimer:
+    """The wait the timer bounded is over."""
+
     timer: int
 
 

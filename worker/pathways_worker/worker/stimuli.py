@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.value_ref import Ref
 from pathways_worker.worker.call_plan import ProgramLayout
+from pathways_worker.worker.object_store import ObjectId
 
 
 class GrantId(NamedTuple):
@@ -31,53 +31,58 @@ def grant_of(grant: pb.Grant) -> GrantId:
 
 
 @dataclass(frozen=True)
-class ArrivedValue:
-    """A value decoded from outside the worker: `value` with its bytes, or why it could not be."""
-
-    ref: Ref
-    value: object | None
-    nbytes: int
-    error: str = ""
-
-
-@dataclass(frozen=True)
 class ProgramLoaded:
     """The host's part of a program, prepared: what loaded, what did not and why."""
 
     layout: ProgramLayout
-    load_errors: Mapping[int, str]                      # computation index -> why it cannot run here
-    out_bytes: Mapping[int, tuple[int, ...]]            # loaded computation -> bytes of each output here
-    output_specs: Mapping[int, tuple[pb.TensorSpec, ...]]  # every computation's declared outputs
+    load_errors: Mapping[int, str]
+    """Computation index -> why it cannot run here."""
+    out_bytes: Mapping[int, tuple[int, ...]]
+    """Each computation that loaded -> the bytes each of its outputs takes on this host."""
+    output_specs: Mapping[int, tuple[pb.TensorSpec, ...]]
+    """Every computation's declared outputs, for values that fail before they exist."""
 
 
 @dataclass(frozen=True)
 class CallLaunched:
+    """A call of a loaded program starts here; its program inputs for this host came with it."""
+
     launch: pb.Launch
-    inputs: tuple[ArrivedValue, ...]   # the program inputs that came with the launch
+    inputs: tuple[ValueArrived, ...]
 
 
 @dataclass(frozen=True)
 class GrantsReceived:
+    """The island scheduler's next grants for this host, in its order."""
+
     grants: tuple[GrantId, ...]
 
 
 @dataclass(frozen=True)
 class CallFailed:
+    """The controller gave up on the call (another host failed it, or it was cancelled)."""
+
     call_id: str
     message: str
+    """The controller's reason; the errors of everything the call still waits for quote it."""
 
 
 @dataclass(frozen=True)
 class CallReleased:
+    """The client is done with the call: its values may go."""
+
     call_id: str
 
 
 @dataclass(frozen=True)
 class ValueArrived:
-    """A program input or another slice's output, mapped from shared memory."""
+    """A value from outside the worker: a program input, or another slice's output mapped
+    from shared memory. Without a `value`, `error` says why it could not be loaded."""
 
-    call_id: str
-    value: ArrivedValue
+    oid: ObjectId
+    value: object | None
+    nbytes: int
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,11 @@ class ComputationDispatched:
     """The executor thread carried out a `Dispatch`: JAX has the computation, or refused it."""
 
     grant: GrantId
-    outputs: tuple[object, ...]   # jax.Arrays, possibly still computing; () on error
+    outputs: tuple[object, ...]
+    """jax.Arrays, possibly still computing; () when JAX refused it."""
     error: str
     busy_s: float = 0.0
+    """How long the executor thread spent on it, for the call's log line."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class ComputationFailedLate:
 
     grant: GrantId
     outputs: tuple[object, ...]
+    """As dispatched: a slot fails only while it still holds one of these."""
     error: str
 
 
@@ -110,12 +118,13 @@ class ComputationFailedLate:
 class ExportWritten:
     """A fetch that asked to release its value was written out: the value may go."""
 
-    call_id: str
-    ref: Ref
+    oid: ObjectId
 
 
 @dataclass(frozen=True)
 class TimerFired:
+    """A timer the machine started (`StartTimer`) rang."""
+
     timer: int
 
 
