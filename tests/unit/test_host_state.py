@@ -121,7 +121,7 @@ def host(limit: int = 1 << 20, multi_process: bool = False, *programs: pb.HostPr
 def ran(state: HostState, dispatch: Dispatch, error: str = "") -> list[Instruction]:
     """The driver's report that it dispatched `dispatch`; outputs are named after the grant."""
     name = f"{dispatch.grant.call_id}-out{dispatch.grant.node}"
-    outputs = () if error else tuple(name for _ in range(dispatch.num_outputs))
+    outputs = () if error else tuple(name for _ in range(dispatch.comp.num_outputs))
     return state.handle(ComputationDispatched(dispatch.grant, outputs, error))
 
 

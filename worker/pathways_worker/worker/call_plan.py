@@ -26,6 +26,12 @@ class LocalComputation:
     num_outputs: int
     outputs: tuple[Ref, ...]
     distinct_inputs: frozenset[Ref]
+    label: str
+    """"program 'p' computation 'f' (index 3)", written once per program for its errors."""
+
+    def where(self, call_id: str, host: str) -> str:
+        """The computation in one call on one host, as its errors name it."""
+        return f"{self.label} of call {call_id} on host {host}"
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ def layout_program(host_program: pb.HostProgram) -> ProgramLayout:
             num_outputs=len(c.outputs),
             outputs=tuple((c.index, i) for i in range(len(c.outputs))),
             distinct_inputs=frozenset(inputs),
+            label=f"program '{program.name}' computation '{c.name}' (index {c.index})",
         )
     readers: Counter[Ref] = Counter()
     for comp in local.values():

@@ -218,18 +218,20 @@ class Executor:
 
     def _dispatch(self, dispatch: Dispatch) -> ComputationDispatched:
         started = time.perf_counter()
+        comp = dispatch.comp
         try:
-            exe = self._executables[dispatch.program_id][dispatch.computation]
+            exe = self._executables[dispatch.program_id][comp.index]
             args = [self._as_input(v, s) for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)]
             outputs = tuple(jax.tree.leaves(exe.fn(*args)))
-            if len(outputs) != dispatch.num_outputs:
+            if len(outputs) != comp.num_outputs:
                 raise RuntimeError(
-                    f"returned {len(outputs)} outputs, the program expects {dispatch.num_outputs}"
+                    f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"
                 )
             if dispatch.wait:
                 jax.block_until_ready(outputs)
         except Exception as err:
-            error = f"{dispatch.where} failed: {type(err).__name__}: {err}"
+            where = comp.where(dispatch.grant.call_id, self.host_name)
+            error = f"{where} failed: {type(err).__name__}: {err}"
             return ComputationDispatched(dispatch.grant, (), error, time.perf_counter() - started)
         return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started)
 

@@ -103,7 +103,8 @@ class Finisher:
                 done = []
             for routed in job.routed:
                 value = None if error else routed.value
-                self._write(Export(ObjectId(grant.call_id, routed.ref), 0, value, error, routed.declared, False))
+                oid = ObjectId(grant.call_id, routed.ref)
+                self._write(Export(oid, 0, value, error, routed.declared, release=False))
         if done:
             self._outbox.completions(done)
 

@@ -8,6 +8,12 @@ the client will not fetch is dropped right after its last use. Failing a call
 fails every value it still waits for; releasing it drops what it holds and
 makes late messages for it no-ops. Pure: the run order (`host_state`) calls
 in here and passes on the instructions.
+
+A value's lifetime is its holder's, not its call's by construction: values
+are `ObjectId`s in the store and a call is the holder that releases them
+today. Values that outlive their call (owned by a client, consumed by later
+calls) need another holder and a release stimulus of their own, not a new
+store.
 """
 
 from __future__ import annotations
@@ -220,7 +226,8 @@ class HostCalls:
         if value is None and not error:
             error = f"{ref_name(ref)} of call {request.call_id} has no value on host {self.host_name}"
         declared = None if value is not None else self.declared(request.call_id, ref)
-        out.append(Export(ObjectId(request.call_id, ref), request.token, value, error, declared, request.release))
+        oid = ObjectId(request.call_id, ref)
+        out.append(Export(oid, request.token, value, error, declared, request.release))
 
     def declared(self, call_id: str, ref: Ref) -> pb.TensorSpec:
         """The program's spec of a value, for exports that carry no value."""

@@ -61,12 +61,11 @@ FINISH_BATCH = 32
 class GrantRecord:
     grant: GrantId
     state: GrantState = "queued"
-    where: str = ""            # the computation, named for its errors once known
     timer: int = 0             # the timer bounding its wait, while waiting
     timed_out: bool = False
     reserved: int = 0          # store bytes reserved for its outputs while running
-    call: CallState | None = None
-    comp: LocalComputation | None = None
+    call: CallState | None = None       # set while running
+    comp: LocalComputation | None = None  # set once its plan names it
 
 
 def grant_name(grant: GrantId) -> str:
@@ -183,8 +182,8 @@ class HostState:
         call = self.calls.get(grant.call_id)
         if call is None or call.plan is None:
             label = f"{grant_name(grant)} on host {self.host_name}"
-            if head.state == "waiting":
-                error = f"{head.where}: the call was released"
+            if head.state == "waiting" and head.comp is not None:
+                error = f"{head.comp.where(grant.call_id, self.host_name)}: the call was released"
             elif self.calls.was_released(grant.call_id):
                 error = f"{label}: the call was already released"
             elif call is not None and call.failed:
@@ -201,17 +200,12 @@ class HostState:
                 f"slice '{plan.slice}' of this host",
                 None, None, out,
             )
-        if not head.where:
-            head.where = (
-                f"program '{plan.program_name}' computation '{comp.name}' (index {comp.index}) "
-                f"of call {call.call_id} on host {self.host_name}"
-            )
-        where = head.where
+        head.comp = comp
         load_error = self.calls.load_error(plan, comp)
         if load_error:
             return self._fail(head, load_error, call, comp, out)
         if call.failed:
-            return self._fail(head, f"{where}: call failed: {call.failed}", call, comp, out)
+            return self._cannot_run(head, call, comp, f"call failed: {call.failed}", out)
         missing: Ref | None = None
         inputs: list[object] = []
         for ref in comp.inputs:
@@ -219,43 +213,39 @@ class HostState:
             if slot is None or not slot.settled:
                 missing = missing or ref
             elif slot.state == "failed":
-                return self._fail(head, f"{where}: input {ref_name(ref)} failed: {slot.error}", call, comp, out)
+                return self._cannot_run(head, call, comp, f"input {ref_name(ref)} failed: {slot.error}", out)
             else:
                 inputs.append(slot.value)
         if missing is not None:
-            if head.timed_out:
-                return self._fail(
-                    head,
-                    f"{where}: timed out after {self.input_timeout_s:g} s waiting for "
-                    f"{ref_name(missing)} from {plan.origin(missing)}",
-                    call, comp, out,
-                )
-            return self._wait(head, out)
+            if not head.timed_out:
+                return self._wait(head, out)
+            return self._cannot_run(
+                head, call, comp,
+                f"timed out after {self.input_timeout_s:g} s waiting for {ref_name(missing)} "
+                f"from {plan.origin(missing)}",
+                out,
+            )
         need = sum(self.calls.programs[plan.program_id].out_bytes[comp.index])
         if need > self.store.limit:
-            return self._fail(
-                head,
-                f"{where}: outputs need {need} B, more than the whole object store "
-                f"limit of {self.store.limit} B (PATHWAYS_STORE_LIMIT_BYTES)",
-                call, comp, out,
+            return self._cannot_run(
+                head, call, comp,
+                f"outputs need {need} B, more than the whole object store limit of "
+                f"{self.store.limit} B (PATHWAYS_STORE_LIMIT_BYTES)",
+                out,
             )
         if self.store.free < need:
-            if head.timed_out:
-                return self._fail(
-                    head,
-                    f"{where}: object store full for {self.input_timeout_s:g} s: "
-                    + self.store.describe_full(need),
-                    call, comp, out,
-                )
-            return self._wait(head, out)
+            if not head.timed_out:
+                return self._wait(head, out)
+            return self._cannot_run(
+                head, call, comp,
+                f"object store full for {self.input_timeout_s:g} s: {self.store.describe_full(need)}",
+                out,
+            )
         self.store.reserve(need)
-        head.reserved, head.call, head.comp = need, call, comp
+        head.reserved, head.call = need, call
         self._stop_timer(head, out)
         self._move(head, "running")
-        out.append(Dispatch(
-            grant, plan.program_id, comp.index, tuple(inputs), where, comp.num_outputs,
-            wait=self.multi_process,
-        ))
+        out.append(Dispatch(grant, plan.program_id, comp, tuple(inputs), wait=self.multi_process))
         return True
 
     def _wait(self, head: GrantRecord, out: list[Instruction]) -> bool:
@@ -290,6 +280,11 @@ class HostState:
         self._move(head, "failed")
         self._finished(Finished(head.grant, (), error, routed), out)
         return False
+
+    def _cannot_run(
+        self, head: GrantRecord, call: CallState, comp: LocalComputation, reason: str, out: list[Instruction]
+    ) -> bool:
+        return self._fail(head, f"{comp.where(call.call_id, self.host_name)}: {reason}", call, comp, out)
 
     def _stop_timer(self, head: GrantRecord, out: list[Instruction]) -> None:
         if head.timer:

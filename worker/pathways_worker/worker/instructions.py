@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref
+from pathways_worker.worker.call_plan import LocalComputation
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.stimuli import GrantId
 
@@ -23,11 +24,8 @@ class Dispatch:
 
     grant: GrantId
     program_id: str
-    computation: int
+    comp: LocalComputation
     inputs: tuple[object, ...]
-    where: str
-    """The computation, named for its errors."""
-    num_outputs: int
     wait: bool
     """Wait for the results before reporting: multi-process slices run one at a time."""
 
