@@ -41,7 +41,7 @@ RELEASED_MEMORY = 4096
 """Released call ids remembered, to drop late messages for them."""
 
 
-@dataclass
+@dataclass(slots=True)
 class CallState:
     call_id: str
     plan: CallPlan | None = None
@@ -149,7 +149,7 @@ class HostCalls:
         if slot.settled:
             self._export(request, slot.value, slot.error, out)
         else:
-            slot.waiting_exports.append(request)
+            slot.waiting_exports += (request,)
 
     def fail_late(self, failed: ComputationFailedLate, out: list[Instruction]) -> None:
         """Execution failed after dispatch: the outputs it published fail."""
@@ -217,7 +217,7 @@ class HostCalls:
 
     def _flush_exports(self, slot: Slot, out: list[Instruction]) -> None:
         if slot.waiting_exports:
-            waiting, slot.waiting_exports = slot.waiting_exports, []
+            waiting, slot.waiting_exports = slot.waiting_exports, ()
             for request in waiting:
                 self._export(request, slot.value, slot.error, out)
 

@@ -57,7 +57,7 @@ FINISH_BATCH = 32
 """Dispatched grants handed to the finisher at once, at most."""
 
 
-@dataclass
+@dataclass(slots=True)
 class GrantRecord:
     grant: GrantId
     state: GrantState = "queued"
@@ -81,7 +81,8 @@ class HostState:
         self.multi_process = multi_process
         self.calls = HostCalls(host_name, store_limit_bytes)
         self.store = self.calls.store
-        self._queue: deque[GrantRecord] = deque()
+        self._queue: deque[GrantId] = deque()   # behind the head, in the order received
+        self._head: GrantRecord | None = None
         self._batch: list[Finished] = []
         self._timers = 0
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
@@ -107,23 +108,25 @@ class HostState:
     @property
     def grants_queued(self) -> int:
         """Grants received and not yet dispatched or failed, the head included."""
-        return len(self._queue)
+        return len(self._queue) + (self._head is not None)
 
     def grant_state(self, grant: GrantId) -> GrantState | None:
         """A grant's state while it is queued or at the head; None once it left."""
-        return next((r.state for r in self._queue if r.grant == grant), None)
+        if self._head is not None and self._head.grant == grant:
+            return self._head.state
+        return "queued" if grant in self._queue else None
 
     # ------------------------------------------------------------ the run order
 
     def _grants_received(self, received: GrantsReceived, out: list[Instruction]) -> None:
-        self._queue.extend(GrantRecord(g) for g in received.grants)
+        self._queue.extend(received.grants)
 
     def _computation_dispatched(self, done: ComputationDispatched, out: list[Instruction]) -> None:
-        head = self._queue[0] if self._queue and self._queue[0].grant == done.grant else None
+        head = self._head if self._head is not None and self._head.grant == done.grant else None
         if head is None or head.call is None or head.comp is None:
             raise InvalidTransition(grant_name(done.grant), head.state if head else "not queued", "dispatched")
         self._move(head, "failed" if done.error else "dispatched")
-        self._queue.popleft()
+        self._head = None
         call, comp = head.call, head.comp
         if self.calls.get(call.call_id) is not call or call.plan is None:
             self.store.unreserve(head.reserved)  # released while it ran
@@ -159,25 +162,28 @@ class HostState:
         ), out)
 
     def _timer_fired(self, fired: TimerFired, out: list[Instruction]) -> None:
-        head = self._queue[0] if self._queue else None
+        head = self._head
         if head is not None and head.state == "waiting" and head.timer == fired.timer:
             head.timed_out = True
 
     def _advance(self, out: list[Instruction]) -> None:
         """Starts the head grant if it can run, fails those that cannot; hands over
         the dispatched batch whenever nothing is running."""
-        while self._queue:
-            head = self._queue[0]
-            if head.state != "running" and not self._start(head, out):
-                self._queue.popleft()
-                continue
+        while self._head is not None or self._queue:
+            head = self._head = self._head or GrantRecord(self._queue.popleft())
             if head.state == "running":
+                return
+            now = self._start(head, out)
+            if now == "failed":
+                self._head = None
+                continue
+            if now == "running":
                 return
             break
         self._hand_over(out)
 
-    def _start(self, head: GrantRecord, out: list[Instruction]) -> bool:
-        """Dispatches the head grant, or leaves it waiting (True); False once it failed."""
+    def _start(self, head: GrantRecord, out: list[Instruction]) -> GrantState:
+        """Dispatches the head grant, leaves it waiting, or fails it; says which."""
         grant = head.grant
         call = self.calls.get(grant.call_id)
         if call is None or call.plan is None:
@@ -246,15 +252,15 @@ class HostState:
         self._stop_timer(head, out)
         self._move(head, "running")
         out.append(Dispatch(grant, plan.program_id, comp, tuple(inputs), wait=self.multi_process))
-        return True
+        return "running"
 
-    def _wait(self, head: GrantRecord, out: list[Instruction]) -> bool:
+    def _wait(self, head: GrantRecord, out: list[Instruction]) -> GrantState:
         if head.state == "queued":
             self._move(head, "waiting")
             self._timers += 1
             head.timer = self._timers
             out.append(StartTimer(head.timer, self.input_timeout_s))
-        return True
+        return "waiting"
 
     def _fail(
         self,
@@ -263,7 +269,7 @@ class HostState:
         call: CallState | None,
         comp: LocalComputation | None,
         out: list[Instruction],
-    ) -> bool:
+    ) -> GrantState:
         """The grant cannot run. With its computation known, its outputs fail (so
         consumers fail at once) and its routed outputs leave as failures."""
         routed: tuple[RoutedValue, ...] = ()
@@ -279,11 +285,11 @@ class HostState:
         self._stop_timer(head, out)
         self._move(head, "failed")
         self._finished(Finished(head.grant, (), error, routed), out)
-        return False
+        return "failed"
 
     def _cannot_run(
         self, head: GrantRecord, call: CallState, comp: LocalComputation, reason: str, out: list[Instruction]
-    ) -> bool:
+    ) -> GrantState:
         return self._fail(head, f"{comp.where(call.call_id, self.host_name)}: {reason}", call, comp, out)
 
     def _stop_timer(self, head: GrantRecord, out: list[Instruction]) -> None:

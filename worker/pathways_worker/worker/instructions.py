@@ -18,7 +18,7 @@ from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.stimuli import GrantId
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dispatch:
     """Call the computation's executable on these inputs; report `ComputationDispatched`."""
 
@@ -30,7 +30,7 @@ class Dispatch:
     """Wait for the results before reporting: multi-process slices run one at a time."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RoutedValue:
     """An output that leaves the host for another slice's hosts (None: it failed)."""
 
@@ -39,7 +39,7 @@ class RoutedValue:
     declared: pb.TensorSpec | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finished:
     """One grant for the finisher: wait for its outputs, report its completion."""
 
@@ -53,14 +53,14 @@ class Finished:
     """False where the executor thread waited for them already."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FinishBatch:
     """Grants handed to the finisher together: one hand-off, their completions in one message."""
 
     grants: tuple[Finished, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Export:
     """Write a value's pieces to shared memory for a fetch (or say why there is none)."""
 
@@ -73,7 +73,7 @@ class Export:
     """Report `ExportWritten` once written, so the value can go."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StartTimer:
     """Ring `TimerFired(timer)` after `delay_s`, unless cancelled first."""
 
@@ -82,19 +82,19 @@ class StartTimer:
     """The worker's input timeout: how long a grant may wait for inputs and store room."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CancelTimer:
     """The wait the timer bounded is over."""
 
     timer: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoreChanged:
     """The store's byte count changed with nothing else to report: tell the sidecar."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Log:
     """A line for the worker's log (at info level)."""
 

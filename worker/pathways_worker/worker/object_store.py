@@ -19,7 +19,7 @@ sidecar). Pure and not thread-safe: the host's state machine owns it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from pathways_wire import pathways_pb2 as pb
@@ -38,14 +38,14 @@ def object_name(oid: ObjectId) -> str:
     return f"{ref_name(oid.ref)} of call {oid.call_id}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
     oid: ObjectId
     state: SlotState = "pending"
     value: object = None          # jax.Array or np.ndarray once ready
     error: str = ""
     nbytes: int = 0
-    waiting_exports: list[pb.ExportRequest] = field(default_factory=list)
+    waiting_exports: tuple[pb.ExportRequest, ...] = ()   # fetches asked before it settled
 
     @property
     def settled(self) -> bool:

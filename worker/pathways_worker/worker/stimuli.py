@@ -30,7 +30,7 @@ def grant_of(grant: pb.Grant) -> GrantId:
     return GrantId(grant.seq, grant.call_id, grant.node)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProgramLoaded:
     """The host's part of a program, prepared: what loaded, what did not and why."""
 
@@ -43,7 +43,7 @@ class ProgramLoaded:
     """Every computation's declared outputs, for values that fail before they exist."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallLaunched:
     """A call of a loaded program starts here; its program inputs for this host came with it."""
 
@@ -51,14 +51,14 @@ class CallLaunched:
     inputs: tuple[ValueArrived, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GrantsReceived:
     """The island scheduler's next grants for this host, in its order."""
 
     grants: tuple[GrantId, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallFailed:
     """The controller gave up on the call (another host failed it, or it was cancelled)."""
 
@@ -67,14 +67,14 @@ class CallFailed:
     """The controller's reason; the errors of everything the call still waits for quote it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallReleased:
     """The client is done with the call: its values may go."""
 
     call_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ValueArrived:
     """A value from outside the worker: a program input, or another slice's output mapped
     from shared memory. Without a `value`, `error` says why it could not be loaded."""
@@ -85,14 +85,14 @@ class ValueArrived:
     error: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExportRequested:
     """The client fetches a value from this host."""
 
     request: pb.ExportRequest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ComputationDispatched:
     """The executor thread carried out a `Dispatch`: JAX has the computation, or refused it."""
 
@@ -104,7 +104,7 @@ class ComputationDispatched:
     """How long the executor thread spent on it, for the call's log line."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ComputationFailedLate:
     """A dispatched computation failed while it ran: the outputs it published are not values."""
 
@@ -114,14 +114,14 @@ class ComputationFailedLate:
     error: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExportWritten:
     """A fetch that asked to release its value was written out: the value may go."""
 
     oid: ObjectId
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TimerFired:
     """A timer the machine started (`StartTimer`) rang."""
 
