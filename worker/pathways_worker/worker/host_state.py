@@ -59,6 +59,8 @@ FINISH_BATCH = 32
 
 @dataclass(slots=True)
 class GrantRecord:
+    """The grant at the head of the run order; those behind it are only ids, all `queued`."""
+
     grant: GrantId
     state: GrantState = "queued"
     timer: int = 0             # the timer bounding its wait, while waiting
