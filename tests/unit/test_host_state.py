@@ -85,11 +85,13 @@ def launch(
     outputs: Sequence[Ref] = (),
     routes: Sequence[Ref] = (),
     inputs: Sequence[Ref] = (),
+    inline_output_bytes: int = 0,
 ) -> CallLaunched:
     return CallLaunched(
         pb.Launch(
             call_id=call_id,
             program_id=program_id,
+            inline_output_bytes=inline_output_bytes,
             outputs=[pb.ValueRef(node=n, index=i) for n, i in outputs],
             routes=[pb.Route(value=pb.ValueRef(node=n, index=i), destinations=["peer:1"]) for n, i in routes],
         ),
@@ -259,6 +261,16 @@ def test_multi_process_slice_waits_for_each_computation_and_reports_each() -> No
     assert not any(f.await_outputs for b in only(FinishBatch, said) for f in b.grants)
 
 
+def test_small_outputs_the_client_fetches_go_inline_with_the_completion() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0), (1, 0)], inline_output_bytes=OUT_BYTES))
+
+    said = run_chain(state, state.handle(grants("c1", 0, 1)))
+
+    (batch,) = only(FinishBatch, said)
+    assert [f.inline for f in batch.grants] == [(0,), (0,)]
+
+
 # ---------------------------------------------------------------- failure
 
 
@@ -335,6 +347,19 @@ def test_release_frees_the_call_and_drops_late_messages() -> None:
     assert [e.error for e in only(Export, late_fetch)] == ["call c1 was released on host host-0"]
     (batch,) = only(FinishBatch, late_grant)
     assert batch.grants[0].error.endswith("the call was already released")
+
+
+def test_a_call_released_while_its_computation_runs_still_reports_it_and_frees_its_room() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT]))
+    (running,) = only(Dispatch, state.handle(grants("c1", 0)))
+
+    state.handle(CallReleased("c1"))
+    said = ran(state, running)
+
+    (batch,) = only(FinishBatch, said)
+    assert [(f.grant, f.error, f.outputs) for f in batch.grants] == [(GrantId(1, "c1", 0), "", ("c1-out0",))]
+    assert state.store.used == 0
 
 
 def test_a_value_is_freed_after_its_last_local_reader_and_a_fetch_says_so() -> None:
