@@ -38,12 +38,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.cluster import processes
-from tests.cluster.binaries import cache_dir
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster import processes
+from pathways_devcluster.binaries import cache_dir
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Cluster
-from tests.cluster.kubelet.pod_env import expand
-from tests.cluster.ports import reserve_port
+from pathways_devcluster.node_agent.pod_env import expand
+from pathways_devcluster.ports import reserve_port
 
 CHART = REPO_ROOT / "helm" / "kube-pathways"
 BUILD_HELM = REPO_ROOT / "tests" / "cluster" / "toolchain" / "build_helm.sh"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kubelet.pod_env import (
+from pathways_devcluster.node_agent.pod_env import (
     ContainerConfigError,
     PodNetwork,
     container_argv,
@@ -15,7 +15,7 @@ from tests.cluster.kubelet.pod_env import (
     expand,
     field_ref,
 )
-from tests.cluster.kubelet.pod_volumes import Mount, MountPoints, apply_mounts, mount_env_name
+from pathways_devcluster.node_agent.pod_volumes import Mount, MountPoints, apply_mounts, mount_env_name
 
 NET = PodNetwork("127.0.0.12", "127.0.0.1", "127.0.0.1", 6443)
 POD: dict[str, Any] = {

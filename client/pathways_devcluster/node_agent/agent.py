@@ -1,6 +1,6 @@
-"""The test node agent itself: its options, and the table of the pods it runs.
+"""The node agent itself: its options, and the table of the pods it runs.
 
-The agent is a test stand-in for the kubelet, not a kubelet. ``NodeAgent`` ties the
+The agent is a stand-in for the kubelet, not a kubelet. ``NodeAgent`` ties the
 pieces together: a ``NodeRegistrar`` thread keeps its Nodes registered and Ready, one
 ``PodWatch`` thread per Node reports the pods bound there, and each new pod gets a
 loopback IP from the agent's /24 (``ip_pool``) and a ``PodWorker`` thread that runs it to
@@ -8,7 +8,7 @@ the end. The table makes sure a pod is started at most once: a pod already finis
 deleted before it ever ran, is only given its final delete (``_finalize_unstarted``),
 and a pod missing from a re-list is told it has vanished.
 
-``AgentOptions`` is the agent's command line, parsed (``python -m tests.cluster.kubelet``)
+``AgentOptions`` is the agent's command line, parsed (``python -m pathways_devcluster.node_agent``)
 and written back (``NodeAgentProcess``) in one place.
 """
 
@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tests.cluster.kubelet.api import KubeApi
-from tests.cluster.kubelet.ip_pool import IpAllocator, claim_subnet
-from tests.cluster.kubelet.node_registrar import NodeRegistrar, NodeSpec
-from tests.cluster.kubelet.pod_env import Pod
-from tests.cluster.kubelet.pod_volumes import MountMode, MountPoints, detect_mount_mode
-from tests.cluster.kubelet.pod_watch import PodWatch
-from tests.cluster.kubelet.pod_worker import PodWorker
+from pathways_devcluster.node_agent.api import KubeApi
+from pathways_devcluster.node_agent.ip_pool import IpAllocator, claim_subnet
+from pathways_devcluster.node_agent.node_registrar import NodeRegistrar, NodeSpec
+from pathways_devcluster.node_agent.pod_env import Pod
+from pathways_devcluster.node_agent.pod_volumes import MountMode, MountPoints, detect_mount_mode
+from pathways_devcluster.node_agent.pod_watch import PodWatch
+from pathways_devcluster.node_agent.pod_worker import PodWorker
 
 log = logging.getLogger(__name__)
 
-PROG = "python -m tests.cluster.kubelet"
+PROG = "python -m pathways_devcluster.node_agent"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The test node agent: a stand-in for the kubelet that runs pods' containers as local processes.
+"""The node agent: a stand-in for the kubelet that runs pods' containers as local processes.
 
 It is not a kubelet. Everything in the cluster tier is real Kubernetes except this piece
 (there is no container runtime here); the agent does the kubelet's job for one or more
@@ -24,12 +24,12 @@ operator, kubectl and the controllers can see:
 Logs: ``<state-dir>/pods/<namespace>_<pod>/<container>.log`` for a container's first run,
 ``.log.N`` for restart N (``container_log_path``).
 
-Run it as ``python -m tests.cluster.kubelet --kubeconfig K --node a-0:island-a:4
+Run it as ``python -m pathways_devcluster.node_agent --kubeconfig K --node a-0:island-a:4
 --state-dir D``; ``NodeAgentProcess`` does that for tests.
 """
 
-from tests.cluster.kubelet.agent_process import NodeAgentProcess
-from tests.cluster.kubelet.containers import container_log_path
-from tests.cluster.kubelet.node_registrar import NodeSpec
+from pathways_devcluster.node_agent.agent_process import NodeAgentProcess
+from pathways_devcluster.node_agent.containers import container_log_path
+from pathways_devcluster.node_agent.node_registrar import NodeSpec
 
 __all__ = ["NodeAgentProcess", "NodeSpec", "container_log_path"]

@@ -1,6 +1,6 @@
-"""One pod, from binding to deletion, as the test node agent runs it.
+"""One pod, from binding to deletion, as the node agent runs it.
 
-The agent is a test stand-in for the kubelet, not a kubelet; a ``PodWorker`` thread does
+The agent is a stand-in for the kubelet, not a kubelet; a ``PodWorker`` thread does
 for one pod what the kubelet's pod worker does. In order: it writes a first status, materializes
 the pod's volumes (retrying while a Secret or ConfigMap is missing, with the kubelet's
 ``MountVolume.SetUp failed`` message), runs the init containers one after another
@@ -25,16 +25,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster import processes
-from tests.cluster.kubelet.api import ApiError
-from tests.cluster.kubelet.containers import Container, ContainerRunner, PodSandbox
-from tests.cluster.kubelet.node_registrar import HOST_IP
-from tests.cluster.kubelet.pod_env import ContainerConfigError, Pod, PodNetwork
-from tests.cluster.kubelet.pod_status import PodState, PodStatusBuilder
-from tests.cluster.kubelet.pod_volumes import PodVolumes
+from pathways_devcluster import processes
+from pathways_devcluster.node_agent.api import ApiError
+from pathways_devcluster.node_agent.containers import Container, ContainerRunner, PodSandbox
+from pathways_devcluster.node_agent.node_registrar import HOST_IP
+from pathways_devcluster.node_agent.pod_env import ContainerConfigError, Pod, PodNetwork
+from pathways_devcluster.node_agent.pod_status import PodState, PodStatusBuilder
+from pathways_devcluster.node_agent.pod_volumes import PodVolumes
 
 if TYPE_CHECKING:
-    from tests.cluster.kubelet.agent import NodeAgent
+    from pathways_devcluster.node_agent.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 

@@ -39,11 +39,11 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster import processes
-from tests.cluster.binaries import COMPONENTS, find_binaries
-from tests.cluster.components import Component, ControlPlaneError
-from tests.cluster.pki import write_kubeconfig, write_pki
-from tests.cluster.ports import ReservedPort, reserve_port
+from pathways_devcluster import processes
+from pathways_devcluster.binaries import COMPONENTS, find_binaries
+from pathways_devcluster.components import Component, ControlPlaneError
+from pathways_devcluster.pki import write_kubeconfig, write_pki
+from pathways_devcluster.ports import ReservedPort, reserve_port
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -382,7 +382,7 @@ class ControlPlane:
 
 
 def main() -> None:
-    """``python -m tests.cluster.controlplane``: start, print the kubeconfig path, wait for ^C."""
+    """``python -m pathways_devcluster.controlplane``: start, print the kubeconfig path, wait for ^C."""
     import signal
 
     cp = ControlPlane(Path(tempfile.mkdtemp(prefix="kpw-cp-")))

@@ -1,7 +1,7 @@
-"""The test node agent as a child process of the test session: ``NodeAgentProcess``.
+"""The node agent as a child process of the test session: ``NodeAgentProcess``.
 
-The agent is a test stand-in for the kubelet, not a kubelet; tests run it as its own
-process (``python -m tests.cluster.kubelet``), as a kubelet runs beside the control
+The agent is a stand-in for the kubelet, not a kubelet; tests run it as its own
+process (``python -m pathways_devcluster.node_agent``), as a kubelet runs beside the control
 plane, so that killing or restarting it is a real fault. ``NodeAgentProcess`` starts it
 with ``AgentOptions``, waits until its Nodes are Ready and schedulable (failing with the
 tail of the agent's log if it exits or times out), reads back the pod subnet it claimed,
@@ -18,17 +18,17 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tests.cluster import processes
-from tests.cluster.kubelet.agent import AgentOptions
-from tests.cluster.kubelet.api import KubeApi
-from tests.cluster.kubelet.containers import REPO_ROOT
-from tests.cluster.kubelet.node_registrar import NodeSpec, node_is_ready
+from pathways_devcluster import processes
+from pathways_devcluster.node_agent.agent import AgentOptions
+from pathways_devcluster.node_agent.api import KubeApi
+from pathways_devcluster.node_agent.containers import REPO_ROOT
+from pathways_devcluster.node_agent.node_registrar import NodeSpec, node_is_ready
 
-MODULE = "tests.cluster.kubelet"
+MODULE = "pathways_devcluster.node_agent"
 
 
 class NodeAgentProcess:
-    """Runs ``python -m tests.cluster.kubelet`` as a child process, for tests.
+    """Runs ``python -m pathways_devcluster.node_agent`` as a child process, for tests.
 
     ``with NodeAgentProcess(kubeconfig, [NodeSpec("c-0", "island-c", 4)], state_dir) as agent:``
     starts it and waits until its Nodes are Ready; leaving the block stops it and, with

@@ -1,6 +1,6 @@
 """Pod volumes for containers that are plain local processes.
 
-The test node agent, a stand-in for the kubelet and not a kubelet, materializes each
+The node agent, a stand-in for the kubelet and not a kubelet, materializes each
 volume of a pod as a directory of its own:
 ``emptyDir`` (on ``/dev/shm`` when ``medium: Memory``, so shared-memory transport between
 a pod's containers behaves as on a node), ``secret``, ``configMap``, ``downwardAPI`` and
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.cluster.kubelet.pod_env import (
+from pathways_devcluster.node_agent.pod_env import (
     ContainerConfigError,
     ObjectSource,
     Pod,
@@ -158,7 +158,7 @@ class PodVolumes:
         else:
             kinds = sorted(k for k in volume if k != "name")
             raise ContainerConfigError(
-                f"volume {name!r}: type {kinds} is not supported by the test node agent "
+                f"volume {name!r}: type {kinds} is not supported by the node agent "
                 "(emptyDir, secret, configMap, downwardAPI, projected, hostPath are)"
             )
         return path
@@ -232,7 +232,7 @@ class PodVolumes:
             _write_file(path / spec["path"], token.encode(), mode if mode is not None else 0o600)
         else:
             raise ContainerConfigError(
-                f"projected source {sorted(projection)} is not supported by the test node agent"
+                f"projected source {sorted(projection)} is not supported by the node agent"
             )
 
     def mounts_for(self, container: Mapping[str, Any]) -> list[Mount]:

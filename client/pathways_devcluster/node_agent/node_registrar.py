@@ -1,6 +1,6 @@
-"""The test node agent's Nodes: registered, kept Ready, their Leases renewed.
+"""The node agent's Nodes: registered, kept Ready, their Leases renewed.
 
-The agent is a test stand-in for the kubelet, not a kubelet, but a Node must look to the
+The agent is a stand-in for the kubelet, not a kubelet, but a Node must look to the
 scheduler and the controllers exactly as a kubelet would keep it. Each ``NodeSpec``
 (``--node NAME:ISLAND:DEVICES``) is registered with the labels ``pathways.dev/island``
 and ``kubernetes.io/hostname``; its status carries capacity and allocatable ``cpu``,
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.cluster.kubelet.api import ApiError, KubeApi, now, now_micro
+from pathways_devcluster.node_agent.api import ApiError, KubeApi, now, now_micro
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class NodeRegistrar:
                 "type": kind,
                 "status": value,
                 "reason": reason,
-                "message": "posted by the kube-pathways test node agent",
+                "message": "posted by the kube-pathways node agent",
                 "lastHeartbeatTime": stamp,
                 "lastTransitionTime": since,
             }

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.cluster.components import ControlPlaneError
+from pathways_devcluster.components import ControlPlaneError
 
 K8S_VERSION = "v1.34.4"
 ETCD_VERSION = "3.6.6"
