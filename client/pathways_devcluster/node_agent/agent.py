@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from pathways_devcluster.node_agent.api import KubeApi
 from pathways_devcluster.node_agent.ip_pool import IpAllocator, claim_subnet
-from pathways_devcluster.node_agent.node_registrar import NodeRegistrar, NodeSpec
+from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeRegistrar, NodeSpec
 from pathways_devcluster.node_agent.pod_env import Pod
 from pathways_devcluster.node_agent.pod_volumes import MountMode, MountPoints, detect_mount_mode
 from pathways_devcluster.node_agent.pod_watch import PodWatch
@@ -44,7 +44,7 @@ class AgentOptions:
     nodes: tuple[NodeSpec, ...]
     state_dir: Path
     pod_subnet: str = "auto"
-    heartbeat_seconds: float = 10.0
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
 
     @classmethod
     def parse(cls, argv: Sequence[str] | None = None, description: str = "") -> AgentOptions:
@@ -63,7 +63,7 @@ class AgentOptions:
             default="auto",
             help="pod IPs are <subnet>.10 .. <subnet>.254; auto: first free 127.0.K",
         )
-        parser.add_argument("--heartbeat-seconds", type=float, default=10.0)
+        parser.add_argument("--heartbeat-seconds", type=float, default=HEARTBEAT_SECONDS)
         args = parser.parse_args(argv)
         return cls(
             args.kubeconfig, tuple(args.node), args.state_dir, args.pod_subnet,

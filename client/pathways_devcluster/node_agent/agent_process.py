@@ -12,6 +12,7 @@ onto a Node that no agent serves.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from pathways_devcluster import processes
 from pathways_devcluster.node_agent.agent import AgentOptions
 from pathways_devcluster.node_agent.api import KubeApi
 from pathways_devcluster.node_agent.containers import REPO_ROOT
-from pathways_devcluster.node_agent.node_registrar import NodeSpec, node_is_ready
+from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeSpec, node_is_ready
 
 MODULE = "pathways_devcluster.node_agent"
 
@@ -44,7 +45,7 @@ class NodeAgentProcess:
         pod_subnet: str = "auto",
         log_file: Path | None = None,
         delete_nodes: bool = True,
-        heartbeat_seconds: float = 10.0,
+        heartbeat_seconds: float = HEARTBEAT_SECONDS,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.options = AgentOptions(
@@ -108,6 +109,16 @@ class NodeAgentProcess:
                     f"nodes {sorted(waiting)} not Ready within {timeout:.0f} s; agent log:\n"
                     f"{processes.log_tail(self.log_file)}"
                 )
+
+    def kill(self) -> None:
+        """The machine dies: the agent is SIGKILLed and its containers with it.
+
+        Its Nodes and pods stay in the API as they were and nobody renews the Nodes'
+        Leases or status: what the control plane makes of that is node lifecycle's to say.
+        """
+        if self.popen is not None:
+            processes.signal_group(self.popen, signal.SIGKILL)
+            self.popen.wait(10.0)
 
     def stop(self, grace_seconds: float = 20.0) -> None:
         if self.popen is not None:

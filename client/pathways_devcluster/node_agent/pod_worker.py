@@ -13,7 +13,9 @@ Three things stop it. A ``deletionTimestamp`` (``observe``): every process group
 SIGTERM, then SIGKILL after the grace period (capped at ``MAX_GRACE_SECONDS``), the final
 status is written and the pod deleted with grace 0, the kubelet's last word. The pod
 object disappearing (``vanish``): everything is killed within 2 s and nothing written.
-The agent stopping (``shutdown``): the same, leaving the API object as it is.
+The agent stopping (``shutdown``): the same, leaving the API object as it is. In every
+case the pod's volumes are removed (``/dev/shm`` ones included), so a stopped agent
+leaves no files behind.
 """
 
 from __future__ import annotations
@@ -257,8 +259,7 @@ class PodWorker(threading.Thread):
                 c.ready = False
             self._publish()
             self._final_delete()
-        if not self._shutdown:
-            self.sandbox.volumes.cleanup()
+        self.sandbox.volumes.cleanup()
         self.agent.forget(self)
 
     def _final_delete(self) -> None:
