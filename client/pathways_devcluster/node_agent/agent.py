@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -27,7 +28,12 @@ from pathways_devcluster.node_agent.api import KubeApi
 from pathways_devcluster.node_agent.ip_pool import IpAllocator, claim_subnet
 from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeRegistrar, NodeSpec
 from pathways_devcluster.node_agent.pod_env import Pod
-from pathways_devcluster.node_agent.pod_volumes import MountMode, MountPoints, detect_mount_mode
+from pathways_devcluster.node_agent.pod_volumes import (
+    MountMode,
+    MountPoints,
+    detect_mount_mode,
+    shm_root,
+)
 from pathways_devcluster.node_agent.pod_watch import PodWatch
 from pathways_devcluster.node_agent.pod_worker import PodWorker
 
@@ -103,6 +109,8 @@ class NodeAgent:
         self.mount_points = MountPoints()
         self.pod_subnet, self._subnet_lock = claim_subnet(options.pod_subnet)
         (state_dir / "pod-subnet").write_text(self.pod_subnet)
+        self.shm_root = shm_root(self.pod_subnet)
+        shutil.rmtree(self.shm_root, ignore_errors=True)  # a killed agent's, of this subnet
         self.ips = IpAllocator(self.pod_subnet)
         self.registrar = NodeRegistrar(self.api, self.nodes, options.heartbeat_seconds)
         self.stop_event = threading.Event()
@@ -143,6 +151,7 @@ class NodeAgent:
         for w in workers:
             w.join(max(0.0, deadline - time.monotonic()))
         self.mount_points.remove_created()
+        shutil.rmtree(self.shm_root, ignore_errors=True)
 
     def forget(self, worker: PodWorker) -> None:
         with self._lock:

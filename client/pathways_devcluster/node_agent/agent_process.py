@@ -12,6 +12,7 @@ onto a Node that no agent serves.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathways_devcluster.node_agent.agent import AgentOptions
 from pathways_devcluster.node_agent.api import KubeApi
 from pathways_devcluster.node_agent.containers import REPO_ROOT
 from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeSpec, node_is_ready
+from pathways_devcluster.node_agent.pod_volumes import shm_root
 
 MODULE = "pathways_devcluster.node_agent"
 
@@ -124,6 +126,8 @@ class NodeAgentProcess:
         if self.popen is not None:
             processes.stop(self.popen, grace_seconds)
             self.popen = None
+        if self.pod_subnet != "auto":  # what a killed agent's memory volumes left
+            shutil.rmtree(shm_root(self.pod_subnet), ignore_errors=True)
         if self.delete_nodes:
             api = KubeApi(self.kubeconfig)
             for node in self.nodes:

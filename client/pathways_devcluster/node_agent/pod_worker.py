@@ -63,7 +63,7 @@ class PodWorker(threading.Thread):
             namespace=str(meta["namespace"]),
             name=str(meta["name"]),
             net=net,
-            volumes=PodVolumes(pod, agent.state_dir / "volumes", agent.api, net),
+            volumes=PodVolumes(pod, agent.state_dir / "volumes", agent.api, net, agent.shm_root),
             source=agent.api,
             mount_mode=agent.mount_mode,
             mount_points=agent.mount_points,
