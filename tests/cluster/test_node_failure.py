@@ -50,8 +50,13 @@ def test_dead_node_goes_not_ready_its_pod_is_evicted_and_the_slice_re_placed(
         not_ready = time.monotonic()
         lease = cluster.coordination.read_namespaced_lease(dead, "kube-node-lease")
         assert lease.spec.renew_time == last_renewal, "nobody renews a dead Node's Lease"
-        taints = cluster.core.read_node(dead).spec.taints or []
-        assert any(t.key == UNREACHABLE and t.effect == "NoExecute" for t in taints), taints
+
+        def tainted() -> bool:
+            taints = cluster.core.read_node(dead).spec.taints or []
+            return any(t.key == UNREACHABLE and t.effect == "NoExecute" for t in taints)
+
+        cluster.poll(tainted, timeout=60, interval=0.5,
+                     what=f"Node {dead} tainted {UNREACHABLE}:NoExecute by node lifecycle")
 
         objects.wait_event(pod.metadata.name, "TaintManagerEviction", timeout=90)
 
