@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pathways_wire import process_tree
@@ -48,31 +47,18 @@ def default_state_dir() -> Path:
     return cache_dir() / "dev-cluster"
 
 
-@dataclass(frozen=True)
 class Records:
     """The files in the state directory through which ``up``, ``serve`` and ``down`` meet."""
 
-    state_dir: Path
-
-    @property
-    def pid_file(self) -> Path:
-        return self.state_dir / "pid"
-
-    @property
-    def pids_file(self) -> Path:
-        return self.state_dir / "pids"
-
-    @property
-    def ready_file(self) -> Path:
-        return self.state_dir / "ready"
-
-    @property
-    def log_file(self) -> Path:
-        return self.state_dir / "dev-cluster.log"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.state_dir / "controlplane" / "admin.kubeconfig"
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.pid_file = state_dir / "pid"
+        """The ``serve`` process: pid and start time."""
+        self.pids_file = state_dir / "pids"
+        """What ``serve`` started, by name: pid and start time."""
+        self.ready_file = state_dir / "ready"
+        self.log_file = state_dir / "dev-cluster.log"
+        self.kubeconfig = state_dir / "controlplane" / "admin.kubeconfig"
 
     def server(self) -> ProcessId | None:
         """The recorded ``serve`` process, while it runs."""

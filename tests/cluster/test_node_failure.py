@@ -32,10 +32,9 @@ def ready_status(cluster: Any, node: str) -> str:
 def test_dead_node_goes_not_ready_its_pod_is_evicted_and_the_slice_re_placed(
     objects: Objects, operator: OperatorProcess
 ) -> None:
+    agents = {name: objects.cluster.start_agent([NodeSpec(name, "island-f", 4)])
+              for name in ("f-0", "f-1")}
     cluster = objects.cluster
-    agents = {
-        name: cluster.start_agent([NodeSpec(name, "island-f", 4)]) for name in ("f-0", "f-1")
-    }
     try:
         objects.apply(virtual_slice("survivor", 4, island="island-f"))
         first = objects.wait_slice("survivor", "Ready", 120, operator)["status"]
