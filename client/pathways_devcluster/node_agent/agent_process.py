@@ -1,12 +1,13 @@
-"""The node agent as a child process of the test session: ``NodeAgentProcess``.
+"""The node agent as a child process of the dev cluster or a test session: ``NodeAgentProcess``.
 
-The agent is a stand-in for the kubelet, not a kubelet; tests run it as its own
+The agent is a stand-in for the kubelet, not a kubelet; it runs as its own
 process (``python -m pathways_devcluster.node_agent``), as a kubelet runs beside the control
 plane, so that killing or restarting it is a real fault. ``NodeAgentProcess`` starts it
 with ``AgentOptions``, waits until its Nodes are Ready and schedulable (failing with the
 tail of the agent's log if it exits or times out), reads back the pod subnet it claimed,
 and on ``stop`` ends it and, by default, deletes its Nodes so that nothing is scheduled
-onto a Node that no agent serves.
+onto a Node that no agent serves. ``kill`` is a machine dying instead: what the cluster
+tier's node-failure test does.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ MODULE = "pathways_devcluster.node_agent"
 
 
 class NodeAgentProcess:
-    """Runs ``python -m pathways_devcluster.node_agent`` as a child process, for tests.
+    """Runs ``python -m pathways_devcluster.node_agent`` as a child process.
 
     ``with NodeAgentProcess(kubeconfig, [NodeSpec("c-0", "island-c", 4)], state_dir) as agent:``
     starts it and waits until its Nodes are Ready; leaving the block stops it and, with
