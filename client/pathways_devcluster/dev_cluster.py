@@ -39,6 +39,7 @@ from pathways_devcluster.binaries import REPO_ROOT, find_helm
 from pathways_devcluster.components import ControlPlaneError
 from pathways_devcluster.controlplane import ControlPlane
 from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec
+from pathways_devcluster.node_agent.pod_volumes import detect_mount_mode
 from pathways_devcluster.ports import ReservedPort, reserve_port
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,14 @@ class DevCluster:
 
     def start(self) -> None:
         """Control plane, node agent, chart; raises ``ControlPlaneError`` saying what failed."""
+        if detect_mount_mode(self.state_dir / "mount-probe") != "namespace":
+            raise ControlPlaneError(
+                "the dev cluster needs private mount namespaces (`unshare --mount`, which needs root or "
+                "CAP_SYS_ADMIN), and KPW_NODE_AGENT_MOUNTS unset or =namespace: "
+                "the operator's pod reads its ServiceAccount token at "
+                "/var/run/secrets/kubernetes.io/serviceaccount, which the node agent can only "
+                "provide by bind-mounting it there"
+            )
         self.control_plane.start()
         self.agent = NodeAgentProcess(
             self.kubeconfig, DEV_NODES, self.state_dir / "node-agent", delete_nodes=False
