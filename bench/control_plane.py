@@ -1,8 +1,12 @@
 """Experiment 6: the control plane -- pure-core placement, then apply → Ready on a cluster.
 
 Pure core: 1,000 hosts (4 devices each) over 8 islands, 500 queued slices of 1–8
-hosts: `core.admission.admit` decides the whole queue at once (decisions/s = queue
-length over its time), and `core.placement.place_gang` places one gang at a time.
+hosts: `core.admission.admit` decides the whole queue at once against its index of
+free capacity per island (decisions/s = queue length over its time), beside
+`admit_on(MachineScan(...))`, the reference that scans every machine per decision, timed in the
+same run on the same inputs (and checked to decide the same); once with devices
+only and once with cpu/memory requests on every host. Then one gang at a time:
+`CapacityIndex.place` against `place_gang`'s scan.
 
 Cluster: the cluster test tier's harness (`tests.cluster`), outside pytest -- a real
 etcd + kube-apiserver + kube-controller-manager + kube-scheduler (`ControlPlane`), one
@@ -42,51 +46,89 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import Figure, figure
-from pathways_operator.core.admission import QueuedGang, admit
-from pathways_operator.core.placement import GangRequest, Machine, place_gang
+from pathways_operator.core.admission import AdmissionResult, QueuedGang, admit, admit_on
+from pathways_operator.core.free_capacity import CapacityIndex
+from pathways_operator.core.placement import GangRequest, HostResources, Machine, MachineScan, place_gang
 
 EXP = "6 control plane"
 
 
-def _inventory(hosts: int = 1000, islands: int = 8) -> list[Machine]:
+def _inventory(hosts: int = 1000, islands: int = 8, cpu: int = 0, memory: int = 0) -> list[Machine]:
     rng = random.Random(0)
-    return [
-        Machine(f"node-{i}", f"island-{i % islands}", 4, rng.choice((0, 0, 0, 4)))
-        for i in range(hosts)
-    ]
+    machines = []
+    for i in range(hosts):
+        used = rng.choice((0, 0, 0, 4))
+        machines.append(Machine(f"node-{i}", f"island-{i % islands}", 4, used,
+                                allocatable_cpu_millis=cpu, allocatable_memory_bytes=memory,
+                                used_cpu_millis=cpu * used // 4, used_memory_bytes=memory * used // 4))
+    return machines
 
 
-def _queue(n: int = 500) -> list[QueuedGang]:
+def _queue(n: int = 500, needs: HostResources = HostResources()) -> list[QueuedGang]:
     rng = random.Random(1)
     return [
-        QueuedGang(GangRequest(f"slice-{i}", 4 * rng.choice((1, 1, 2, 4, 8))), queued_at=float(i))
+        QueuedGang(GangRequest(f"slice-{i}", 4 * rng.choice((1, 1, 2, 4, 8)), host_resources=needs),
+                   queued_at=float(i))
         for i in range(n)
     ]
 
 
-def run(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figure]:
-    return _pure_core(repeats) + cluster_figures(repeats, hosts)
+def run(repeats: int, cluster_repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figure]:
+    return _pure_core(repeats) + cluster_figures(cluster_repeats, hosts)
+
+
+PLACEMENT_TARGET = 10_000
+"""Decisions/s that admission must reach for 500 queued slices over 1,000 hosts."""
+
+GiB = 1 << 30
 
 
 def _pure_core(repeats: int) -> list[Figure]:
-    machines, queue = _inventory(), _queue()
-    per_s = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    """Admission and single placements with the free-capacity index, each beside the scan it replaces."""
+    figures = []
+    workloads = (
+        ("", _inventory(), _queue()),
+        (", cpu/memory requests", _inventory(cpu=16_000, memory=64 * GiB),
+         _queue(needs=HostResources(3_000, 12 * GiB))),
+    )
+    for label, machines, queue in workloads:
+        def by_scan(queue: list[QueuedGang], machines: list[Machine], now: float) -> AdmissionResult:
+            return admit_on(MachineScan(machines), queue, now=now)
+
+        def admit_per_s(decide: Callable[..., AdmissionResult]) -> float:
+            start = time.perf_counter()
+            decide(queue, machines, now=1e9)
+            return len(queue) / (time.perf_counter() - start)
+
         result = admit(queue, machines, now=1e9)
-        per_s.append(len(queue) / (time.perf_counter() - start))
-    admitted = len(result.admitted)
-    single = []
-    for _ in range(repeats):
+        if result != by_scan(queue, machines, now=1e9):
+            raise AssertionError(f"admit() and admission by scan decide differently{label}")
+        scan = figure(EXP, f"admit() by scan{label}: 500 queued slices, 1000 hosts, 8 islands",
+                      "decisions/s", [admit_per_s(by_scan) for _ in range(repeats)],
+                      note="the reference, a scan of every machine per decision")
+        indexed = figure(EXP, f"admit(){label}: 500 queued slices, 1000 hosts, 8 islands", "decisions/s",
+                         [admit_per_s(admit) for _ in range(repeats)], baseline="scan",
+                         baseline_samples=scan.samples, target=f"≥ {PLACEMENT_TARGET:,} decisions/s",
+                         note=f"{len(result.admitted)} admitted, {len(result.waiting)} waiting; same decisions")
+        indexed.ratio = indexed.median / scan.median
+        indexed.met = indexed.median >= PLACEMENT_TARGET
+        figures += [scan, indexed]
+    machines, queue = workloads[0][1], workloads[0][2]
+    index = CapacityIndex(machines)
+
+    def place_per_s(place: Callable[[GangRequest], object]) -> float:
         start = time.perf_counter()
         for gang in queue[:100]:
-            place_gang(gang.request, machines)
-        single.append(100 / (time.perf_counter() - start))
-    return [
-        figure(EXP, "admit(): 500 queued slices, 1000 hosts, 8 islands", "decisions/s", per_s,
-               note=f"{admitted} admitted, {len(queue) - admitted} waiting"),
-        figure(EXP, "place_gang(): one gang, 1000 hosts", "decisions/s", single),
-    ]
+            place(gang.request)
+        return 100 / (time.perf_counter() - start)
+
+    scan = figure(EXP, "place_gang() by scan: one gang, 1000 hosts", "decisions/s",
+                  [place_per_s(lambda r: place_gang(r, machines)) for _ in range(repeats)])
+    indexed = figure(EXP, "CapacityIndex.place(): one gang, 1000 hosts", "decisions/s",
+                     [place_per_s(index.place) for _ in range(repeats)], baseline="scan",
+                     baseline_samples=scan.samples)
+    indexed.ratio = indexed.median / scan.median
+    return figures + [scan, indexed]
 
 
 # -- cluster: kubectl apply → Ready ---------------------------------------------------------
@@ -107,7 +149,7 @@ def _not_run(hosts: Sequence[int], why: str) -> list[Figure]:
 def _missing_harness() -> str | None:
     """Why the cluster half cannot start here, or None."""
     try:
-        from tests.cluster.binaries import MissingBinariesError, find_binaries
+        from pathways_devcluster.binaries import MissingBinariesError, find_binaries
     except ImportError as err:  # pytest or the kubernetes client missing
         return f"the cluster harness does not import ({err})"
     try:
@@ -218,9 +260,9 @@ class _Bench:
 @contextmanager
 def _bench_cluster() -> Iterator[_Bench]:
     """Control plane + one node agent (island-bench, 4 × 4 devices) + CRDs + the operator."""
-    from tests.cluster.controlplane import REPO_ROOT, ControlPlane
+    from pathways_devcluster.controlplane import REPO_ROOT, ControlPlane
     from tests.cluster.harness import CRDS, Cluster, OperatorProcess
-    from tests.cluster.kubelet import NodeAgentProcess, NodeSpec
+    from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec
 
     run_dir = Path(tempfile.mkdtemp(prefix="kpw-bench-"))
     try:

@@ -82,7 +82,8 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int) -> tuple[list[Figur
         figures.append(jax_fig)
         row = {"jax": jax_fig.median}
         for mode, samples in modes.items():
-            f = figure(EXP, f"{workloads.label(n)}: {mode}", "µs/comp", samples, baseline="jax.jit")
+            f = figure(EXP, f"{workloads.label(n)}: {mode}", "µs/comp", samples, baseline="jax.jit",
+                       baseline_samples=jax_us)
             f.ratio = f.median / jax_fig.median
             if mode == "Chained":
                 if n == 0:

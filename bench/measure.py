@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 @dataclasses.dataclass
 class Figure:
+    """One row of a run. `bench.verdicts` judges it from these fields alone, as stored in the run's JSON."""
+
     experiment: str
     name: str
     unit: str
@@ -17,16 +19,22 @@ class Figure:
     low: float
     high: float
     repeats: int
+    """Independent measurements behind `median`, `low` and `high` (never a count of calls inside one)."""
     baseline: str = ""
     ratio: float | None = None
     target: str = ""
     met: bool | None = None
+    """Whether the median is on the target's side; the verdict also weighs repeats and the baseline."""
     note: str = ""
-
-    def spread(self) -> str:
-        if self.repeats <= 1:
-            return ""
-        return f"{self.low:.3g}–{self.high:.3g}"
+    samples: list[float] = dataclasses.field(default_factory=list)
+    baseline_samples: list[float] = dataclasses.field(default_factory=list)
+    """The repeats of the baseline measured in the same run, whose spread decides whether to judge."""
+    baseline_exact: bool = False
+    """The baseline is a given number (a weight's share), not a measurement."""
+    limit: float | None = None
+    """The most the quantity can physically be (utilization: 1); above it the baseline is wrong."""
+    counted: bool = False
+    """The value is counted (bytes moved), not timed: one count is exact and needs no repeats."""
 
 
 def repeat(fn: Callable[[], float], repeats: int) -> list[float]:
@@ -43,5 +51,5 @@ def timed(fn: Callable[[], object]) -> float:
 def figure(experiment: str, name: str, unit: str, samples: list[float], **kw: object) -> Figure:
     return Figure(
         experiment, name, unit, statistics.median(samples), min(samples), max(samples),
-        len(samples), **kw,  # type: ignore[arg-type]
+        len(samples), samples=list(samples), **kw,  # type: ignore[arg-type]
     )

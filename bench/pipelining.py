@@ -49,7 +49,7 @@ def run(microbatches: tuple[int, ...], steps: int, repeats: int) -> list[Figure]
         pw.connect(islands={"island-a": 8, "island-b": 8}, devices_per_host=4)
         f = figure(EXP, f"pipeline S=2 M={m}, two islands", "tokens/s",
                    _tokens_per_s(PipelineTrainer(devices_per_stage=4, microbatches=m), steps, repeats),
-                   baseline="SPMD")
+                   baseline="SPMD", baseline_samples=spmd.samples)
         f.ratio = f.median / spmd.median
         f.target = "≥ 1.0× SPMD (paper: 1.06×)"
         f.met = f.ratio >= 1.0

@@ -8,6 +8,7 @@ of Ray over Pathways Chained, both measured in this run.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,9 @@ def _ray_chain_us(chain: int, repeats: int) -> tuple[list[float], list[float]]:
         ray.shutdown()
 
 
-def run(pathways_chained_us: float, jax_us: float, chain: int, repeats: int) -> list[Figure]:
+def run(pathways_chained_us: float, jax_us: float, chain: int, repeats: int,
+        chained_samples: Sequence[float] = ()) -> list[Figure]:
+    """Ray against Pathways Chained's overhead; ``chained_samples`` are its repeats, for the verdict."""
     try:
         tasks, actors = _ray_chain_us(chain, repeats)
     except ImportError as err:
@@ -78,7 +81,8 @@ def run(pathways_chained_us: float, jax_us: float, chain: int, repeats: int) -> 
     pw_overhead = max(pathways_chained_us - jax_us, 1e-9)
     figures = []
     for name, samples, want in (("Ray actor calls", actors, 17.0), ("Ray tasks", tasks, 35.0)):
-        f = figure(EXP, f"{name}: chain of tiny adds", "µs/comp", samples, baseline="Pathways Chained overhead")
+        f = figure(EXP, f"{name}: chain of tiny adds", "µs/comp", samples, baseline="Pathways Chained overhead",
+                   baseline_samples=[s - jax_us for s in chained_samples])
         f.ratio = (f.median - jax_us) / pw_overhead
         f.target = f"overhead ≥ {want:g}× Pathways'"
         f.met = f.ratio >= want

@@ -1,17 +1,25 @@
-"""Writes a run's figures: `results/<date>.json` and the markdown table `RESULTS.md`."""
+"""Records a run's figures as `results/<date>T<time>.json` and renders RESULTS.md from such a record.
+
+The table is always rendered from the JSON just written (or any older one, with
+`python -m bench.report`), so every figure and verdict in RESULTS.md can be traced
+to a named run; the verdicts follow `bench.verdicts`.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
 import math
 import os
 import platform
+import sys
 from importlib import metadata
 from pathlib import Path
 
 from bench.measure import Figure
+from bench.verdicts import rules_text, spread_text, verdict
 
 HERE = Path(__file__).parent
 
@@ -46,42 +54,92 @@ def _num(v: float | None) -> str:
     return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
 
 
-def markdown(figures: list[Figure], info: dict[str, str], mode: str, title: str) -> str:
-    lines = [f"## {title}", "", f"`{mode}` run, {info['date']}: " + ", ".join(
+def markdown(figures: list[Figure], info: dict[str, str], mode: str, title: str, run: str = "") -> str:
+    """One run's section of RESULTS.md: where it came from, then a row per figure with its verdict."""
+    source = f"From run `{run}` (`{mode}`), {info['date']}" if run else f"`{mode}` run, {info['date']}"
+    lines = [f"## {title}", "", source + ": " + ", ".join(
         f"{k} {v}" for k, v in info.items() if k != "date") + ".", ""]
-    lines.append("| experiment | figure | median | unit | spread (min–max) | n | vs baseline | target | met |")
+    lines.append("| experiment | figure | median | unit | spread (min–max) | n | vs baseline | target | verdict |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for f in figures:
         ratio = f"{f.ratio:.3g}× {f.baseline}" if f.ratio is not None else f.baseline
-        met = "" if f.met is None else ("yes" if f.met else "**no**")
         value = _num(f.median) or f.note
         note = f" ({f.note})" if f.note and value != f.note else ""
+        said = verdict(f)
+        said = f"**{said}**" if said == "missed" or said.startswith("invalid") else said
         lines.append(
-            f"| {f.experiment} | {f.name}{note} | {value} | {f.unit} | {f.spread()} | {f.repeats} "
-            f"| {ratio} | {f.target} | {met} |"
+            f"| {f.experiment} | {f.name}{note} | {value} | {f.unit} | {spread_text(f)} | {f.repeats} "
+            f"| {ratio} | {f.target} | {said} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def write(figures: list[Figure], mode: str, title: str) -> Path:
+def read_run(path: Path) -> tuple[str, dict[str, str], list[Figure]]:
+    """A recorded run: its mode, its machine and date, and its figures."""
+    run = json.loads(path.read_text())
+    return run["mode"], run["machine"], [Figure(**f) for f in run["figures"]]
+
+
+def write(figures: list[Figure], mode: str, title: str, info: dict[str, str] | None = None) -> Path:
+    """Records a run as `results/<date>T<time>[-quick].json`, then renders its section of RESULTS.md from it."""
     now = datetime.datetime.now()
-    info = {"date": now.isoformat(timespec="seconds"), **machine()}
-    out = HERE / "results" / f"{now:%Y-%m-%d}{'-quick' if mode == 'quick' else ''}.json"
+    info = {"date": now.isoformat(timespec="seconds"), **machine(), **(info or {})}
+    out = HERE / "results" / f"{now:%Y-%m-%dT%H-%M}{'-quick' if mode == 'quick' else ''}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(
         {"mode": mode, "machine": info, "figures": [dataclasses.asdict(f) for f in figures]},
         indent=1, default=str,
     ))
-    table = markdown(figures, info, mode, title)
+    render(out, title)
+    return out
+
+
+HEADER = (
+    "# Benchmark results\n\n"
+    "Written by `make bench` / `make bench-quick` (`python -m bench.run`), or from a recorded run\n"
+    "by `python -m bench.report bench/results/<run>.json --title <title>`. Every figure in the\n"
+    "tables is read from the named run's JSON.\n\n"
+)
+
+
+def render(run: Path, title: str) -> None:
+    """Replaces (or adds) the section ``title`` of RESULTS.md with the recorded run ``run``."""
+    mode, info, figures = read_run(run)
+    name = str(run.relative_to(HERE.parent)) if run.is_relative_to(HERE.parent) else str(run)
+    table = markdown(figures, info, mode, title, name)
     results = HERE / "RESULTS.md"
-    header = "# Benchmark results\n\nWritten by `make bench` / `make bench-quick` (`python -m bench.run`).\n"
-    body = results.read_text() if results.exists() else header
-    marker = f"## {title}"
+    body = results.read_text() if results.exists() else ""
+    first = body.find("\n## ")
+    body = HEADER + wrap(rules_text()) + "\n" + (body[first + 1:] if first != -1 else "")
+    marker = f"## {title}\n"
     if marker in body:
         start = body.index(marker)
         end = body.find("\n## ", start + 1)
-        body = body[:start] + table + (body[end + 1:] if end != -1 else "")
+        body = body[:start] + table + (body[end:] if end != -1 else "")
     else:
         body = body.rstrip("\n") + "\n\n" + table
     results.write_text(body)
-    return out
+
+
+def wrap(text: str, width: int = 92) -> str:
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report",
+                                     description="Render a recorded run into bench/RESULTS.md.")
+    parser.add_argument("run", type=Path, help="a run's JSON under bench/results/")
+    parser.add_argument("--title", required=True, help="the section of RESULTS.md to replace or add")
+    args = parser.parse_args()
+    render(args.run.resolve(), args.title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ from pathways.context import ProgramContext
 from pathways.devices import VirtualDevice, VirtualDeviceSet, VirtualSlice, make_virtual_device_set
 from pathways.functions import SliceFunction, jit, pmap
 from pathways.runs import Run, launch
-from pathways.runtime import Runtime, connect, default_runtime, shutdown
+from pathways.runtime import ClientTraffic, Runtime, connect, default_runtime, shutdown
 from pathways.tracing import ProgramFunction, TracedProgram, program
 from pathways_wire.errors import (
     ExecutionError,
@@ -32,6 +32,7 @@ from pathways_wire.errors import (
 )
 
 __all__ = [
+    "ClientTraffic",
     "ExecutionError",
     "ProgramContext",
     "InvalidProgramError",

@@ -7,20 +7,11 @@ to the API server with the kubernetes python client. Nothing here talks to the o
 what ``pathways status`` shows is what the operator wrote into ``status``, so it works
 the same whether the operator is running, restarting or absent.
 
-Two halves:
-
-* typed, read-only views of the objects the CLI shows (:class:`SliceView`,
-  :class:`ProgramView`, :class:`PodView`, :class:`EventView`), parsed once from the JSON
-  the API returns, with the CRDs' documented defaults applied -- renderers take these,
-  never raw dicts;
-* :class:`Kube`, a session for one cluster: list/get/create of the two custom resources,
-  ConfigMaps, pods, events and pod logs, with every API failure turned into a
-  :class:`KubeError` whose message says what to do (install the CRDs, check the context,
-  ask for RBAC, ...).
-
-The resource names below must match ``crds/`` and the operator's
-``pathways_wire.kube_names``; the client package may not import the operator,
-so they are repeated here, once.
+:class:`Kube` is a session for one cluster: list/get/create of the two custom
+resources, ConfigMaps, pods, events and pod logs, and watch streams, with every API
+failure turned into a :class:`KubeError` whose message says what to do (install the
+CRDs, check the context, ask for RBAC, ...). What it reads it hands back as the typed
+views of :mod:`pathways.kube_views`.
 """
 
 from __future__ import annotations
@@ -32,11 +23,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from pathways.kube_views import EventView, PodView, json_list, json_map, json_str
 from pathways_wire.errors import PathwaysError
-from pathways_wire.kube_names import GROUP, HOST_INDEX_LABEL, PROGRAM_KIND, PROGRAM_PLURAL, SLICE_LABEL, SLICE_PLURAL, VERSION
+from pathways_wire.kube_names import GROUP, PROGRAM_KIND, PROGRAM_PLURAL, SLICE_PLURAL, VERSION
 
-DEFAULT_MAX_RESTARTS = 3
-TERMINAL_PROGRAM_PHASES = frozenset({"Succeeded", "Failed"})
 REQUEST_TIMEOUT = (5.0, 30.0)
 """(connect, read) seconds for every API call: a CLI must not hang on a dead server."""
 
@@ -50,295 +40,6 @@ class KubeError(PathwaysError):
 
 class NotFoundError(KubeError):
     """The named object (or the CRD that serves it) does not exist."""
-
-
-# -- views -------------------------------------------------------------------------------
-
-
-def parse_time(text: object) -> datetime | None:
-    """An RFC 3339 timestamp as the API writes it, or None when absent or malformed."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
-def _int(value: object, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One metav1-style condition of a slice or program."""
-
-    type: str
-    status: str
-    reason: str = ""
-    message: str = ""
-    last_transition: datetime | None = None
-
-    @classmethod
-    def from_object(cls, raw: Mapping[str, Any]) -> Condition:
-        return cls(
-            type=_str(raw.get("type")),
-            status=_str(raw.get("status")) or "Unknown",
-            reason=_str(raw.get("reason")),
-            message=_str(raw.get("message")),
-            last_transition=parse_time(raw.get("lastTransitionTime")),
-        )
-
-
-def _conditions(status: Mapping[str, Any]) -> tuple[Condition, ...]:
-    return tuple(Condition.from_object(_map(c)) for c in _list(status.get("conditions")))
-
-
-@dataclass(frozen=True)
-class Host:
-    """One entry of ``VirtualSlice.status.hosts``: a worker pod of the gang."""
-
-    index: int
-    pod: str = ""
-    node: str = ""
-    pod_ip: str = ""
-    devices: int = 0
-
-
-@dataclass(frozen=True)
-class SliceView:
-    """A VirtualSlice: the spec the user asked for and the status the operator wrote."""
-
-    namespace: str
-    name: str
-    devices: int
-    devices_per_host: int | None = None
-    island_pin: str = ""
-    max_restarts: int = DEFAULT_MAX_RESTARTS
-    suspend: bool = False
-    created: datetime | None = None
-    phase: str = ""
-    island: str = ""
-    ready_hosts: str = ""
-    restarts: int = 0
-    conditions: tuple[Condition, ...] = ()
-    hosts: tuple[Host, ...] = ()
-    reconciled: bool = False
-
-    @classmethod
-    def from_object(cls, raw: Mapping[str, Any]) -> SliceView:
-        meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
-        dph = spec.get("devicesPerHost")
-        return cls(
-            namespace=_str(meta.get("namespace")),
-            name=_str(meta.get("name")),
-            devices=_int(spec.get("devices")),
-            devices_per_host=_int(dph) if _int(dph) > 0 else None,
-            island_pin=_str(spec.get("island")),
-            max_restarts=_int(_map(spec.get("failurePolicy")).get("maxRestarts"), DEFAULT_MAX_RESTARTS),
-            suspend=bool(spec.get("suspend", False)),
-            created=parse_time(meta.get("creationTimestamp")),
-            phase=_str(status.get("phase")),
-            island=_str(status.get("island")),
-            ready_hosts=_str(status.get("readyHosts")),
-            restarts=_int(status.get("restarts")),
-            conditions=_conditions(status),
-            hosts=tuple(
-                Host(
-                    index=_int(h.get("index")),
-                    pod=_str(h.get("pod")),
-                    node=_str(h.get("node")),
-                    pod_ip=_str(h.get("podIP")),
-                    devices=_int(h.get("devices")),
-                )
-                for h in map(_map, _list(status.get("hosts")))
-            ),
-            reconciled=bool(status),
-        )
-
-    def condition(self, type_: str) -> Condition | None:
-        return next((c for c in self.conditions if c.type == type_), None)
-
-    @property
-    def waiting_reason(self) -> Condition | None:
-        """Why the gang is not placed: the Admitted condition while it is False."""
-        admitted = self.condition("Admitted")
-        return admitted if admitted is not None and admitted.status == "False" else None
-
-
-@dataclass(frozen=True)
-class ProgramSlice:
-    """One entry of ``PathwaysProgram.spec.slices``: a shared VirtualSlice or an inline one."""
-
-    name: str
-    ref: str = ""
-    template_devices: int = 0
-
-    @property
-    def inline(self) -> bool:
-        return not self.ref
-
-
-@dataclass(frozen=True)
-class ProgramView:
-    """A PathwaysProgram: its slices, source and progress."""
-
-    namespace: str
-    name: str
-    slices: tuple[ProgramSlice, ...] = ()
-    entrypoint: str = ""
-    config_map: str = ""
-    steps: int = 1
-    weight: float = 1.0
-    suspend: bool = False
-    created: datetime | None = None
-    phase: str = ""
-    steps_completed: int = 0
-    slice_names: str = ""
-    conditions: tuple[Condition, ...] = ()
-    start_time: datetime | None = None
-    completion_time: datetime | None = None
-    results_config_map: str = ""
-    message: str = ""
-    reconciled: bool = False
-
-    @classmethod
-    def from_object(cls, raw: Mapping[str, Any]) -> ProgramView:
-        meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
-        source = _map(spec.get("source"))
-        weight = spec.get("weight", 1)
-        return cls(
-            namespace=_str(meta.get("namespace")),
-            name=_str(meta.get("name")),
-            slices=tuple(
-                ProgramSlice(
-                    name=_str(s.get("name")),
-                    ref=_str(s.get("ref")),
-                    template_devices=_int(_map(s.get("template")).get("devices")),
-                )
-                for s in map(_map, _list(spec.get("slices")))
-            ),
-            entrypoint=_str(source.get("entrypoint")),
-            config_map=_str(_map(source.get("configMapRef")).get("name")),
-            steps=_int(spec.get("steps"), 1),
-            weight=float(weight) if isinstance(weight, (int, float)) else 1.0,
-            suspend=bool(spec.get("suspend", False)),
-            created=parse_time(meta.get("creationTimestamp")),
-            phase=_str(status.get("phase")),
-            steps_completed=_int(status.get("stepsCompleted")),
-            slice_names=_str(status.get("sliceNames")),
-            conditions=_conditions(status),
-            start_time=parse_time(status.get("startTime")),
-            completion_time=parse_time(status.get("completionTime")),
-            results_config_map=_str(_map(status.get("results")).get("configMap")),
-            message=_str(status.get("message")),
-            reconciled=bool(status),
-        )
-
-    def virtual_slices(self) -> dict[str, str]:
-        """Each slice name of the program -> the VirtualSlice it runs on.
-
-        From ``status.sliceNames`` once the operator wrote it; before that, refs as given
-        and inline slices by the operator's naming rule ``<program>-<slice name>``.
-        """
-        found: dict[str, str] = {}
-        for pair in self.slice_names.split(","):
-            key, sep, value = pair.partition("=")
-            if sep and key.strip():
-                found[key.strip()] = value.strip()
-        for s in self.slices:
-            found.setdefault(s.name, s.ref or f"{self.name}-{s.name}")
-        return found
-
-    @property
-    def done(self) -> bool:
-        return self.phase in TERMINAL_PROGRAM_PHASES
-
-
-@dataclass(frozen=True)
-class PodView:
-    """A worker pod, as far as the CLI reports it."""
-
-    namespace: str
-    name: str
-    slice: str = ""
-    host_index: int | None = None
-    node: str = ""
-    pod_ip: str = ""
-    phase: str = ""
-    ready: bool = False
-    restarts: int = 0
-    containers: tuple[str, ...] = ()
-
-    @classmethod
-    def from_object(cls, raw: Mapping[str, Any]) -> PodView:
-        meta, spec, status = _map(raw.get("metadata")), _map(raw.get("spec")), _map(raw.get("status"))
-        labels = _map(meta.get("labels"))
-        index = _str(labels.get(HOST_INDEX_LABEL))
-        statuses = [_map(s) for s in _list(status.get("containerStatuses"))]
-        return cls(
-            namespace=_str(meta.get("namespace")),
-            name=_str(meta.get("name")),
-            slice=_str(labels.get(SLICE_LABEL)),
-            host_index=int(index) if index.isdigit() else None,
-            node=_str(spec.get("nodeName")),
-            pod_ip=_str(status.get("podIP")),
-            phase=_str(status.get("phase")),
-            ready=any(
-                _str(c.get("type")) == "Ready" and _str(c.get("status")) == "True"
-                for c in map(_map, _list(status.get("conditions")))
-            ),
-            restarts=sum(_int(s.get("restartCount")) for s in statuses),
-            containers=tuple(_str(_map(c).get("name")) for c in _list(spec.get("containers"))),
-        )
-
-
-@dataclass(frozen=True)
-class EventView:
-    """A core/v1 Event about a slice or program ("Admitted on island-a", ...)."""
-
-    type: str
-    reason: str
-    message: str
-    count: int = 1
-    first_seen: datetime | None = None
-    last_seen: datetime | None = None
-    source: str = ""
-
-    @classmethod
-    def from_object(cls, raw: Mapping[str, Any]) -> EventView:
-        meta, series = _map(raw.get("metadata")), _map(raw.get("series"))
-        last = (
-            parse_time(series.get("lastObservedTime"))
-            or parse_time(raw.get("lastTimestamp"))
-            or parse_time(raw.get("eventTime"))
-            or parse_time(meta.get("creationTimestamp"))
-        )
-        return cls(
-            type=_str(raw.get("type")) or "Normal",
-            reason=_str(raw.get("reason")),
-            message=_str(raw.get("message")),
-            count=max(_int(raw.get("count"), 1), _int(series.get("count"), 1)),
-            first_seen=parse_time(raw.get("firstTimestamp")) or parse_time(raw.get("eventTime")) or last,
-            last_seen=last,
-            source=_str(_map(raw.get("source")).get("component")) or _str(raw.get("reportingComponent")),
-        )
-
-
-# -- the session -------------------------------------------------------------------------
 
 
 @dataclass
@@ -392,7 +93,7 @@ class Kube:
             )
         except ConfigException as err:
             raise KubeError(f"kubeconfig {path}, context {chosen['name']!r}: {err}") from None
-        default_ns = _str(_map(chosen.get("context")).get("namespace")) or "default"
+        default_ns = json_str(json_map(chosen.get("context")).get("namespace")) or "default"
         return cls(client.ApiClient(configuration), namespace or default_ns, chosen["name"], configuration.host)
 
     def close(self) -> None:
@@ -427,7 +128,7 @@ class Kube:
             body = json.loads(err.body or "{}")
         except (TypeError, ValueError):
             body = {}
-        message = _str(_map(body).get("message")) or str(err.reason)
+        message = json_str(json_map(body).get("message")) or str(err.reason)
         if err.status == 404:
             if "could not find the requested resource" in message and GROUP in doing:
                 return NotFoundError(
@@ -458,8 +159,8 @@ class Kube:
                 f"listing {plural}.{GROUP} {where}",
                 api.list_namespaced_custom_object, GROUP, VERSION, namespace, plural,
             )  # fmt: skip
-        items = [dict(i) for i in _list(_map(out).get("items"))]
-        return sorted(items, key=lambda o: (_str(o["metadata"].get("namespace")), _str(o["metadata"]["name"])))
+        items = [dict(i) for i in json_list(json_map(out).get("items"))]
+        return sorted(items, key=lambda o: (json_str(o["metadata"].get("namespace")), json_str(o["metadata"]["name"])))
 
     def _get_custom(self, plural: str, namespace: str, name: str) -> Manifest:
         api = self._api("CustomObjectsApi")
@@ -515,7 +216,7 @@ class Kube:
             f'getting ConfigMap "{name}" in namespace {namespace}',
             self._api("CoreV1Api").read_namespaced_config_map, name, namespace,
         )  # fmt: skip
-        return {str(k): str(v) for k, v in _map(_map(out).get("data")).items()}
+        return {str(k): str(v) for k, v in json_map(json_map(out).get("data")).items()}
 
     # -- pods, events, logs --------------------------------------------------------------
 
@@ -524,7 +225,7 @@ class Kube:
             f"listing pods {label_selector} in namespace {namespace}",
             self._api("CoreV1Api").list_namespaced_pod, namespace, label_selector=label_selector,
         )  # fmt: skip
-        pods = [PodView.from_object(_map(p)) for p in _list(_map(out).get("items"))]
+        pods = [PodView.from_object(json_map(p)) for p in json_list(json_map(out).get("items"))]
         return sorted(pods, key=lambda p: (p.slice, p.host_index if p.host_index is not None else 1 << 30, p.name))
 
     def events(self, namespace: str, kind: str, name: str) -> list[EventView]:
@@ -534,7 +235,7 @@ class Kube:
             self._api("CoreV1Api").list_namespaced_event, namespace,
             field_selector=f"involvedObject.name={name},involvedObject.kind={kind}",
         )  # fmt: skip
-        events = [EventView.from_object(_map(e)) for e in _list(_map(out).get("items"))]
+        events = [EventView.from_object(json_map(e)) for e in json_list(json_map(out).get("items"))]
         epoch = datetime.min.replace(tzinfo=timezone.utc)
         return sorted(events, key=lambda e: e.last_seen or epoch)
 
@@ -571,9 +272,9 @@ class Kube:
         args = (GROUP, VERSION, plural) if namespace is None else (GROUP, VERSION, namespace, plural)
         fn = api.list_cluster_custom_object if namespace is None else api.list_namespaced_custom_object
         selector = {"field_selector": f"metadata.name={name}"} if name else {}
-        out = _map(self._call(f"listing {plural}.{GROUP} {where}", fn, *args, **selector))
-        items = [dict(i) for i in _list(out.get("items"))]
-        return items, _str(_map(out.get("metadata")).get("resourceVersion"))
+        out = json_map(self._call(f"listing {plural}.{GROUP} {where}", fn, *args, **selector))
+        items = [dict(i) for i in json_list(out.get("items"))]
+        return items, json_str(json_map(out.get("metadata")).get("resourceVersion"))
 
     def watch_custom(
         self, plural: str, namespace: str | None, resource_version: str, timeout_s: int,
@@ -604,7 +305,7 @@ class Kube:
                 fn, *args, resource_version=resource_version, timeout_seconds=timeout_s, **selector,
                 allow_watch_bookmarks=True, _request_timeout=(REQUEST_TIMEOUT[0], timeout_s + REQUEST_TIMEOUT[1]),
             ):  # fmt: skip
-                yield str(event["type"]), dict(_map(event.get("raw_object")))
+                yield str(event["type"]), dict(json_map(event.get("raw_object")))
         except ApiException as err:
             if err.status == 410:
                 gone = f"{doing}: resourceVersion {resource_version} is gone: {err.reason}"

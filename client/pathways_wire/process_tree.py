@@ -27,6 +27,10 @@ and stopped with the pieces of this module, so that no way of ending a parent
   ends. :func:`unowned` is true once nobody holds it, which, unlike a pid, cannot be
   fooled by pid reuse or by another pid namespace sharing the filesystem.
   :class:`ProcessId` (pid *and* start time) records who the owners were.
+
+The four stay in one module of about 440 lines because each guarantee leans on the
+others (the reaper is a parent-linked child; stopping a group is how every owner
+ends), and a reader checking "can this process outlive its parent?" needs them all.
 """
 
 from __future__ import annotations

@@ -42,12 +42,12 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client import ApiClient
 
+from pathways_devcluster import processes
+from pathways_devcluster.controlplane import REPO_ROOT, ControlPlane
+from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec, container_log_path, container_pid_path
+from pathways_devcluster.ports import ReservedPort, reserve_port
 from pathways_wire.driver_protocol import DRIVER_LOG_KEY, RunStart, driver_log_config_map, run_starts
-from tests.cluster import processes
 from tests.cluster.builders import GROUP, VERSION, Manifest
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane
-from tests.cluster.kubelet import NodeAgentProcess, NodeSpec, container_log_path, container_pid_path
-from tests.cluster.ports import ReservedPort, reserve_port
 
 T = TypeVar("T")
 CRDS = ("virtualslices.pathways.dev", "pathwaysprograms.pathways.dev")

@@ -17,7 +17,7 @@ import yaml
 
 from pathways_wire import process_tree
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
 
 FAULTY = "tests.cluster.faulty_programs"

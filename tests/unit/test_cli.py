@@ -36,17 +36,8 @@ from pathways.cli.render import (
 from pathways_wire.compiled_program import CONFIG_MAP_LIMIT, CompiledProgram, resource_name
 from pathways_wire.errors import InvalidProgramError
 from pathways_wire.wording import fraction, plural
-from pathways.kube import (
-    Condition,
-    EventView,
-    Host,
-    Kube,
-    KubeError,
-    PodView,
-    ProgramSlice,
-    ProgramView,
-    SliceView,
-)
+from pathways.kube import Kube, KubeError
+from pathways.kube_views import Condition, EventView, Host, PodView, ProgramSlice, ProgramView, SliceView
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -20,7 +20,8 @@ from pathways.cli.watch_state import (
     until_done,
 )
 from pathways.cli.watch_streams import MAX_INTERRUPTIONS, follow
-from pathways.kube import KubeError, ProgramView, ResourceVersionGone, SliceView, WatchInterrupted
+from pathways.kube import KubeError, ResourceVersionGone, WatchInterrupted
+from pathways.kube_views import ProgramView, SliceView
 
 Manifest = dict[str, Any]
 

@@ -8,7 +8,8 @@ from typing import IO
 from pathways.cli.connection import connect, utc_now
 from pathways.cli.errors import EXIT_OK
 from pathways.cli.render import describe_program, describe_slice
-from pathways.kube import Kube, NotFoundError, ProgramView, SliceView
+from pathways.kube import Kube, NotFoundError
+from pathways.kube_views import ProgramView, SliceView
 from pathways_wire.kube_names import PROGRAM_KIND, SLICE_KIND, SLICE_LABEL
 def _slice_views_of(kube: Kube, program: ProgramView) -> dict[str, SliceView | None]:
     found: dict[str, SliceView | None] = {}

@@ -13,7 +13,8 @@ from typing import IO
 from pathways.cli.connection import connect
 from pathways.cli.errors import EXIT_OK, CliError
 from pathways.cli.render import prefixed
-from pathways.kube import Kube, KubeError, NotFoundError, ProgramView
+from pathways.kube import Kube, KubeError, NotFoundError
+from pathways.kube_views import ProgramView
 from pathways_wire.kube_names import SLICE_LABEL, WORKER_CONTAINER
 from pathways_wire.driver_protocol import DRIVER_LOG_KEY, driver_log_config_map
 

@@ -19,7 +19,7 @@ from typing import IO, Any
 import yaml
 
 from pathways.cli.durations import human_duration
-from pathways.kube import Condition, EventView, PodView, ProgramView, SliceView
+from pathways.kube_views import Condition, EventView, PodView, ProgramView, SliceView
 from pathways_wire.wording import plural
 
 RECENT_EVENTS = 10

@@ -19,7 +19,7 @@ from pathways.cli.errors import EXIT_FAILED, EXIT_OK
 from pathways.cli.render import dump_documents, status_text
 from pathways.cli.watch_state import PROGRAMS, SLICES, Manifest, WatchedObjects, until_done
 from pathways.cli.watch_streams import ObjectStreams
-from pathways.kube import ProgramView, SliceView
+from pathways.kube_views import ProgramView, SliceView
 
 
 def _print(

@@ -17,7 +17,8 @@ from pathways.cli.program_file import compile_program_file
 from pathways.cli.render import results_text
 from pathways.cli.watch_state import PROGRAMS, WatchedObjects
 from pathways.cli.watch_streams import ObjectStreams
-from pathways.kube import Kube, NotFoundError, ProgramView
+from pathways.kube import Kube, NotFoundError
+from pathways.kube_views import ProgramView
 from pathways_wire.wording import fraction
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
-from pathways.kube import ProgramView
+from pathways.kube_views import ProgramView
 from pathways_wire.kube_names import PROGRAM_PLURAL, SLICE_PLURAL
 Manifest = dict[str, Any]
 Plural = Literal["virtualslices", "pathwaysprograms"]

@@ -3,9 +3,12 @@
 Each reconcile of the queue calls :func:`admit` with every VirtualSlice that
 wants devices and the current machine inventory. Gangs are considered in queue
 order (higher priority first, then older first, then by name) and each one is
-placed against a working copy of the inventory in which the devices of every
-gang admitted earlier in the same decision are already counted as used, so two
-gangs admitted together can never over-commit a machine. A gang that does not
+placed against an index of the inventory's free capacity
+(``free_capacity.CapacityIndex``) in which the devices of every gang admitted
+earlier in the same decision are already counted as used, so two gangs admitted
+together can never over-commit a machine. The index makes the decisions a scan
+of every machine would (:func:`admit_on` a ``MachineScan``, the reference), at a cost that
+does not grow with the number of machines. A gang that does not
 fit takes nothing: there are no partial holds, which is what rules out two
 half-placed gangs deadlocking each other.
 
@@ -52,14 +55,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from pathways_wire.wording import plural
+from pathways_operator.core.free_capacity import CapacityIndex
 from pathways_operator.core.placement import (
     GangRequest,
+    Inventory,
     Machine,
     Placement,
     Unplaceable,
-    check_machines,
-    place_gang,
-    reserve,
 )
 from pathways_operator.core.reasons import Reason
 
@@ -128,7 +130,22 @@ def admit(
     Raises ValueError if a slice is queued twice, a group size is below 1, or
     the inventory is impossible.
     """
-    check_machines(machines)
+    return admit_on(CapacityIndex(machines), queue, now=now, reserve_after=reserve_after, holding=holding)
+
+
+def admit_on(
+    inventory: Inventory,
+    queue: Sequence[QueuedGang],
+    *,
+    now: float,
+    reserve_after: float = DEFAULT_RESERVE_AFTER_S,
+    holding: Mapping[str, int] | None = None,
+) -> AdmissionResult:
+    """:func:`admit` against ``inventory``, which it leaves holding the admitted gangs.
+
+    With ``placement.MachineScan(machines)`` every decision scans every machine:
+    the reference that :func:`admit`'s index must agree with.
+    """
     seen: set[str] = set()
     for gang in queue:
         if gang.request.slice in seen:
@@ -140,7 +157,6 @@ def admit(
         seen.add(gang.request.slice)
 
     held = holding or {}
-    inventory = list(machines)
     admitted: list[Placement] = []
     waiting: list[Unplaceable] = []
     reserved: dict[str, str] = {}
@@ -149,20 +165,20 @@ def admit(
         if missing:
             waiting.extend(missing)
             continue
-        trial = inventory
         placed: list[Placement] = []
+        previous: list[Machine] = []
         refused: tuple[QueuedGang, Unplaceable] | None = None
         for gang in unit:
-            outcome = _place_outside(gang.request, trial, reserved, now, queue)
+            outcome = _place_outside(gang.request, inventory, reserved, now, queue)
             if isinstance(outcome, Unplaceable):
                 refused = (gang, outcome)
                 break
             placed.append(outcome)
-            trial = reserve(trial, outcome)
+            previous.extend(inventory.reserve(outcome))
         if refused is None:
             admitted.extend(placed)
-            inventory = trial
             continue
+        inventory.restore(previous)
         gang, outcome = refused
         waiting.extend(_group_refused(unit, gang, outcome))
         island = outcome.closest_island
@@ -229,18 +245,18 @@ def _group_refused(
 
 def _place_outside(
     request: GangRequest,
-    inventory: Sequence[Machine],
+    inventory: Inventory,
     reserved: dict[str, str],
     now: float,
     queue: Sequence[QueuedGang],
 ) -> Placement | Unplaceable:
     """Place ``request`` avoiding reserved islands, explaining when only a reserved one would do."""
     if not reserved:
-        return place_gang(request, inventory)
-    outcome = place_gang(request, [m for m in inventory if m.island not in reserved])
+        return inventory.place(request)
+    outcome = inventory.place(request, excluding=reserved)
     if isinstance(outcome, Placement):
         return outcome
-    unrestricted = place_gang(request, inventory)
+    unrestricted = inventory.place(request)
     if isinstance(unrestricted, Unplaceable):
         return unrestricted
     island = unrestricted.island

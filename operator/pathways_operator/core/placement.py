@@ -31,12 +31,19 @@ naming the resource, what one host needs and what the best machine has.
 Free devices, CPU and memory are ``allocatable - used`` of schedulable machines;
 the caller computes ``used`` from the requests of live pods and from earlier
 placements. Nothing here does I/O.
+
+The decision (:func:`place_on_islands`) asks each island a few questions
+(:class:`IslandCapacity`: free devices, hosts that fit now, hosts that fit when
+empty, which machines to use). :func:`place_gang` answers them by scanning every
+machine, which is the reference; ``free_capacity.CapacityIndex`` answers them from
+counts it keeps per island, for admission's many decisions against one inventory.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from pathways_wire.wording import plural
 from pathways_operator.core.reasons import Reason
@@ -81,6 +88,9 @@ def memory_text(count: int) -> str:
     return str(count)
 
 
+_NO_NEEDS = HostResources()
+
+
 @dataclasses.dataclass(frozen=True)
 class Machine:
     """A Node that offers devices: ``pathways.dev/device`` allocatable, and its island label."""
@@ -106,26 +116,34 @@ class Machine:
         return max(0, self.allocatable_devices - self.used_devices)
 
     def room(self, host_size: int, needs: HostResources, *, empty: bool = False) -> int:
-        """How many hosts of ``host_size`` devices and ``needs`` fit now (or when ``empty``).
-
-        A resource a host does not request never limits it, as in kube-scheduler.
-        """
+        """How many hosts of ``host_size`` devices and ``needs`` fit now (or when ``empty``)."""
         if empty:
-            slots = self.allocatable_devices // host_size
-            cpu, memory = self.allocatable_cpu_millis, self.allocatable_memory_bytes
-        elif self.schedulable:
-            slots = (self.allocatable_devices - self.used_devices) // host_size
-            cpu = self.allocatable_cpu_millis - self.used_cpu_millis
-            memory = self.allocatable_memory_bytes - self.used_memory_bytes
-        else:
+            return hosts_fitting(self.allocatable_devices, self.allocatable_cpu_millis,
+                                 self.allocatable_memory_bytes, host_size, needs)
+        if not self.schedulable:
             return 0
-        if slots <= 0:
-            return 0
-        if needs.cpu_millis:
-            slots = min(slots, cpu // needs.cpu_millis) if cpu > 0 else 0
-        if needs.memory_bytes and slots:
-            slots = min(slots, memory // needs.memory_bytes) if memory > 0 else 0
-        return slots
+        return hosts_fitting(*self.free_resources(), host_size, needs)
+
+    def free_resources(self) -> tuple[int, int, int]:
+        """Free devices, CPU and memory of a schedulable machine (any may be negative if over-committed)."""
+        return (self.allocatable_devices - self.used_devices,
+                self.allocatable_cpu_millis - self.used_cpu_millis,
+                self.allocatable_memory_bytes - self.used_memory_bytes)
+
+
+def hosts_fitting(devices: int, cpu_millis: int, memory_bytes: int, host_size: int, needs: HostResources) -> int:
+    """How many hosts of ``host_size`` devices and ``needs`` fit in the free amounts given.
+
+    A resource a host does not request never limits it, as in kube-scheduler.
+    """
+    slots = devices // host_size
+    if slots <= 0:
+        return 0
+    if needs.cpu_millis:
+        slots = min(slots, cpu_millis // needs.cpu_millis) if cpu_millis > 0 else 0
+    if needs.memory_bytes and slots:
+        slots = min(slots, memory_bytes // needs.memory_bytes) if memory_bytes > 0 else 0
+    return slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +228,7 @@ class Unplaceable:
         return self.reason in RETRYABLE_REASONS
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class _IslandFit:
     """How one gang relates to one island: fits now, fits when drained, or never."""
 
@@ -220,6 +238,7 @@ class _IslandFit:
     total_devices: int
     free_devices: int
     free_slots: int
+    """Hosts that fit now; exact when fewer than ``hosts_needed``."""
     device_slots: int
     """Hosts that free devices alone would allow: more than ``free_slots`` when CPU or memory binds."""
     never: Reason | None = None
@@ -228,6 +247,56 @@ class _IslandFit:
     @property
     def fits_now(self) -> bool:
         return self.never is None and self.free_slots >= self.hosts_needed
+
+
+class IslandCapacity(Protocol):
+    """What judging a gang against one island needs to know of that island's machines.
+
+    Two views answer it with the same numbers: :class:`MachineScan` sums over
+    every machine for each question (the reference), and
+    ``free_capacity.CapacityIndex`` keeps machines counted by their free amounts,
+    so that a question costs the number of distinct amounts, not of machines.
+    """
+
+    def total_devices(self) -> int:
+        """Allocatable devices of every machine, schedulable or not."""
+
+    def largest_devices(self) -> int:
+        """The largest allocatable devices of one machine."""
+
+    def largest_machine(self) -> str:
+        """The first by name of the machines with the largest allocatable devices."""
+
+    def free_devices(self) -> int:
+        """Free devices summed over the machines."""
+
+    def device_slots(self, host_size: int) -> int:
+        """Hosts of ``host_size`` that free devices alone allow."""
+
+    def free_slots(self, host_size: int, needs: HostResources, enough: int) -> int:
+        """Hosts of ``host_size`` and ``needs`` that fit now: exact below ``enough``, at least ``enough`` otherwise."""
+
+    def empty_slots(self, host_size: int, needs: HostResources) -> int:
+        """Hosts of ``host_size`` and ``needs`` that fit when every machine is empty."""
+
+    def roomiest_when_empty(self, host_size: int, needs: HostResources) -> Machine:
+        """The machine that holds the most such hosts when empty (see :func:`roomiest_when_empty`)."""
+
+    def assign(self, host_size: int, needs: HostResources, hosts: int) -> tuple[str, ...]:
+        """The machine of each of ``hosts`` hosts: the fullest machines with room first, then by name."""
+
+
+class Inventory(Protocol):
+    """Machines that gangs are placed on one after the other, as admission does."""
+
+    def place(self, request: GangRequest, excluding: Collection[str] = ()) -> Placement | Unplaceable:
+        """:func:`place_gang` on the machines of every island not in ``excluding``."""
+
+    def reserve(self, placement: Placement) -> list[Machine]:
+        """Count ``placement`` as used; returns the machines as they were, for :meth:`restore`."""
+
+    def restore(self, previous: Sequence[Machine]) -> None:
+        """Put machines back as :meth:`reserve` returned them (in reverse order of the reserves)."""
 
 
 def check_machines(machines: Iterable[Machine]) -> None:
@@ -254,28 +323,36 @@ def check_machines(machines: Iterable[Machine]) -> None:
 def place_gang(request: GangRequest, machines: Sequence[Machine]) -> Placement | Unplaceable:
     """Place every host of ``request`` on one island, or say why not.
 
+    This is the reference: it scans every machine for the decision. Deciding many
+    gangs against one inventory is cheaper with ``free_capacity.CapacityIndex``,
+    which gives the same answers.
+
     Raises ValueError only for an impossible machine inventory; anything wrong
     with the request itself comes back as an :class:`Unplaceable`.
     """
     check_machines(machines)
-    invalid = _check_request(request)
-    if invalid is not None:
-        return invalid
-
     by_island: dict[str, list[Machine]] = {}
     for m in machines:
         by_island.setdefault(m.island, []).append(m)
+    return place_on_islands(request, {island: _ScannedIsland(ms) for island, ms in by_island.items()})
+
+
+def place_on_islands(request: GangRequest, islands: Mapping[str, IslandCapacity]) -> Placement | Unplaceable:
+    """The decision of :func:`place_gang`, given a capacity view of each island that has machines."""
+    invalid = _check_request(request)
+    if invalid is not None:
+        return invalid
     if request.island is not None:
-        if request.island not in by_island:
-            known = ", ".join(sorted(by_island)) or "none"
+        if request.island not in islands:
+            known = ", ".join(sorted(islands)) or "none"
             return Unplaceable(
                 request.slice,
                 Reason.NO_ISLAND,
                 f"slice {request.slice!r} is pinned to island {request.island!r} but no machine "
                 f"is labelled pathways.dev/island={request.island}; islands: {known}",
             )
-        by_island = {request.island: by_island[request.island]}
-    if not by_island:
+        islands = {request.island: islands[request.island]}
+    if not islands:
         return Unplaceable(
             request.slice,
             Reason.NO_ISLAND,
@@ -284,11 +361,12 @@ def place_gang(request: GangRequest, machines: Sequence[Machine]) -> Placement |
             "pathways.dev/device capacity)",
         )
 
-    fits = [_fit_island(request, island, ms) for island, ms in sorted(by_island.items())]
+    fits = [_fit_island(request, island, capacity) for island, capacity in sorted(islands.items())]
     fitting = [f for f in fits if f.fits_now]
     if fitting:
         best = min(fitting, key=lambda f: (f.free_devices - request.devices, f.island))
-        hosts = _assign_hosts(best, by_island[best.island], request.host_resources)
+        machines = islands[best.island].assign(best.host_size, request.host_resources, best.hosts_needed)
+        hosts = tuple(HostAssignment(i, name, best.host_size) for i, name in enumerate(machines))
         return Placement(request.slice, best.island, hosts, request.host_resources)
     return _explain(request, fits)
 
@@ -302,6 +380,86 @@ def reserve(machines: Sequence[Machine], placement: Placement) -> list[Machine]:
         with_placement(m, taken[m.name], hosts[m.name], needs) if m.name in taken else m
         for m in machines
     ]
+
+
+class MachineScan:
+    """The reference :class:`Inventory`: every decision is :func:`place_gang` over a list of machines."""
+
+    def __init__(self, machines: Sequence[Machine]) -> None:
+        check_machines(machines)
+        self._machines = list(machines)
+
+    def machines(self) -> list[Machine]:
+        return list(self._machines)
+
+    def place(self, request: GangRequest, excluding: Collection[str] = ()) -> Placement | Unplaceable:
+        if not excluding:
+            return place_gang(request, self._machines)
+        return place_gang(request, [m for m in self._machines if m.island not in excluding])
+
+    def reserve(self, placement: Placement) -> list[Machine]:
+        taken = placement.devices_by_machine()
+        previous = [m for m in self._machines if m.name in taken]
+        self._machines = reserve(self._machines, placement)
+        return previous
+
+    def restore(self, previous: Sequence[Machine]) -> None:
+        back = {m.name: m for m in previous}
+        self._machines = [back.get(m.name, m) for m in self._machines]
+
+
+class _ScannedIsland:
+    """One island's :class:`IslandCapacity`, answered by summing over its machines."""
+
+    def __init__(self, machines: Sequence[Machine]) -> None:
+        self._machines = machines
+
+    def total_devices(self) -> int:
+        return sum(m.allocatable_devices for m in self._machines)
+
+    def largest_devices(self) -> int:
+        return max(m.allocatable_devices for m in self._machines)
+
+    def largest_machine(self) -> str:
+        largest = self.largest_devices()
+        return min(m.name for m in self._machines if m.allocatable_devices == largest)
+
+    def free_devices(self) -> int:
+        return sum(m.free_devices for m in self._machines)
+
+    def device_slots(self, host_size: int) -> int:
+        return sum(m.free_devices // host_size for m in self._machines)
+
+    def free_slots(self, host_size: int, needs: HostResources, enough: int) -> int:
+        return sum(m.room(host_size, needs) for m in self._machines)
+
+    def empty_slots(self, host_size: int, needs: HostResources) -> int:
+        return sum(m.room(host_size, needs, empty=True) for m in self._machines)
+
+    def roomiest_when_empty(self, host_size: int, needs: HostResources) -> Machine:
+        return roomiest_when_empty(self._machines, host_size, needs)
+
+    def assign(self, host_size: int, needs: HostResources, hosts: int) -> tuple[str, ...]:
+        chosen: list[str] = []
+        for m in sorted(self._machines, key=lambda m: (m.free_devices, m.name)):
+            room = m.room(host_size, needs)
+            chosen.extend([m.name] * min(room, hosts - len(chosen)))
+            if len(chosen) == hosts:
+                break
+        return tuple(chosen)
+
+
+def roomiest_when_empty(machines: Iterable[Machine], host_size: int, needs: HostResources) -> Machine:
+    """Of the machines with ``host_size`` devices, the one holding most hosts of ``needs`` when empty.
+
+    Ties go to more CPU, then more memory, then the name: the machine a message
+    about missing CPU or memory names.
+    """
+    return min(
+        (m for m in machines if m.allocatable_devices >= host_size),
+        key=lambda m: (-m.room(host_size, needs, empty=True),
+                       -m.allocatable_cpu_millis, -m.allocatable_memory_bytes, m.name),
+    )
 
 
 def _check_request(request: GangRequest) -> Unplaceable | None:
@@ -331,24 +489,23 @@ def _check_request(request: GangRequest) -> Unplaceable | None:
     return None
 
 
-def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) -> _IslandFit:
-    largest = max(m.allocatable_devices for m in machines)
-    total = sum(m.allocatable_devices for m in machines)
-    free = sum(m.free_devices for m in machines)
+def _fit_island(request: GangRequest, island: str, capacity: IslandCapacity) -> _IslandFit:
+    largest = capacity.largest_devices()
+    total = capacity.total_devices()
     if request.devices_per_host is not None:
         host_size = request.devices_per_host
     else:
         host_size = min(request.devices, largest) if largest > 0 else request.devices
     hosts_needed = request.devices // host_size
     needs = request.host_resources
-    device_slots = sum(m.free_devices // host_size for m in machines)
+    device_slots = capacity.device_slots(host_size)
     fit = _IslandFit(
         island=island,
         host_size=host_size,
         hosts_needed=hosts_needed,
         total_devices=total,
-        free_devices=free,
-        free_slots=sum(m.room(host_size, needs) for m in machines) if needs else device_slots,
+        free_devices=capacity.free_devices(),
+        free_slots=capacity.free_slots(host_size, needs, hosts_needed) if needs else device_slots,
         device_slots=device_slots,
     )
 
@@ -359,12 +516,11 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
             why_never=f"{island} has {plural(total, 'device')} in all",
         )
     if host_size > largest:
-        biggest = min((m for m in machines if m.allocatable_devices == largest), key=lambda m: m.name)
         return dataclasses.replace(
             fit,
             never=Reason.EXCEEDS_ISLAND,
-            why_never=f"the largest machine on {island} ({biggest.name}) has {plural(largest, 'device')}, "
-            f"less than a host of {host_size}",
+            why_never=f"the largest machine on {island} ({capacity.largest_machine()}) has "
+            f"{plural(largest, 'device')}, less than a host of {host_size}",
         )
     if request.devices % host_size:
         return dataclasses.replace(
@@ -373,7 +529,7 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
             why_never=f"{island} has {plural(host_size, 'device')} per machine and {request.devices} "
             f"is not a multiple of {host_size}",
         )
-    slots_when_empty = sum(m.allocatable_devices // host_size for m in machines)
+    slots_when_empty = capacity.empty_slots(host_size, _NO_NEEDS)
     if slots_when_empty < hosts_needed:
         return dataclasses.replace(
             fit,
@@ -382,22 +538,20 @@ def _fit_island(request: GangRequest, island: str, machines: Sequence[Machine]) 
             f"even when empty, and the slice needs {hosts_needed}",
         )
     if needs and fit.free_slots < hosts_needed:  # what fits now fits an empty island
-        roomy = sum(m.room(host_size, needs, empty=True) for m in machines)
+        roomy = capacity.empty_slots(host_size, needs)
         if roomy < hosts_needed:
             return dataclasses.replace(
                 fit, never=Reason.INSUFFICIENT_RESOURCES,
-                why_never=_resources_short(island, machines, host_size, needs, roomy, hosts_needed),
+                why_never=_resources_short(island, capacity, host_size, needs, roomy, hosts_needed),
             )
     return fit
 
 
 def _resources_short(
-    island: str, machines: Sequence[Machine], host_size: int, needs: HostResources, roomy: int, hosts_needed: int
+    island: str, capacity: IslandCapacity, host_size: int, needs: HostResources, roomy: int, hosts_needed: int
 ) -> str:
     """Why CPU or memory keeps an empty island from holding the gang: what its best machine has."""
-    big_enough = [m for m in machines if m.allocatable_devices >= host_size]
-    best = min(big_enough, key=lambda m: (-m.room(host_size, needs, empty=True),
-                                          -m.allocatable_cpu_millis, -m.allocatable_memory_bytes, m.name))
+    best = capacity.roomiest_when_empty(host_size, needs)
     short = []
     if needs.cpu_millis > best.allocatable_cpu_millis:
         short.append(f"cpu {cpu_text(best.allocatable_cpu_millis)}")
@@ -409,20 +563,6 @@ def _resources_short(
         f"{island} holds at most {roomy} such hosts of {host_size} devices even when empty, "
         f"and the slice needs {hosts_needed}"
     )
-
-
-def _assign_hosts(
-    fit: _IslandFit, machines: Sequence[Machine], needs: HostResources
-) -> tuple[HostAssignment, ...]:
-    hosts: list[HostAssignment] = []
-    for m in sorted(machines, key=lambda m: (m.free_devices, m.name)):
-        room = m.room(fit.host_size, needs) if needs else m.free_devices // fit.host_size
-        while room and len(hosts) < fit.hosts_needed:
-            hosts.append(HostAssignment(len(hosts), m.name, fit.host_size))
-            room -= 1
-        if len(hosts) == fit.hosts_needed:
-            break
-    return tuple(hosts)
 
 
 def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:

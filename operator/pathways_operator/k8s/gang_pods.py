@@ -31,6 +31,10 @@ What a host needs besides devices (:func:`host_resources`) is read from the
 same container resources the pod is built with, both containers summed, so
 placement fits exactly what the pod will request; what a live pod holds
 (:func:`requested_resources`) is counted the way kube-scheduler counts it.
+
+Building a pod and reading one back are kept in one module of about 450 lines on
+purpose: they are the two directions of one contract, and a field added to one side
+without the other is the mistake this layout makes visible.
 """
 
 from __future__ import annotations

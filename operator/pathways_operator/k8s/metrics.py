@@ -78,18 +78,18 @@ class OperatorMetrics(Collector):
         self.registry.register(self)
 
     def slice_phase(self, key: str, phase: str | None) -> None:
-        with self._lock:
-            if phase is None:
-                self._slice_phases.pop(key, None)
-            else:
-                self._slice_phases[key] = phase
+        self._set_phase(self._slice_phases, key, phase)
 
     def program_phase(self, key: str, phase: str | None) -> None:
+        self._set_phase(self._program_phases, key, phase)
+
+    def _set_phase(self, phases: dict[str, str], key: str, phase: str | None) -> None:
+        """Record an object's phase; None forgets the object (it was deleted)."""
         with self._lock:
             if phase is None:
-                self._program_phases.pop(key, None)
+                phases.pop(key, None)
             else:
-                self._program_phases[key] = phase
+                phases[key] = phase
 
     def looked(self, kind: str, wrote: bool) -> None:
         self.reconciles.labels(kind=kind, result="wrote" if wrote else "unchanged").inc()

@@ -1,0 +1,77 @@
+"""The multi-controller JAX baseline of experiment 8: one process of a `jax.distributed` job.
+
+`python -m bench.multi_controller --process-id I --processes N --coordinator ADDR
+--devices D --steps S --repeats R`: every process of the job runs this, as a
+multi-controller JAX program does (the same program on every host, each feeding
+its own rows of the batch). The step is `bench.mlp.sgd_step` jitted over a mesh of
+all N x D CPU devices, parameters replicated and the batch split over `x`, as the
+Pathways slice runs it; collectives go through gloo. Process 0 prints one JSON
+line: milliseconds per step for each repeat and the last loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.multi_controller")
+    p.add_argument("--process-id", type=int, required=True)
+    p.add_argument("--processes", type=int, required=True)
+    p.add_argument("--coordinator", required=True)
+    p.add_argument("--devices", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--repeats", type=int, required=True)
+    a = p.parse_args()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={a.devices}"
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from bench import mlp
+
+    jax.distributed.initialize(
+        coordinator_address=a.coordinator, num_processes=a.processes, process_id=a.process_id,
+        coordinator_bind_address=a.coordinator if a.process_id == 0 else None,
+    )
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))
+    step = jax.jit(mlp.sgd_step, in_shardings=(replicated, rows, rows),
+                   out_shardings=(replicated, replicated))
+    per_process = mlp.BATCH // a.processes
+    mine = slice(a.process_id * per_process, (a.process_id + 1) * per_process)
+
+    def global_batch(i: int) -> tuple[jax.Array, jax.Array]:
+        x, y = mlp.batch(i)
+        return (jax.make_array_from_process_local_data(rows, x[mine], x.shape),
+                jax.make_array_from_process_local_data(rows, y[mine], y.shape))
+
+    params = {k: jax.make_array_from_callback(v.shape, replicated, lambda idx, v=v: v[idx])
+              for k, v in mlp.init_params().items()}
+    i = 0
+    for _ in range(2):  # compile and warm
+        params, loss = step(params, *global_batch(i))
+        i += 1
+    float(loss)
+    times = []
+    for _ in range(a.repeats):
+        start = time.perf_counter()
+        for _ in range(a.steps):
+            params, loss = step(params, *global_batch(i))
+            i += 1
+        last = float(loss)
+        times.append((time.perf_counter() - start) / a.steps * 1e3)
+    if a.process_id == 0:
+        print(json.dumps({"ms_per_step": times, "loss": last, "steps": i}), flush=True)
+    jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The Controller gRPC service: a thin skin over `Controller`, whatever its gangs' runtime."""
+
+from __future__ import annotations
+
+import grpc
+
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_operator.controller.controller import Controller
+from pathways_operator.controller.errors import ControllerError
+from pathways_operator.controller.gangs import Gangs
+
+
+class ControllerService(pb_grpc.ControllerServicer):
+    def __init__(self, controller: Controller[Gangs]) -> None:
+        self.controller = controller
+
+    @staticmethod
+    def _abort(context: grpc.ServicerContext, err: ControllerError) -> None:
+        context.abort(getattr(grpc.StatusCode, err.code), str(err))
+
+    def CreateSlice(self, request: pb.CreateSliceRequest, context: grpc.ServicerContext) -> pb.SliceInfo:
+        try:
+            return self.controller.create_slice(
+                ir.SliceDecl.from_proto(request.spec),
+                request.client,
+                request.timeout_s or 180.0,
+                request.namespace,
+            )
+        except ControllerError as err:
+            self._abort(context, err)
+            raise
+
+    def ReleaseSlice(
+        self, request: pb.ReleaseSliceRequest, context: grpc.ServicerContext
+    ) -> pb.ReleaseSliceReply:
+        self.controller.release_slice(request.slice_id, request.client)
+        return pb.ReleaseSliceReply()
+
+    def LoadProgram(
+        self, request: pb.LoadProgramRequest, context: grpc.ServicerContext
+    ) -> pb.LoadProgramReply:
+        try:
+            program = ir.Program.from_proto(request.program)
+            return pb.LoadProgramReply(
+                program_id=self.controller.load_program(program, dict(request.bindings))
+            )
+        except ControllerError as err:
+            self._abort(context, err)
+            raise
+
+    def Run(self, request: pb.RunRequest, context: grpc.ServicerContext) -> pb.RunReply:
+        try:
+            if request.wait:
+                return self.controller.calls.run_to_end(
+                    request.program_id, request.call_id, request.weight, request.inputs,
+                    request.wait_s,
+                )
+            return self.controller.calls.run(
+                request.program_id, request.call_id, request.weight, request.inputs
+            )
+        except ControllerError as err:
+            self._abort(context, err)
+            raise
+
+    def WaitCall(self, request: pb.CallStatusRequest, context: grpc.ServicerContext) -> pb.CallStatus:
+        return self.controller.calls.wait_call(request.call_id, request.timeout_s)
+
+    def FinishCall(self, request: pb.ReleaseCall, context: grpc.ServicerContext) -> pb.CallStatus:
+        return self.controller.calls.finish_call(request.call_id)
+
+    def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
+        return self.controller.describe()

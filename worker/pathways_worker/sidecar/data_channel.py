@@ -1,0 +1,314 @@
+"""The data channel: bulk bytes between sidecars over raw TCP, beside gRPC.
+
+Python gRPC streaming reaches about a third of raw loopback TCP here (every
+1 MiB chunk is a protobuf, copied four times), so routed values travel on a
+plain socket instead. Each sidecar listens on a data port next to its gRPC
+port and advertises it in `HealthReply.data_address`; gRPC `Put` stays for
+clients and as the fallback when a peer has no data channel.
+
+A connection starts with a `DataHello` frame (sender, and the receiving slice's
+token, compared in constant time; a hello without it is refused). A server is made
+without a token only for a host started with ``--insecure-no-token``.
+Then each value is a run of piece frames, exactly what a Put stream would
+carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
+followed by the piece's `nbytes` raw bytes, which the sender sends straight
+from the worker's piece file (`socket.sendfile`) and the receiver reads
+straight into the value's shared-memory file. After the sender's last piece of
+a value the receiver answers with a `PutReply` (an `error` and gRPC-style
+`code` if something was wrong). A malformed frame gets such an answer naming
+the field, and the connection is closed; the receiver keeps serving others.
+
+On one machine the bytes need not travel at all. When the peer's advertised
+node (boot id) and shared-memory device match the sender's, a header carries
+the piece file's `path` (and its device and inode, which the receiver checks,
+so a same-named file elsewhere is never taken): the receiver copies it into
+the value's file in the kernel, or, when the piece is the whole value and has
+no other destination (`movable`), renames the file itself into place.
+
+Frames: one kind byte (`H`ello, `P`iece, `R`eply), a 4-byte big-endian length,
+then that many bytes of protobuf. Every read and write has a timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError, Message
+
+from pathways_wire.transfer import TransferError, check_header, piece_header
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.sidecar.byte_budget import BudgetError
+from pathways_worker.sidecar.inbox import Inbox, Sink
+from pathways_worker.sidecar.sidecar_metrics import TransferStats
+
+log = logging.getLogger(__name__)
+
+FRAME = struct.Struct("!BI")
+HELLO, PIECE, REPLY = b"H"[0], b"P"[0], b"R"[0]
+MAX_FRAME_BYTES = 1 << 20
+"""Bound on one frame's protobuf (a header is a few hundred bytes)."""
+BOUNCE_BYTES = 4 << 20
+CONNECT_TIMEOUT_S = 5.0
+FRAME_TIMEOUT_S = 60.0
+"""Longest silence inside a frame or a piece's bytes."""
+REFUSE_DRAIN_S = 1.0
+IDLE_TIMEOUT_S = 300.0
+"""An idle connection is closed after this; the sender opens a new one."""
+
+
+def boot_id() -> str:
+    """This kernel's identity: two processes with the same one share a machine."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class DataChannelError(Exception):
+    """The receiver refused a value (`code` as gRPC would say it), or the connection broke."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- frames
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError(f"connection closed {n - got} bytes before the end of a frame")
+        got += k
+    return bytes(buf)
+
+
+def send_frame(sock: socket.socket, kind: int, message: Message) -> None:
+    body = message.SerializeToString()
+    sock.sendall(FRAME.pack(kind, len(body)) + body)
+
+
+def read_frame(sock: socket.socket, kind: int, message: Message) -> None:
+    """Reads one frame of `kind` into `message`; TransferError names what was wrong."""
+    got, length = FRAME.unpack(_recv_exact(sock, FRAME.size))
+    if got != kind:
+        raise TransferError("frame.kind", f"expected {chr(kind)!r}, got byte {got}")
+    if length > MAX_FRAME_BYTES:
+        raise TransferError("frame.length", f"{length} B exceeds {MAX_FRAME_BYTES} B per frame")
+    try:
+        message.ParseFromString(_recv_exact(sock, length))
+    except DecodeError as err:
+        raise TransferError("frame", f"not a {type(message).__name__}: {err}") from None
+
+
+# ---------------------------------------------------------------- receiving
+
+
+class DataChannelServer:
+    """Accepts data connections and feeds their pieces to the inbox."""
+
+    def __init__(
+        self, host: str, port: int, inbox: Inbox, host_name: str, token: str = "",
+        transfers: TransferStats | None = None, *, insecure: bool = False,
+    ) -> None:
+        if not token and not insecure:
+            raise ValueError(
+                f"host {host_name}: refusing to open a data channel without a slice token "
+                "(pass --insecure-no-token to check no sender)"
+            )
+        self._inbox = inbox
+        self._transfers = transfers or TransferStats()
+        self._host_name = host_name
+        self._token = token
+        self._listener = socket.create_server((host, port), backlog=64)
+        self._closed = threading.Event()
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, name="data-accept", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(
+                target=self._serve, args=(conn, f"{peer[0]}:{peer[1]}"), name="data-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        with conn:
+            try:
+                conn.settimeout(FRAME_TIMEOUT_S)
+                hello = pb.DataHello()
+                read_frame(conn, HELLO, hello)
+                if self._token and not hmac.compare_digest(hello.token.encode(), self._token.encode()):
+                    what = "presented another token" if hello.token else "presented no token"
+                    raise TransferError(
+                        "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
+                    )
+                bounce = memoryview(bytearray(BOUNCE_BYTES))
+                while self._value(conn, bounce):
+                    pass
+            except TransferError as err:
+                self._refuse(conn, "INVALID_ARGUMENT", f"host {self._host_name}: {err}")
+            except BudgetError as err:
+                self._refuse(conn, "RESOURCE_EXHAUSTED", f"host {self._host_name}: {err}")
+            except (OSError, ConnectionError) as err:
+                log.info("data connection from %s ended: %s", peer, err)
+
+    def _value(self, conn: socket.socket, bounce: memoryview) -> bool:
+        """Receives one value's pieces from this sender and answers; False at a clean end."""
+        pieces = 0
+        while True:
+            conn.settimeout(IDLE_TIMEOUT_S if pieces == 0 else FRAME_TIMEOUT_S)
+            try:
+                head = conn.recv(1, socket.MSG_PEEK)
+            except TimeoutError:
+                return False
+            if not head:
+                if pieces:
+                    raise TransferError("data", "the connection closed inside a value")
+                return False
+            conn.settimeout(FRAME_TIMEOUT_S)
+            header = pb.BufferHeader()
+            read_frame(conn, PIECE, header)
+            info = check_header(header)
+            sink = self._inbox.open(info, header)
+            pieces += int(info.has_piece)
+            if sink is not None:
+                self._receive(conn, sink, header, bounce)
+                self._transfers.add("in", "handover" if header.path else "data-channel", header.nbytes)
+            if info.last_from_sender or info.whole or info.error:
+                send_frame(conn, REPLY, pb.PutReply(pieces=pieces))
+                return True
+
+    @staticmethod
+    def _receive(conn: socket.socket, sink: Sink, header: pb.BufferHeader, bounce: memoryview) -> None:
+        if header.path:
+            sink.take_file(header.path, header.file_device, header.file_inode, header.movable)
+        else:
+            sink.fill(conn.recv_into, bounce)
+
+    @staticmethod
+    def _refuse(conn: socket.socket, code: str, message: str) -> None:
+        """Answers with the error, then closes; what the sender still sends is
+        drained for a moment so the answer is not lost to a reset."""
+        log.warning("data channel: %s", message)
+        try:
+            send_frame(conn, REPLY, pb.PutReply(error=message, code=code))
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(REFUSE_DRAIN_S)
+            scratch = bytearray(1 << 16)
+            deadline = time.monotonic() + REFUSE_DRAIN_S
+            while time.monotonic() < deadline and conn.recv_into(scratch):
+                pass
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- sending
+
+
+@dataclass(frozen=True)
+class PeerData:
+    """What a sender knows of a peer's data channel (from its HealthReply)."""
+
+    address: str
+    same_node: bool
+
+
+class DataLink:
+    """One open connection to a peer's data channel, used by one push at a time."""
+
+    def __init__(self, address: str, sender: str, token: str, timeout_s: float) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = address
+        self._sender = sender
+        self._sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.settimeout(timeout_s)
+        send_frame(self._sock, HELLO, pb.DataHello(sender=sender, token=token))
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def send(self, exported: pb.Exported, handover: bool, movable: bool) -> int:
+        """Sends one value (its pieces' bytes, or on one machine their files) and
+        waits for the receiver's answer; returns the pieces it received."""
+        try:
+            self._send_pieces(exported, handover, movable)
+        except OSError as err:  # the receiver may have refused and closed: say why
+            try:
+                self._answer()
+            except (DataChannelError, OSError):
+                raise
+            raise err
+        return self._answer()
+
+    def _send_pieces(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
+        for header, path in _headers(exported, self._sender):
+            if path and handover:
+                st = os.stat(path)
+                header.path, header.file_device, header.file_inode = path, st.st_dev, st.st_ino
+                header.movable = movable and len(exported.pieces) == 1
+                send_frame(self._sock, PIECE, header)
+            else:
+                send_frame(self._sock, PIECE, header)
+                if header.nbytes:
+                    with open(path, "rb") as f:
+                        sent = self._sock.sendfile(f, 0, header.nbytes)
+                    if sent != header.nbytes:
+                        raise DataChannelError("INTERNAL", f"{path} ended after {sent} of {header.nbytes} bytes")
+
+    def _answer(self) -> int:
+        reply = pb.PutReply()
+        try:
+            read_frame(self._sock, REPLY, reply)
+        except TransferError as err:
+            raise DataChannelError("INTERNAL", f"bad answer from {self.address}: {err}") from None
+        if reply.error:
+            raise DataChannelError(reply.code or "UNKNOWN", reply.error)
+        return int(reply.pieces)
+
+
+def _headers(exported: pb.Exported, sender: str) -> Iterator[tuple[pb.BufferHeader, str]]:
+    """The headers a value's pieces travel under, with each piece's file (as
+    `shared_memory.exported_chunks` makes them for Put)."""
+    value, spec = exported.value, exported.spec
+    if exported.error:
+        header = piece_header(exported.call_id, value, spec, None, sender, True)
+        header.error = exported.error
+        yield header, ""
+        return
+    if not exported.pieces:
+        yield piece_header(exported.call_id, value, spec, None, sender, True), ""
+        return
+    last = len(exported.pieces) - 1
+    for i, piece in enumerate(exported.pieces):
+        header = piece_header(exported.call_id, value, spec, None, sender, i == last)
+        header.start.extend(piece.start)
+        header.stop.extend(piece.stop)
+        header.nbytes = piece.nbytes
+        yield header, piece.path

@@ -1,0 +1,270 @@
+"""The sidecar's core: between the controller, the worker, peers and clients.
+
+* Control: plans and grants from the controller go to the worker in the order
+  received; each Launch's routes (where this host's values must go) and
+  expects (how many hosts will send each value here) are remembered;
+  completions from the worker go back up, batched.
+* Put: pieces from clients and peer sidecars are assembled by the inbox and
+  handed to the worker as arrivals.
+* Data channel: peer sidecars send routed values over raw TCP
+  (`pathways_worker.sidecar.data_channel`), or on the same machine hand over the
+  files; its pieces go to the same inbox as Put's.
+* Exports: a routed value the worker wrote to shared memory is pushed to its
+  destinations; a fetched one is streamed back to the client.
+
+Errors that a caller should see carry a gRPC status code (`HostError`); the
+service turns them into the RPC's status.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from pathways_wire.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.batch_queue import BatchQueue
+from pathways_worker.settings import SidecarSettings
+from pathways_worker.shared_memory import ShmDir, exported_chunks, remove_pieces
+from pathways_worker.sidecar.byte_budget import BudgetError, ByteBudget
+from pathways_worker.sidecar.data_channel import DataChannelServer, boot_id
+from pathways_worker.sidecar.inbox import Inbox, Sink
+from pathways_worker.sidecar.peers import PeerPusher
+from pathways_worker.sidecar.sidecar_metrics import TransferStats
+from pathways_worker.sidecar.worker_link import WorkerLink
+from pathways_worker.value_ref import Ref, ref_of
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FETCH_TIMEOUT_S = 300.0
+COMPLETION_LINGER_S = 0.0
+"""The worker batches completions already (and sends a call's last one at once);
+lingering here again only delays the end of every call."""
+
+
+class HostError(Exception):
+    """An error for the caller of an RPC, with the status code it should get."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _FetchWaiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    exported: pb.Exported | None = None
+
+
+class Dataflow:
+    def __init__(self, settings: SidecarSettings) -> None:
+        self.settings = settings
+        self.host_name = settings.host_name
+        self.advertise = settings.advertise or settings.listen
+        self.shm = ShmDir(settings.shm_dir, "s")
+        self.budget = ByteBudget(settings.store_limit_bytes)
+        self.transfers = TransferStats()
+        self.upstream: BatchQueue[pb.Completion] = BatchQueue()
+        self.pusher = PeerPusher(
+            sender=settings.host_name,
+            shm_dir=self.shm.path,
+            token=settings.data_token,
+            data_channel=settings.data_channel,
+            file_handover=settings.file_handover,
+            transfers=self.transfers,
+        )
+        self._lock = threading.Lock()
+        self._routes: dict[tuple[str, Ref], tuple[str, ...]] = {}
+        self._released: set[str] = set()
+        self._fetches: dict[int, _FetchWaiter] = {}
+        self._tokens = itertools.count(1)
+        self._control = 0
+        self.link = WorkerLink(settings.worker, self._on_worker_event, settings.slice_token)
+        self.inbox = Inbox(
+            self.shm,
+            self.budget,
+            deliver=lambda arrival: self.link.send(pb.WorkerCommand(arrival=arrival)),
+            host_name=settings.host_name,
+            wait_s=settings.put_wait_s,
+        )
+        self._node = boot_id()
+        self._shm_device = os.stat(self.shm.path).st_dev
+        self.data_server = DataChannelServer(
+            settings.listen.rpartition(":")[0].strip("[]"), settings.data_port, self.inbox,
+            settings.host_name, settings.data_token, self.transfers,
+            insecure=settings.insecure_no_token,
+        )
+
+    def close(self) -> None:
+        self.data_server.close()
+        self.link.stop()
+        self.pusher.close()
+        self.shm.cleanup()
+
+    # ------------------------------------------------------------ control stream
+
+    def open_control(self) -> int:
+        """A new controller stream; it replaces the previous one."""
+        with self._lock:
+            self._control += 1
+            return self._control
+
+    def is_current(self, control: int) -> bool:
+        return self._control == control
+
+    def command(self, command: pb.HostCommand) -> None:
+        kind = command.WhichOneof("command")
+        if kind == "load":
+            self.link.send(pb.WorkerCommand(load=command.load))
+        elif kind == "launch":
+            launch = command.launch
+            with self._lock:
+                for route in launch.routes:
+                    self._routes[(launch.call_id, ref_of(route.value))] = tuple(route.destinations)
+                    self.pusher.learn_tokens(route.destinations, route.destination_tokens)
+            self.link.send(pb.WorkerCommand(launch=launch))
+            self.inbox.expect(launch.call_id, launch.expects)
+        elif kind == "grants":
+            self.link.send(pb.WorkerCommand(grants=command.grants))
+        elif kind == "fail":
+            self.link.send(pb.WorkerCommand(fail=command.fail))
+        elif kind == "release":
+            call_id = command.release.call_id
+            self.link.send(pb.WorkerCommand(release=command.release))
+            self.inbox.release_call(call_id)
+            with self._lock:
+                self._released.add(call_id)
+                for key in [k for k in self._routes if k[0] == call_id]:
+                    del self._routes[key]
+        else:
+            log.warning("ignoring empty HostCommand")
+
+    def take_completions(self, timeout_s: float) -> list[pb.Completion]:
+        return self.upstream.take(timeout_s, COMPLETION_LINGER_S)[0]
+
+    # ------------------------------------------------------------ worker events
+
+    def _on_worker_event(self, event: pb.WorkerEvent) -> None:
+        if event.completions:
+            self.upstream.put_many(list(event.completions))
+        for exported in event.exported:
+            if exported.token == 0:
+                self._push(exported)
+            else:
+                self._fetched(exported)
+
+    def _push(self, exported: pb.Exported) -> None:
+        key = (exported.call_id, ref_of(exported.value))
+        with self._lock:
+            destinations = self._routes.get(key, ())
+            released = exported.call_id in self._released
+        if released:
+            remove_pieces(exported)
+            return
+        self.pusher.push(exported, destinations)
+
+    def _fetched(self, exported: pb.Exported) -> None:
+        with self._lock:
+            waiter = self._fetches.pop(exported.token, None)
+        if waiter is None:
+            remove_pieces(exported)  # the fetch gave up already
+            return
+        waiter.exported = exported
+        waiter.event.set()
+
+    # ------------------------------------------------------------ Put
+
+    def put(self, chunks: Iterator[pb.BufferChunk]) -> int:
+        """Consumes one Put stream; returns the pieces received."""
+        sink: Sink | None = None
+        pieces = 0
+        try:
+            for chunk in chunks:
+                if len(chunk.data) > MAX_CHUNK_BYTES:
+                    raise TransferError(
+                        "data", f"chunk of {len(chunk.data)} B exceeds {MAX_CHUNK_BYTES} B per BufferChunk"
+                    )
+                if chunk.HasField("header"):
+                    if sink is not None and not sink.done:
+                        raise TransferError("header", "a new piece started before the previous one was complete")
+                    info = check_header(chunk.header)
+                    sink = self.inbox.open(info, chunk.header)
+                    pieces += int(info.has_piece)
+                if chunk.data:
+                    if sink is None:
+                        raise TransferError("data", "data chunk without a piece header before it")
+                    sink.write(chunk.data)
+                    self.transfers.add("in", "grpc", len(chunk.data))
+            if sink is not None and not sink.done:
+                raise TransferError("data", "the stream ended inside a piece")
+        except TransferError as err:
+            raise HostError(grpc.StatusCode.INVALID_ARGUMENT, f"host {self.host_name}: {err}") from None
+        except BudgetError as err:
+            raise HostError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"host {self.host_name}: {err}") from None
+        return pieces
+
+    # ------------------------------------------------------------ Fetch
+
+    def fetch(self, request: pb.FetchRequest) -> Iterator[pb.BufferChunk]:
+        """Asks the worker for this host's pieces of a value, then streams them."""
+        what = f"{value_name(request.value)} of call {request.call_id}"
+        if not request.call_id:
+            raise HostError(grpc.StatusCode.INVALID_ARGUMENT, "call_id: empty")
+        timeout_s = request.timeout_s if request.timeout_s > 0 else DEFAULT_FETCH_TIMEOUT_S
+        if not self.link.wait_ready(min(timeout_s, 5.0)):
+            raise HostError(
+                grpc.StatusCode.UNAVAILABLE, f"host {self.host_name}: its worker is not ready"
+            )
+        token = next(self._tokens)
+        waiter = _FetchWaiter()
+        with self._lock:
+            self._fetches[token] = waiter
+        export = pb.ExportRequest(call_id=request.call_id, token=token, release=request.release)
+        export.value.CopyFrom(request.value)
+        self.link.send(pb.WorkerCommand(export=export))
+        if not waiter.event.wait(timeout_s):
+            with self._lock:
+                self._fetches.pop(token, None)
+            raise HostError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{what} was not ready on host {self.host_name} within {timeout_s:g} s",
+            )
+        exported = waiter.exported
+        assert exported is not None
+        if exported.error:
+            remove_pieces(exported)
+            raise HostError(grpc.StatusCode.FAILED_PRECONDITION, exported.error)
+        return self._stream(exported)
+
+    def _stream(self, exported: pb.Exported) -> Iterator[pb.BufferChunk]:
+        try:
+            for chunk in exported_chunks(exported, self.host_name):
+                yield chunk
+                self.transfers.add("out", "grpc", len(chunk.data))
+        finally:
+            remove_pieces(exported)
+
+    # ------------------------------------------------------------ Health
+
+    def health(self) -> pb.HealthReply:
+        return pb.HealthReply(
+            host=self.host_name,
+            worker_ready=self.link.ready,
+            store_bytes=self.budget.used,
+            store_limit=self.budget.limit,
+            worker_store_bytes=self.link.store_bytes,
+            worker_store_limit=self.link.store_limit,
+            data_address=f"{self.advertise.rpartition(':')[0]}:{self.data_server.port}",
+            node=self._node,
+            shm_device=self._shm_device,
+        )
+
+    def routes_of(self, call_id: str) -> Sequence[tuple[Ref, tuple[str, ...]]]:
+        with self._lock:
+            return [(k[1], v) for k, v in self._routes.items() if k[0] == call_id]

@@ -1,0 +1,333 @@
+"""Values arriving at a host, assembled in shared memory before the worker sees them.
+
+Pieces come from Put streams: the client's whole program inputs, or the pieces
+each host of a producer slice holds of a routed value. The first piece of a
+value reserves its size in the byte budget (waiting if the store is full) and
+creates one shared-memory file of the global array; every piece is written at
+its place in it. A value is complete when its whole piece arrived, or when as
+many distinct senders as the call's Launch expects have sent their last piece.
+A Put may overtake its Launch: the value then waits, held, until the Launch
+says how many senders to count. Complete values, and values a sender reported
+as failed, go to the worker as an `Arrival`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pathways_wire.transfer import PieceAssembler, PieceInfo, PieceWriter, TransferError, value_name
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.shared_memory import FileWriter, ShmDir, remove
+from pathways_worker.sidecar.byte_budget import ByteBudget
+from pathways_worker.value_ref import Ref, ref_of
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, Ref]
+RELEASED_MEMORY = 4096
+
+
+ReadInto = Callable[[memoryview], int]
+
+
+class Sink(Protocol):
+    """Where the bytes of one piece go: chunks from a Put stream (`write`), a
+    data channel's socket reading in place (`fill`), or a file on this machine
+    (`take_file`)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def write(self, data: bytes) -> bool: ...
+
+    def fill(self, read_into: ReadInto, bounce: memoryview) -> None: ...
+
+    def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
+        """The piece from the file at `path` (checked to be device:inode);
+        True if the file itself became the value's (moved, not copied)."""
+        ...
+
+
+def open_checked(path: str, device: int, inode: int, nbytes: int) -> int:
+    """A read descriptor on a sender's piece file, if it is the file it claims to be."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise TransferError("header.path", f"cannot open {path}: {err.strerror}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (device, inode) or st.st_size < nbytes:
+        os.close(fd)
+        raise TransferError(
+            "header.path",
+            f"{path} is {st.st_dev}:{st.st_ino} of {st.st_size} B here, the sender "
+            f"means {device}:{inode} of {nbytes} B (not the same filesystem)",
+        )
+    return fd
+
+
+class DiscardSink:
+    """Swallows a piece nobody needs any more (value already failed or released)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.remaining = nbytes
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+    def write(self, data: bytes) -> bool:
+        if len(data) > self.remaining:
+            raise TransferError("data", f"{len(data)} bytes beyond the piece's end")
+        self.remaining -= len(data)
+        return self.done
+
+    def fill(self, read_into: ReadInto, bounce: memoryview) -> None:
+        while self.remaining:
+            n = read_into(bounce[: min(len(bounce), self.remaining)])
+            if n <= 0:
+                raise TransferError("data", f"the source ended {self.remaining} bytes early")
+            self.remaining -= n
+
+    def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
+        self.remaining = 0
+        return False
+
+
+@dataclass
+class InboundValue:
+    call_id: str
+    ref: Ref
+    spec: pb.TensorSpec
+    path: str = ""
+    target: np.ndarray | None = None
+    file: FileWriter | None = None
+    assembler: PieceAssembler | None = None
+    reserved: int = 0
+    senders_done: set[str] = field(default_factory=set)
+    whole_done: bool = False
+    delivered: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{value_name(pb.ValueRef(node=self.ref[0], index=self.ref[1]))} of call {self.call_id}"
+
+
+class InboxPiece:
+    """A piece being written; tells the inbox when it is complete."""
+
+    def __init__(self, inbox: Inbox, entry: InboundValue, info: PieceInfo, writer: PieceWriter) -> None:
+        self._inbox, self._entry, self._info, self._writer = inbox, entry, info, writer
+        if writer.done:
+            inbox._piece_done(entry, info)
+
+    @property
+    def done(self) -> bool:
+        return self._writer.done
+
+    def write(self, data: bytes) -> bool:
+        if self._writer.write(data):
+            self._inbox._piece_done(self._entry, self._info)
+            return True
+        return False
+
+    def fill(self, read_into: ReadInto, bounce: memoryview) -> None:
+        self._writer.fill(read_into, bounce)
+        self._inbox._piece_done(self._entry, self._info)
+
+    def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
+        fd = open_checked(path, device, inode, self._info.nbytes)
+        moved = False
+        try:
+            offset = self._writer.file_offset
+            file = self._entry.file
+            if movable and self._info.nbytes == self._entry.reserved and self._entry.path:
+                os.rename(path, self._entry.path)  # replaces the empty file made for the value
+                moved = True
+                self._writer.placed()
+            elif offset is not None and file is not None:
+                file.copy_from(fd, self._info.nbytes, offset)
+                self._writer.placed()
+            else:
+                self._writer.fill(lambda view: os.readv(fd, [view]))
+        finally:
+            os.close(fd)
+        self._inbox._piece_done(self._entry, self._info)
+        return moved
+
+
+class Inbox:
+    def __init__(
+        self,
+        shm: ShmDir,
+        budget: ByteBudget,
+        deliver: Callable[[pb.Arrival], None],
+        host_name: str,
+        wait_s: float,
+    ) -> None:
+        self._shm = shm
+        self._budget = budget
+        self._deliver = deliver
+        self._host_name = host_name
+        self._wait_s = wait_s
+        self._lock = threading.Lock()
+        self._values: dict[Key, InboundValue] = {}
+        self._expects: dict[Key, int] = {}
+        self._released: set[str] = set()
+        self._released_order: deque[str] = deque()
+
+    # ------------------------------------------------------------ from the controller
+
+    def expect(self, call_id: str, expects: Sequence[pb.Expect]) -> None:
+        with self._lock:
+            for e in expects:
+                key = (call_id, ref_of(e.value))
+                self._expects[key] = e.senders
+                entry = self._values.get(key)
+                if entry is not None:
+                    self._check(entry)
+
+    def release_call(self, call_id: str) -> None:
+        with self._lock:
+            self._released.add(call_id)
+            self._released_order.append(call_id)
+            while len(self._released_order) > RELEASED_MEMORY:
+                self._released.discard(self._released_order.popleft())
+            for key in [k for k in self._values if k[0] == call_id]:
+                entry = self._values.pop(key)
+                if not entry.delivered and entry.path:
+                    self._close(entry)
+                    remove(entry.path)
+            for key in [k for k in self._expects if k[0] == call_id]:
+                del self._expects[key]
+        self._budget.release_call(call_id)
+
+    def pending(self) -> list[str]:
+        with self._lock:
+            return [e.name for e in self._values.values() if not e.delivered]
+
+    # ------------------------------------------------------------ from Put streams
+
+    def open(self, info: PieceInfo, header: pb.BufferHeader) -> Sink | None:
+        """Starts a piece; returns where its data goes (None: the header carried no data).
+        May wait for room in the byte budget (raises BudgetError)."""
+        key: Key = (info.call_id, info.value)
+        if info.error:
+            self._fail(key, header)
+            return None
+        with self._lock:
+            if info.call_id in self._released:
+                return DiscardSink(info.nbytes)
+            entry = self._values.get(key)
+        if entry is None:
+            entry = self._create(key, info, header)
+        with self._lock:
+            if entry.delivered or entry.assembler is None:
+                return DiscardSink(info.nbytes)
+            assembler = entry.assembler
+        if not info.has_piece:
+            self._piece_done(entry, info)
+            return None
+        return InboxPiece(self, entry, info, assembler.open(info))
+
+    def _create(self, key: Key, info: PieceInfo, header: pb.BufferHeader) -> InboundValue:
+        name = f"{value_name(header.value)} of call {info.call_id}"
+        nbytes = info.value_nbytes
+        self._budget.reserve(info.call_id, nbytes, self._wait_s, f"{name} ({header.spec.dtype}{list(info.shape)})")
+        with self._lock:
+            existing = self._values.get(key)
+            if existing is not None or info.call_id in self._released:
+                self._budget.release(info.call_id, nbytes)
+                if existing is not None:
+                    return existing
+                return InboundValue(info.call_id, key[1], header.spec, delivered=True)
+            path, target = self._shm.create_value(info.shape, info.dtype)
+            file = FileWriter(path)
+            entry = InboundValue(
+                call_id=info.call_id,
+                ref=key[1],
+                spec=pb.TensorSpec(shape=list(info.shape), dtype=info.dtype.name),
+                path=path,
+                target=target,
+                file=file,
+                assembler=PieceAssembler(target, file.write_at),
+                reserved=nbytes,
+            )
+            self._values[key] = entry
+            return entry
+
+    def _fail(self, key: Key, header: pb.BufferHeader) -> None:
+        error = header.error
+        with self._lock:
+            if key[0] in self._released:
+                return
+            entry = self._values.get(key)
+            if entry is None:
+                entry = self._values[key] = InboundValue(key[0], key[1], header.spec)
+            if entry.delivered:
+                return
+            sender = header.sender or "a sender"
+            self._deliver_failure(entry, f"{error} (reported by {sender})" if sender not in error else error)
+
+    def _piece_done(self, entry: InboundValue, info: PieceInfo) -> None:
+        with self._lock:
+            if info.whole:
+                entry.whole_done = True
+            if info.last_from_sender:
+                entry.senders_done.add(info.sender)
+            self._check(entry)
+
+    # ------------------------------------------------------------ completion (lock held)
+
+    def _check(self, entry: InboundValue) -> None:
+        if entry.delivered or entry.assembler is None:
+            return
+        expected = self._expects.get((entry.call_id, entry.ref))
+        if entry.whole_done and entry.assembler.complete:
+            self._deliver_value(entry)
+        elif expected is not None and len(entry.senders_done) >= expected:
+            if entry.assembler.complete:
+                self._deliver_value(entry)
+            else:
+                self._deliver_failure(
+                    entry,
+                    f"{entry.name} is incomplete on host {self._host_name}: senders "
+                    f"{sorted(entry.senders_done)} finished but their pieces cover "
+                    f"{entry.assembler.covered} of {entry.assembler.size} elements",
+                )
+
+    def _deliver_value(self, entry: InboundValue) -> None:
+        self._close(entry)
+        entry.delivered = True
+        arrival = pb.Arrival(call_id=entry.call_id, spec=entry.spec, path=entry.path)
+        arrival.value.node, arrival.value.index = entry.ref
+        self._deliver(arrival)
+
+    def _deliver_failure(self, entry: InboundValue, error: str) -> None:
+        self._close(entry)
+        if entry.path:
+            remove(entry.path)
+        if entry.reserved:
+            self._budget.release(entry.call_id, entry.reserved)
+            entry.reserved = 0
+        entry.delivered = True
+        arrival = pb.Arrival(call_id=entry.call_id, spec=entry.spec, error=error)
+        arrival.value.node, arrival.value.index = entry.ref
+        self._deliver(arrival)
+
+    @staticmethod
+    def _close(entry: InboundValue) -> None:
+        target: Any = entry.target
+        if isinstance(target, np.memmap):
+            target.flush()
+        if entry.file is not None:
+            entry.file.close()
+        entry.target = entry.file = None
+        entry.assembler = None

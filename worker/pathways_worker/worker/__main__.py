@@ -1,0 +1,111 @@
+"""`python -m pathways_worker.worker`: the `worker` container of a Pathways host.
+
+It owns the host's JAX devices (`--devices` CPU devices standing in for a TPU
+host's chips), joins its slice's multi-process JAX job when the slice has
+several hosts, and serves `Executor.Session` to its sidecar: one long-lived
+stream of commands in (programs, launches, grants, arrivals, fetches) and
+batched events out; only callers presenting the slice's token get in. Flags
+also come from PATHWAYS_* environment variables (see `pathways_worker.settings`).
+
+XLA reads its flags when jax is imported, so nothing here imports jax (or the
+client package, which does) before `_prepare_jax` has set them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from concurrent import futures
+
+from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
+from pathways_worker.settings import WorkerSettings, parse_worker_args
+
+log = logging.getLogger("pathways_worker.worker")
+
+SESSION_MESSAGE_BYTES = 256 << 20  # programs carry their artifacts
+
+
+def _prepare_jax(settings: WorkerSettings) -> None:
+    flags = os.environ.get("XLA_FLAGS", "")
+    device_flag = f"--xla_force_host_platform_device_count={settings.devices}"
+    os.environ["XLA_FLAGS"] = " ".join(
+        [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+        + [device_flag]
+    )
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    if settings.num_hosts > 1:
+        jax.distributed.initialize(
+            coordinator_address=settings.coordinator,
+            num_processes=settings.num_hosts,
+            process_id=settings.host_index,
+            # Host 0 serves the job's coordination service on its own address only: on
+            # [::] (the default) a terminating gang's host 0 and its replacement would
+            # share the port (SO_REUSEPORT) and a host could join the wrong job.
+            coordinator_bind_address=settings.coordinator if settings.host_index == 0 else None,
+        )
+    expected = settings.devices * settings.num_hosts
+    if len(jax.devices()) != expected:
+        raise SystemExit(
+            f"host {settings.host_name}: JAX sees {len(jax.devices())} devices, expected "
+            f"{settings.devices} x {settings.num_hosts} hosts = {expected}"
+        )
+
+
+def serve(settings: WorkerSettings) -> None:
+    _prepare_jax(settings)
+    import grpc
+
+    from pathways_wire import pathways_pb2_grpc as pb_grpc
+    from pathways_worker.worker.executor import Executor
+    from pathways_worker.worker.executor_service import ExecutorService
+    from pathways_worker.shared_memory import ShmDir
+    from pathways_worker.slice_auth import SliceTokenInterceptor
+
+    shm = ShmDir(settings.shm_dir, "w")
+    executor = Executor(
+        host_name=settings.host_name,
+        host_index=settings.host_index,
+        shm=shm,
+        store_limit_bytes=settings.store_limit_bytes,
+        input_timeout_s=settings.input_timeout_s,
+    )
+    options = [
+        ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
+    ]
+    if settings.insecure_no_token:
+        log.warning("worker %s: started with --insecure-no-token: any caller that reaches it is served",
+                    settings.host_name)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        options=options,
+        interceptors=[SliceTokenInterceptor(
+            settings.slice_token, settings.host_name, insecure=settings.insecure_no_token
+        )],
+    )
+    pb_grpc.add_ExecutorServicer_to_server(ExecutorService(executor, settings.host_name), server)
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise SystemExit(f"host {settings.host_name}: cannot listen on {settings.listen}")
+    server.start()
+    bind_host = settings.listen.rpartition(":")[0]
+    print(f"pathways-worker listening on {bind_host}:{port}", flush=True)
+    log.info("worker %s ready with %s", settings.host_name, settings)
+    wait_for_signal()
+    server.stop(grace=1).wait(3)
+    executor.stop()
+    shm.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    configure_logging()
+    settings = parse_worker_args(argv)
+    exit_with_parent(settings.shm_dir)
+    serve(settings)
+
+
+if __name__ == "__main__":
+    main()
