@@ -10,7 +10,9 @@ So the launcher binds the port itself with ``SO_REUSEPORT`` and keeps that socke
 open, never listening, for as long as the slice's host 0 lives. The kernel gives a
 bound port to no one else (nor to a port-0 bind), while the coordination service,
 a gRPC server that binds with ``SO_REUSEPORT`` as the same user, shares it; the held
-socket accepts nothing, so every connection reaches the service.
+socket accepts nothing, so every connection reaches the service. The embedded
+launcher holds each worker's port the same way, so that the sidecar, which must be
+told its worker's address, can start beside the worker instead of after it.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import socket
 class HeldPort:
     """A port on ``ip`` that stays this process's until `release`."""
 
-    def __init__(self, ip: str) -> None:
+    def __init__(self, ip: str, what: str = "coordinator") -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             self._sock.bind((ip, 0))
         except OSError as err:
             self._sock.close()
-            raise RuntimeError(f"cannot hold a coordinator port on {ip}: {err}") from err
+            raise RuntimeError(f"cannot hold a {what} port on {ip}: {err}") from err
         self.ip = ip
         self.port = int(self._sock.getsockname()[1])
 

@@ -8,11 +8,14 @@ does on Kubernetes, never on a command line others can see. A monitor thread not
 and reports it, so the controller can fail the calls on its slice and relaunch
 the whole gang.
 
-Every host server binds port 0 on its host's address and prints the address it got
-as its first line (``pathways-worker listening on HOST:PORT``); the launcher reads
-it from the process's log, within the start-up bound, and hands the worker's to the
-sidecar. Only the coordination service of a multi-host slice gets a port held for it
-(`pathways_operator.coordinator_port`), because JAX cannot report one.
+A sidecar binds port 0 on its host's address and prints the address it got as its
+first line (``pathways-sidecar listening on HOST:PORT``); the launcher reads it from
+the process's log, within the start-up bound. The worker's port and the coordination
+service's port of a multi-host slice are held for them instead
+(`pathways_operator.coordinator_port`): JAX cannot report the coordinator's, and the
+sidecar must be told its worker's address when it starts. With both known up front,
+every process of every host of a gang starts at once, and the sidecars come up while
+the workers import jax and form their JAX job.
 
 No host outlives its controller: each process gets the controller's parent
 link (`pathways_wire.process_tree`) and exits when the controller is gone, even
@@ -55,7 +58,6 @@ STOP_GRACE_S = 5.0
 SHM_ROOT = Path("/dev/shm")
 _SHM_NAME = re.compile(r"pathways-(\d+)-127\.0\.0\.\d+")
 _LISTENING = {  # a whole line: a port cut short by a read mid-write is never taken
-    "worker": re.compile(rb"pathways-worker listening on (\S+)\n"),
     "dataflow": re.compile(rb"pathways-sidecar listening on (\S+)\n"),
 }
 
@@ -101,6 +103,8 @@ class LocalHost:
     """The controller's lock on ``shm_dir``."""
     coordinator: HeldPort | None = None
     """Host 0's coordination service port, held while the host lives."""
+    worker_port: HeldPort | None = None
+    """The worker's port, held while the host lives."""
     log_offsets: dict[str, int] = field(default_factory=dict)
     """Where each process's log stood when it was started: its address line comes after."""
 
@@ -145,12 +149,12 @@ class LocalHostLauncher:
             deadline = time.monotonic() + HOST_START_TIMEOUT_S
             for host in hosts:
                 self._prepare(host)
+                host.worker_port = HeldPort(host.ip, "worker")
+                host.worker_address = host.worker_port.address
                 self._spawn(host, "worker", self._worker_command(host, coordinator))
+                self._spawn(host, "dataflow", self._sidecar_command(host))
             with self._lock:
                 self._hosts.extend(hosts)
-            for host in hosts:
-                host.worker_address = self._listening(host, "worker", deadline, hosts)
-                self._spawn(host, "dataflow", self._sidecar_command(host))
             for host in hosts:
                 host.sidecar_address = self._listening(host, "dataflow", deadline, hosts)
             self._wait_ready(hosts, deadline)
@@ -184,7 +188,7 @@ class LocalHostLauncher:
         req = host.request
         return [
             sys.executable, "-m", "pathways_worker.worker",
-            "--listen", f"{host.ip}:0",
+            "--listen", host.worker_address,
             "--host-index", str(req.index),
             "--num-hosts", str(req.num_hosts),
             "--coordinator", coordinator,
@@ -221,8 +225,7 @@ class LocalHostLauncher:
     def _listening(self, host: LocalHost, role: str, deadline: float, gang: Sequence[LocalHost]) -> str:
         """The address ``role`` printed once it served, read from its log (this start's part).
 
-        A worker serves only once the whole gang formed its JAX job, so a process of any
-        host of the gang that exits meanwhile ends the wait, named."""
+        A process of any host of the gang that exits meanwhile ends the wait, named."""
         assert host.run_dir is not None
         log_path = host.run_dir / f"{role}.log"
         while True:
@@ -291,11 +294,12 @@ class LocalHostLauncher:
                 shutil.rmtree(host.shm_dir, ignore_errors=True)
             with self._lock:
                 hold, host.shm_hold = host.shm_hold, -1
-                coordinator, host.coordinator = host.coordinator, None
+                held = [p for p in (host.coordinator, host.worker_port) if p is not None]
+                host.coordinator = host.worker_port = None
             if hold >= 0:
                 os.close(hold)
-            if coordinator is not None:
-                coordinator.release()
+            for port in held:
+                port.release()
             if host.run_dir is not None:  # the logs stay until the controller exits
                 for name in ("slice-token", "worker.pid", "dataflow.pid"):
                     (host.run_dir / name).unlink(missing_ok=True)

@@ -5,7 +5,10 @@ once every pod runs and is ready and every sidecar answers ``Dataflow.Health``
 with ``worker_ready``; programs can use it from then on. A gang that is torn
 down (lost host, preemption, suspension, refused pods) is reported lost, so the
 calls running on it fail over instead of waiting. :class:`GangRegistrations`
-remembers which generation, on which addresses, this process registered.
+remembers which generation, on which addresses, this process registered, and
+while a gang's workers are still forming their JAX job it has them watched
+(``sidecar_health.FormingWatch``), so the slice is looked at again the moment
+they are ready rather than at its next periodic look.
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.core.placement import Placement
 from pathways_operator.k8s.gang_pods import host_name
-from pathways_operator.k8s.sidecar_health import unready_hosts
+from pathways_operator.k8s.sidecar_health import FormingWatch, unready_hosts
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,9 @@ class GangRegistry(Protocol):
 class GangRegistrations:
     """The gangs this process registered with the controller: generation and sidecar addresses."""
 
-    def __init__(self, registry: GangRegistry) -> None:
+    def __init__(self, registry: GangRegistry, wake: Callable[[str], None] = lambda key: None) -> None:
         self._registry = registry
+        self._forming = FormingWatch(wake)
         self._lock = threading.Lock()
         self._registered: dict[str, tuple[int, tuple[str, ...]]] = {}
 
@@ -63,6 +67,7 @@ class GangRegistrations:
 
     def release(self, key: str, why: str, *, always_tell: bool = False) -> None:
         """Forget the gang; tell the controller it is lost if it had it (or ``always_tell``)."""
+        self._forming.forget(key)
         with self._lock:
             had = self._registered.pop(key, None) is not None
         if had or always_tell:
@@ -70,6 +75,7 @@ class GangRegistrations:
 
     def unregister(self, key: str) -> None:
         """The slice is deleted: the controller forgets the gang."""
+        self._forming.forget(key)
         self._registry.unregister_gang(key)
         with self._lock:
             self._registered.pop(key, None)
@@ -90,7 +96,9 @@ class GangRegistrations:
             return ""
         problems = unready_hosts(addresses)
         if problems:
+            self._forming.watch(key, addresses)
             return "; ".join(problems)
+        self._forming.forget(key)
         decl = ir.SliceDecl(
             id=name, name=name, devices=devices,
             devices_per_host=placement.devices_per_host, island=placement.island,

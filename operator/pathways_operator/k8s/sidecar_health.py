@@ -6,11 +6,20 @@ connections. Before the operator hands a gang to the controller it calls
 has joined the slice's JAX job and holds its devices. The calls run in
 parallel, each with a deadline, so one hung host costs one timeout, not one per
 host.
+
+The sidecars usually serve well before their workers have formed the JAX job
+(importing jax and joining the job is most of a gang's start-up). Rather than
+leave the gang to the slice's next periodic look, a :class:`FormingWatch` asks
+the sidecars again every ``FORMING_POLL_S`` and wakes the slice the moment
+every worker is ready, so the slice is Ready as soon as its JAX job has formed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -18,19 +27,28 @@ import grpc
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 
+log = logging.getLogger(__name__)
+
 HEALTH_TIMEOUT_S = 2.0
+FORMING_POLL_S = 0.05
+FORMING_WATCH_S = 120.0
+"""How long a watch asks before it leaves the gang to the slice's periodic looks."""
+
+
+def _ask(channel: grpc.Channel, address: str, timeout_s: float) -> str:
+    try:
+        reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=timeout_s)
+    except grpc.RpcError as err:
+        code = err.code().name if hasattr(err, "code") else "ERROR"
+        return f"sidecar {address} did not answer Health ({code})"
+    if not reply.worker_ready:
+        return f"sidecar {address} answers but its worker is not ready yet"
+    return ""
 
 
 def _probe(address: str, timeout_s: float) -> str:
     with grpc.insecure_channel(address) as channel:
-        try:
-            reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=timeout_s)
-        except grpc.RpcError as err:
-            code = err.code().name if hasattr(err, "code") else "ERROR"
-            return f"sidecar {address} did not answer Health ({code})"
-    if not reply.worker_ready:
-        return f"sidecar {address} answers but its worker is not ready yet"
-    return ""
+        return _ask(channel, address, timeout_s)
 
 
 def unready_hosts(addresses: Sequence[str], timeout_s: float = HEALTH_TIMEOUT_S) -> list[str]:
@@ -40,3 +58,51 @@ def unready_hosts(addresses: Sequence[str], timeout_s: float = HEALTH_TIMEOUT_S)
     with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
         problems = list(pool.map(lambda a: _probe(a, timeout_s), addresses))
     return [p for p in problems if p]
+
+
+class FormingWatch:
+    """One thread per forming gang that wakes its slice once every worker is ready."""
+
+    def __init__(self, wake: Callable[[str], None], *, poll_s: float = FORMING_POLL_S,
+                 limit_s: float = FORMING_WATCH_S) -> None:
+        self._wake = wake
+        self._poll_s = poll_s
+        self._limit_s = limit_s
+        self._lock = threading.Lock()
+        self._watching: dict[str, tuple[tuple[str, ...], threading.Event]] = {}
+
+    def watch(self, key: str, addresses: tuple[str, ...]) -> None:
+        """Watch the gang of ``key`` on ``addresses`` unless it is watched already."""
+        with self._lock:
+            found = self._watching.get(key)
+            if found is not None and found[0] == addresses and not found[1].is_set():
+                return
+            if found is not None:
+                found[1].set()
+            done = threading.Event()
+            self._watching[key] = (addresses, done)
+        threading.Thread(target=self._run, args=(key, addresses, done), name=f"forming-{key}",
+                         daemon=True).start()
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            found = self._watching.pop(key, None)
+        if found is not None:
+            found[1].set()
+
+    def _run(self, key: str, addresses: tuple[str, ...], done: threading.Event) -> None:
+        channels = {a: grpc.insecure_channel(a) for a in addresses}
+        pending = list(addresses)
+        deadline = time.monotonic() + self._limit_s
+        try:
+            while pending and not done.wait(self._poll_s):
+                pending = [a for a in pending if _ask(channels[a], a, HEALTH_TIMEOUT_S)]
+                if time.monotonic() > deadline:
+                    return
+            if not pending and not done.is_set():
+                log.info("%s: every worker of the gang is ready", key)
+                self._wake(key)
+        finally:
+            done.set()
+            for channel in channels.values():
+                channel.close()

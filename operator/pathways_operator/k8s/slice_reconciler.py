@@ -79,7 +79,7 @@ class SliceReconciler:
             api, defaults=defaults, wake=wake, clock=clock, metrics=metrics,
             allow_system_priority_classes=allow_system_priority_classes,
         )
-        self._gangs = GangRegistrations(registry)
+        self._gangs = GangRegistrations(registry, wake)
         self._status = StatusWriter(api, api.patch_slice_status, metrics.slice_phase,
                                     functools.partial(metrics.looked, SLICE_KIND))
         self._slice_locks: dict[str, threading.Lock] = {}

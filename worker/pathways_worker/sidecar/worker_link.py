@@ -2,9 +2,11 @@
 
 Commands are queued and sent in order; events come back batched. The worker
 may still be starting (importing jax, joining its slice's JAX job), so the
-link reconnects with a backoff capped at one second until the worker answers
-with its `ready` event; commands queued meanwhile wait and are sent once it
-is. If the worker goes away the link says so (`ready` clears) and reconnects.
+link tries again every `STARTING_RETRY_S` until the worker first answers with
+its `ready` event: the gang is reported ready only after every link is, so a
+longer wait here would add straight to the slice's start-up. Commands queued
+meanwhile wait and are sent once it is. If the worker goes away the link says
+so (`ready` clears) and reconnects with a backoff capped at one second.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SESSION_MESSAGE_BYTES = 256 << 20
 MAX_BACKOFF_S = 1.0
+STARTING_RETRY_S = 0.05
 
 
 class WorkerLink:
@@ -56,7 +59,8 @@ class WorkerLink:
         self._stop.set()
 
     def _run(self) -> None:
-        backoff = 0.05
+        backoff = STARTING_RETRY_S
+        seen = False
         options = [
             ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
@@ -75,7 +79,7 @@ class WorkerLink:
                         log.info("worker %s at %s is ready", event.host, self.address)
                         opened.set()
                         self._ready.set()
-                        backoff = 0.05
+                        backoff, seen = STARTING_RETRY_S, True
                     self.store_bytes, self.store_limit = event.store_bytes, event.store_limit
                     self._on_event(event)
             except grpc.RpcError as err:
@@ -86,7 +90,8 @@ class WorkerLink:
                 self._ready.clear()
                 channel.close()
             self._stop.wait(backoff)
-            backoff = min(2 * backoff, MAX_BACKOFF_S)
+            if seen:
+                backoff = min(2 * backoff, MAX_BACKOFF_S)
 
     def _requests(self, opened: threading.Event, ended: threading.Event) -> Iterator[pb.WorkerCommand]:
         """Commands for one stream, only once the worker said it is ready."""

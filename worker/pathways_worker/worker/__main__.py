@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from collections.abc import Sequence
 from concurrent import futures
 
@@ -24,6 +26,27 @@ from pathways_worker.settings import WorkerSettings, parse_worker_args
 log = logging.getLogger("pathways_worker.worker")
 
 SESSION_MESSAGE_BYTES = 256 << 20  # programs carry their artifacts
+COORDINATOR_POLL_S = 0.02
+COORDINATOR_WAIT_S = 120.0
+
+
+def _await_coordinator(address: str, within_s: float = COORDINATOR_WAIT_S) -> None:
+    """Return once host 0's coordination service accepts connections (or ``within_s`` passed).
+
+    Every host imports jax at the same time, and host 0 starts serving only when
+    its own import is done; a host that reaches `jax.distributed.initialize` first
+    would meet a refused connection, and gRPC retries it only after its one-second
+    reconnect backoff. A TCP probe every `COORDINATOR_POLL_S` joins as soon as the
+    coordinator listens. After ``within_s`` it goes on, and JAX's own timeout decides.
+    """
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(COORDINATOR_POLL_S)
 
 
 def _prepare_jax(settings: WorkerSettings) -> None:
@@ -37,6 +60,8 @@ def _prepare_jax(settings: WorkerSettings) -> None:
     import jax
 
     if settings.num_hosts > 1:
+        if settings.host_index > 0:
+            _await_coordinator(settings.coordinator)
         jax.distributed.initialize(
             coordinator_address=settings.coordinator,
             num_processes=settings.num_hosts,
