@@ -6,14 +6,23 @@ The worker and its sidecar mount the same directory (an `emptyDir` on
 from outside as one file of the whole global array. Whoever consumes a file
 deletes it. Paths travel as absolute paths so each side may use its own
 directory name as long as both see the same filesystem.
+
+Each writer draws its files from a pool of warm ones (`WarmFiles`, planned by
+`warm_pool`), whose pages were allocated off the transfer's path, and writes
+them through a mapping populated in one call: one copy at memcpy speed, where a
+fresh file costs a fault and a zeroed page per 4 KiB. Readers map files
+populated too, and JAX adopts page-aligned blocks of such a mapping as device
+buffers without copying them.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import mmap
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,42 +30,157 @@ import numpy as np
 
 from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, Piece, error_chunk, piece_header
 from pathways_wire import pathways_pb2 as pb
+from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan
+
+WARM_LIMIT_BYTES = 256 << 20
+"""Default bound on the bytes one process keeps in warm files."""
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+class WarmFiles:
+    """Warm files of a `ShmDir`, made on a thread of their own as the plan says."""
+
+    def __init__(self, shm: ShmDir, limit_bytes: int) -> None:
+        self._shm = shm
+        self._plan = WarmPlan(limit_bytes)
+        self._files: dict[int, list[str]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def take(self, nbytes: int) -> str | None:
+        """A warm file of exactly `nbytes` (now the caller's), or None."""
+        with self._lock:
+            if self._closed:
+                return None
+            warm = self._plan.take(nbytes)
+            path = self._files[nbytes].pop() if warm else None
+            if self._thread is None and nbytes >= MIN_WARM_BYTES:
+                self._thread = threading.Thread(target=self._refill, name="warm-files", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return path
+
+    def _refill(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    for nbytes in self._plan.unwanted():
+                        remove(self._files[nbytes].pop())
+                    nbytes_next = self._plan.next_to_make()
+                if nbytes_next is None:
+                    break
+                path = self._shm.new_path("warm")
+                ok = _allocate(path, nbytes_next)
+                with self._lock:
+                    self._plan.made(nbytes_next, ok)
+                    if ok and not self._closed:
+                        self._files.setdefault(nbytes_next, []).append(path)
+                    else:
+                        remove(path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            paths = [p for files in self._files.values() for p in files]
+            self._files.clear()
+        self._wake.set()
+        for path in paths:
+            remove(path)
+
+
+def _allocate(path: str, nbytes: int) -> bool:
+    """A file of `nbytes` whose pages exist (tmpfs zeroes them now, not when written)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
 
 
 class ShmDir:
     """Names, writes, maps and removes this process's shared-memory files."""
 
-    def __init__(self, path: str, prefix: str) -> None:
+    def __init__(self, path: str, prefix: str, warm_limit_bytes: int = WARM_LIMIT_BYTES) -> None:
         self.path = os.path.abspath(path)
         self.prefix = f"{prefix}{os.getpid()}"
         self._names = itertools.count()
         os.makedirs(self.path, exist_ok=True)
+        self.warm = WarmFiles(self, warm_limit_bytes)
 
     def new_path(self, what: str) -> str:
         return os.path.join(self.path, f"{self.prefix}-{next(self._names)}-{what}.bin")
+
+    def new_file(self, what: str, nbytes: int, warm: bool = True) -> str:
+        """A file of `nbytes` for a writer: a warm one renamed for `what` if the
+        pool has one, else a fresh (sparse) one."""
+        path = self.new_path(what)
+        warm_path = self.warm.take(nbytes) if warm else None
+        if warm_path is not None:
+            os.rename(warm_path, path)
+            return path
+        with open(path, "wb") as f:
+            f.truncate(nbytes)
+        return path
+
+    def write_run(self, pieces: list[Piece]) -> str:
+        """Pieces that follow each other in C order (`transfer.piece_runs`) as one file."""
+        nbytes = sum(p.data.nbytes for p in pieces)
+        path = self.new_file("piece", nbytes)
+        if nbytes == 0:
+            return path
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE) as mapped:
+                target = np.frombuffer(mapped, np.uint8)
+                offset = 0
+                for piece in pieces:
+                    n = piece.data.nbytes
+                    target[offset : offset + n] = piece.data.reshape(-1).view(np.uint8)
+                    offset += n
+                del target
+        finally:
+            os.close(fd)
+        return path
 
     def resolve(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.join(self.path, path)
 
     def write_piece(self, piece: Piece) -> str:
-        path = self.new_path("piece")
-        with open(path, "wb") as f:
-            f.write(piece.data.reshape(-1).view(np.uint8).data)
-        return path
+        return self.write_run([piece])
 
-    def create_value(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[str, np.ndarray]:
-        """A new file of the value's size, mapped writable as the global array."""
-        path = self.new_path("value")
+    def create_value(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], warm: bool = True
+    ) -> tuple[str, np.ndarray]:
+        """A file of the value's size, mapped writable as the global array.
+        `warm`: the bytes will be written here, so the file comes from the pool
+        and its mapping is populated at once; otherwise it is mapped lazily."""
         nbytes = math.prod(shape) * dtype.itemsize
-        with open(path, "wb") as f:
-            f.truncate(nbytes)
+        path = self.new_file("value", nbytes, warm=warm)
         if nbytes == 0:
             return path, np.zeros(shape, dtype)
-        target: np.ndarray = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
-        return path, target
+        if not warm:
+            target: np.ndarray = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+            return path, target
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+        finally:
+            os.close(fd)
+        return path, np.frombuffer(mapped, dtype).reshape(shape)
 
     def cleanup(self) -> None:
         """Removes this process's files; the directory itself if it is empty."""
+        self.warm.close()
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
@@ -102,17 +226,25 @@ class FileWriter:
 
 
 def map_value(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """The file as a read-only array; removing the file keeps the mapping alive."""
-    if math.prod(shape) * dtype.itemsize == 0:
-        return np.zeros(shape, dtype)
-    size = os.path.getsize(path)
+    """The file as a read-only array; removing the file keeps the mapping alive.
+
+    The mapping is populated in one call (faulting 4 KiB at a time as a
+    computation reads it costs more), and it is page-aligned, so JAX on CPU
+    adopts its blocks as device buffers instead of copying them."""
     expected = math.prod(shape) * dtype.itemsize
-    if size != expected:
-        raise ValueError(
-            f"shared-memory file {path} has {size} bytes; {dtype.name}{list(shape)} needs {expected}"
-        )
-    mapped: np.ndarray = np.memmap(path, dtype=dtype, mode="r", shape=shape)
-    return mapped
+    if expected == 0:
+        return np.zeros(shape, dtype)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected:
+            raise ValueError(
+                f"shared-memory file {path} has {size} bytes; {dtype.name}{list(shape)} needs {expected}"
+            )
+        mapped = mmap.mmap(fd, expected, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype).reshape(shape)
 
 
 def remove(path: str) -> None:

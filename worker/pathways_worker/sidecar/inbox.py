@@ -3,11 +3,12 @@
 Pieces come from Put streams: the client's whole program inputs, or the pieces
 each host of a producer slice holds of a routed value. The first piece of a
 value reserves its size in the byte budget (waiting if the store is full) and
-creates one shared-memory file of the global array; every piece is written at
-its place in it. A value is complete when its whole piece arrived, or when as
-many distinct senders as the call's Launch expects have sent their last piece.
-A Put may overtake its Launch: the value then waits, held, until the Launch
-says how many senders to count. Complete values, and values a sender reported
+creates one shared-memory file of the global array (a warm one from the pool,
+unless a file handed over on this machine will replace it); every piece is
+written at its place in it. A value is complete when its whole piece arrived,
+or when as many distinct senders as the call's Launch expects have sent their
+last piece. A Put may overtake its Launch: the value then waits, held, until
+the Launch says how many senders to count. Complete values, and values a sender reported
 as failed, go to the worker as an `Arrival`.
 """
 
@@ -248,7 +249,8 @@ class Inbox:
                 if existing is not None:
                     return existing
                 return InboundValue(info.call_id, key[1], header.spec, delivered=True)
-            path, target = self._shm.create_value(info.shape, info.dtype)
+            replaced = bool(header.movable and header.path) and info.nbytes == nbytes
+            path, target = self._shm.create_value(info.shape, info.dtype, warm=not replaced)
             file = FileWriter(path)
             entry = InboundValue(
                 call_id=info.call_id,
@@ -257,7 +259,7 @@ class Inbox:
                 path=path,
                 target=target,
                 file=file,
-                assembler=PieceAssembler(target, file.write_at),
+                assembler=PieceAssembler(target, file.write_at, fill_in_place=not replaced),
                 reserved=nbytes,
             )
             self._values[key] = entry
