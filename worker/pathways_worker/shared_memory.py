@@ -35,6 +35,7 @@ from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan
 WARM_LIMIT_BYTES = 256 << 20
 """Default bound on the bytes one process keeps in warm files."""
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+REFILL_NICENESS = 10
 
 
 class WarmFiles:
@@ -63,6 +64,12 @@ class WarmFiles:
         return path
 
     def _refill(self) -> None:
+        """Makes warm files at a lower priority: on a busy machine the transfers
+        they are for come first."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), REFILL_NICENESS)
+        except (AttributeError, OSError):
+            pass
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -95,15 +102,18 @@ class WarmFiles:
 
 
 def _allocate(path: str, nbytes: int) -> bool:
-    """A file of `nbytes` whose pages exist (tmpfs zeroes them now, not when written)."""
+    """A file of `nbytes` whose pages exist and are zeroed already: tmpfs
+    allocates pages on `fallocate` but zeroes each only on its first fault, so
+    a populated mapping faults them all in now, off the transfer's path."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.posix_fallocate(fd, 0, nbytes)
+            mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE).close()
         finally:
             os.close(fd)
         return True
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
