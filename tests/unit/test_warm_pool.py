@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan
+from pathways_worker.warm_pool import MIN_WARM_BYTES, SPARES_PER_SIZE, WarmPlan, keep_spare
 
 MIB = 1 << 20
 
@@ -63,3 +63,25 @@ def test_sizes_no_longer_asked_for_are_discarded() -> None:
     assert plan.unwanted() == [MIB]
     assert plan.unwanted() == []
     assert sorted(make_all(plan)) == [2 * MIB, 4 * MIB]
+
+
+def test_a_file_done_with_is_kept_as_a_spare_until_there_are_enough_of_its_size() -> None:
+    limit = 1024 * MIB
+    assert keep_spare(64 * MIB, 0, 0, limit) is True
+    assert keep_spare(64 * MIB, SPARES_PER_SIZE - 1, 64 * MIB, limit) is True
+    assert keep_spare(64 * MIB, SPARES_PER_SIZE, 128 * MIB, limit) is False
+    assert keep_spare(MIN_WARM_BYTES - 1, 0, 0, limit) is False
+
+
+def test_spares_of_all_sizes_stay_within_the_limit() -> None:
+    assert keep_spare(64 * MIB, 0, 200 * MIB, 256 * MIB) is False
+    assert keep_spare(32 * MIB, 0, 200 * MIB, 256 * MIB) is True
+
+
+def test_a_writer_that_found_a_spare_spends_no_warm_file() -> None:
+    plan = WarmPlan(limit_bytes=256 * MIB, depth=1)
+    plan.take(64 * MIB)
+    assert make_all(plan) == [64 * MIB]
+    assert plan.take(64 * MIB, spare=True) is False
+    assert make_all(plan) == []
+    assert plan.take(64 * MIB) is True

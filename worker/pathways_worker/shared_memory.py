@@ -23,6 +23,7 @@ import mmap
 import os
 import shutil
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,12 +31,13 @@ import numpy as np
 
 from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, Piece, error_chunk, piece_header
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan
+from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan, keep_spare
 
 WARM_LIMIT_BYTES = 256 << 20
 """Default bound on the bytes one process keeps in warm files."""
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 REFILL_NICENESS = 10
+_SPARE = "-spare-"
 
 
 class WarmFiles:
@@ -51,12 +53,14 @@ class WarmFiles:
         self._thread: threading.Thread | None = None
 
     def take(self, nbytes: int) -> str | None:
-        """A warm file of exactly `nbytes` (now the caller's), or None."""
+        """A warm file of exactly `nbytes` (now the caller's): a spare if there
+        is one, else one of the pool's; or None."""
+        spare = self._shm.claim_spare(nbytes) if nbytes >= MIN_WARM_BYTES else None
         with self._lock:
             if self._closed:
-                return None
-            warm = self._plan.take(nbytes)
-            path = self._files[nbytes].pop() if warm else None
+                return spare
+            warm = self._plan.take(nbytes, spare=spare is not None)
+            path = spare if spare is not None else self._files[nbytes].pop() if warm else None
             if self._thread is None and nbytes >= MIN_WARM_BYTES:
                 self._thread = threading.Thread(target=self._refill, name="warm-files", daemon=True)
                 self._thread.start()
@@ -125,6 +129,7 @@ class ShmDir:
         self.prefix = f"{prefix}{os.getpid()}"
         self._names = itertools.count()
         os.makedirs(self.path, exist_ok=True)
+        self.warm_limit = warm_limit_bytes
         self.warm = WarmFiles(self, warm_limit_bytes)
 
     def new_path(self, what: str) -> str:
@@ -164,6 +169,53 @@ class ShmDir:
 
     def resolve(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.join(self.path, path)
+
+    def recycle_pieces(self, exported: pb.Exported) -> None:
+        """The piece files of a value sent on: kept as spares for the next
+        writer of their size (their pages are warm), or removed."""
+        for piece in exported.pieces:
+            self.recycle(piece.path, piece.nbytes)
+
+    def recycle(self, path: str, nbytes: int) -> None:
+        """A file done with: kept as a spare if the plan says so, else removed."""
+        sizes = [int(n.rsplit(_SPARE, 1)[1][: -len(".bin")]) for n in self._spares()]
+        if keep_spare(nbytes, sizes.count(nbytes), sum(sizes), self.warm_limit):
+            try:
+                os.rename(path, os.path.join(self.path, f"{self.prefix}-{next(self._names)}{_SPARE}{nbytes}.bin"))
+                return
+            except OSError:
+                pass
+        remove(path)
+
+    def map_arrived(self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """An arrived value mapped (`map_value`); its file is recycled once the
+        array, and every view of it that JAX adopted, is gone."""
+        value, mapping = _map(path, shape, dtype)
+        if mapping is not None and value.nbytes >= MIN_WARM_BYTES:
+            # on the mapping, not the array: numpy's views (and so JAX's) keep
+            # the mapping alive, but not the array they were sliced from
+            weakref.finalize(mapping, self.recycle, path, value.nbytes)
+        else:
+            remove(path)
+        return value
+
+    def claim_spare(self, nbytes: int) -> str | None:
+        """A spare of `nbytes`, renamed so no other process can claim it too."""
+        for name in self._spares(nbytes):
+            claimed = self.new_path("claimed")
+            try:
+                os.rename(os.path.join(self.path, name), claimed)
+            except FileNotFoundError:
+                continue
+            return claimed
+        return None
+
+    def _spares(self, nbytes: int | None = None) -> list[str]:
+        suffix = f"{_SPARE}{nbytes}.bin" if nbytes is not None else ".bin"
+        try:
+            return [n for n in os.listdir(self.path) if _SPARE in n and n.endswith(suffix)]
+        except FileNotFoundError:
+            return []
 
     def write_piece(self, piece: Piece) -> str:
         return self.write_run([piece])
@@ -241,9 +293,13 @@ def map_value(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nda
     The mapping is populated in one call (faulting 4 KiB at a time as a
     computation reads it costs more), and it is page-aligned, so JAX on CPU
     adopts its blocks as device buffers instead of copying them."""
+    return _map(path, shape, dtype)[0]
+
+
+def _map(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[np.ndarray, mmap.mmap | None]:
     expected = math.prod(shape) * dtype.itemsize
     if expected == 0:
-        return np.zeros(shape, dtype)
+        return np.zeros(shape, dtype), None
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -254,7 +310,7 @@ def map_value(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nda
         mapped = mmap.mmap(fd, expected, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
-    return np.frombuffer(mapped, dtype).reshape(shape)
+    return np.frombuffer(mapped, dtype).reshape(shape), mapped
 
 
 def remove(path: str) -> None:

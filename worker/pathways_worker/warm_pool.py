@@ -6,9 +6,15 @@ allocated beforehand (off the transfer's path) takes the bytes at memcpy speed.
 A process that moves values keeps a few such files, of the sizes it moved
 lately, and hands one out instead of a fresh file.
 
+A file that is done with is warm too: one whose bytes the sidecar sent on, or
+one the worker read a value from once that value is dropped. It is left as a
+*spare* instead of freeing its pages, and the next writer of that size renames
+it to its own, so a stream of moves of one size makes no fresh pages at all.
+
 This is the pool's plan, pure: it is told what was asked for and what was
-made, and says which sizes to make next and which files are no longer
-wanted. `shared_memory.WarmFiles` carries it out on a thread of its own.
+made, and says which sizes to make next, which files are no longer wanted,
+and whether a sent file is kept as a spare. `shared_memory.WarmFiles` carries
+it out on a thread of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +23,18 @@ from collections import Counter, deque
 
 MIN_WARM_BYTES = 256 << 10
 """Smaller files are cheap to make fresh; they are never kept warm."""
+SPARES_PER_SIZE = 2
+
+
+def keep_spare(nbytes: int, spares_of_size: int, spare_bytes: int, limit_bytes: int) -> bool:
+    """Whether a file of `nbytes` that is done with (sent on, or read by a value
+    now dropped) stays as a spare, given how many spares of its size there are
+    and how many bytes all spares hold."""
+    return (
+        nbytes >= MIN_WARM_BYTES
+        and spares_of_size < SPARES_PER_SIZE
+        and spare_bytes + nbytes <= limit_bytes
+    )
 
 
 class WarmPlan:
@@ -34,14 +52,15 @@ class WarmPlan:
         """Bytes in warm files and in files being made."""
         return sum(n * c for n, c in (self._warm + self._making).items())
 
-    def take(self, nbytes: int) -> bool:
-        """A file of `nbytes` is wanted now; True if a warm one is handed out."""
+    def take(self, nbytes: int, spare: bool = False) -> bool:
+        """A file of `nbytes` is wanted now; True if a warm one is handed out
+        (`spare`: the writer found a spare, so no warm file is spent)."""
         if nbytes < MIN_WARM_BYTES or nbytes > self.limit:
             return False
         if nbytes in self._recent:
             self._recent.remove(nbytes)
         self._recent.appendleft(nbytes)
-        if self._warm[nbytes] > 0:
+        if not spare and self._warm[nbytes] > 0:
             self._warm[nbytes] -= 1
             return True
         return False
