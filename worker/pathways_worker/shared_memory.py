@@ -38,6 +38,7 @@ WARM_LIMIT_BYTES = 256 << 20
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 REFILL_NICENESS = 10
 _SPARE = "-spare-"
+CLOSE_WAIT_S = 10.0
 
 
 class WarmFiles:
@@ -96,11 +97,15 @@ class WarmFiles:
                         remove(path)
 
     def close(self) -> None:
+        """Stops making files (waiting for one being made) and removes the warm ones."""
         with self._lock:
             self._closed = True
             paths = [p for files in self._files.values() for p in files]
             self._files.clear()
+            thread = self._thread
         self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT_S)
         for path in paths:
             remove(path)
 
