@@ -2,10 +2,11 @@
 
 The worker and its sidecar mount the same directory (an `emptyDir` on
 /dev/shm in a pod). The worker writes the pieces of values leaving the host
-(one file per piece, raw C-order bytes); the sidecar writes each value arriving
-from outside as one file of the whole global array. Whoever consumes a file
-deletes it. Paths travel as absolute paths so each side may use its own
-directory name as long as both see the same filesystem.
+(one file per run of pieces, raw C-order bytes); the sidecar writes each value
+arriving from outside as one file of the whole global array. Whoever consumes a
+file deletes it, or leaves it as a spare for the next writer of its size. Paths
+travel as absolute paths so each side may use its own directory name as long as
+both see the same filesystem.
 
 Each writer draws its files from a pool of warm ones (`WarmFiles`, planned by
 `warm_pool`), whose pages were allocated off the transfer's path, and writes
