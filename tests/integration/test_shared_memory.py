@@ -95,3 +95,22 @@ def test_the_pool_warms_files_of_the_size_asked_for(tmp_path: Path) -> None:
     finally:
         shm.cleanup()
     assert not os.path.exists(shm.path)
+
+
+def test_a_file_handed_over_whole_goes_back_as_a_spare_to_the_host_that_wrote_it(tmp_path: Path) -> None:
+    producer, consumer = shm_dir(tmp_path, "producer"), shm_dir(tmp_path, "consumer")
+    try:
+        path = producer.write_piece(Piece((0,), (MIB,), np.full(MIB, 5, np.uint8)))
+        moved = os.path.join(consumer.path, "value.bin")
+        os.rename(path, moved)
+        value = consumer.map_arrived(moved, (MIB,), np.dtype(np.uint8), spare_dir=producer.path)
+        assert int(value[-1]) == 5
+        del value
+        gc.collect()
+        assert spares(consumer) == []
+        assert len(spares(producer)) == 1
+        assert producer.claim_spare(MIB) is not None
+    finally:
+        producer.cleanup()
+        consumer.cleanup()
+    assert not os.path.exists(producer.path) and not os.path.exists(consumer.path)

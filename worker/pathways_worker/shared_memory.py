@@ -182,25 +182,31 @@ class ShmDir:
         for piece in exported.pieces:
             self.recycle(piece.path, piece.nbytes)
 
-    def recycle(self, path: str, nbytes: int) -> None:
-        """A file done with: kept as a spare if the plan says so, else removed."""
-        sizes = [int(n.rsplit(_SPARE, 1)[1][: -len(".bin")]) for n in self._spares()]
+    def recycle(self, path: str, nbytes: int, into: str = "") -> None:
+        """A file done with: kept as a spare (in this directory, or `into`
+        another host's on this machine) if the plan says so, else removed."""
+        directory = into or self.path
+        sizes = [int(n.rsplit(_SPARE, 1)[1][: -len(".bin")]) for n in self._spares(None, directory)]
         if keep_spare(nbytes, sizes.count(nbytes), sum(sizes), self.warm_limit):
+            name = f"{self.prefix}-{next(self._names)}{_SPARE}{nbytes}.bin"
             try:
-                os.rename(path, os.path.join(self.path, f"{self.prefix}-{next(self._names)}{_SPARE}{nbytes}.bin"))
+                os.rename(path, os.path.join(directory, name))
                 return
             except OSError:
                 pass
         remove(path)
 
-    def map_arrived(self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    def map_arrived(
+        self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any], spare_dir: str = ""
+    ) -> np.ndarray:
         """An arrived value mapped (`map_value`); its file is recycled once the
-        array, and every view of it that JAX adopted, is gone."""
+        array, and every view of it that JAX adopted, is gone: as a spare of
+        the host whose file it was (`spare_dir`, on this machine), else here."""
         value, mapping = _map(path, shape, dtype)
         if mapping is not None and value.nbytes >= MIN_WARM_BYTES:
             # on the mapping, not the array: numpy's views (and so JAX's) keep
             # the mapping alive, but not the array they were sliced from
-            weakref.finalize(mapping, self.recycle, path, value.nbytes)
+            weakref.finalize(mapping, self.recycle, path, value.nbytes, spare_dir)
         else:
             remove(path)
         return value
@@ -216,10 +222,10 @@ class ShmDir:
             return claimed
         return None
 
-    def _spares(self, nbytes: int | None = None) -> list[str]:
+    def _spares(self, nbytes: int | None = None, directory: str = "") -> list[str]:
         suffix = f"{_SPARE}{nbytes}.bin" if nbytes is not None else ".bin"
         try:
-            return [n for n in os.listdir(self.path) if _SPARE in n and n.endswith(suffix)]
+            return [n for n in os.listdir(directory or self.path) if _SPARE in n and n.endswith(suffix)]
         except FileNotFoundError:
             return []
 
@@ -247,14 +253,15 @@ class ShmDir:
         return path, np.frombuffer(mapped, dtype).reshape(shape)
 
     def cleanup(self) -> None:
-        """Removes this process's files; the directory itself if it is empty."""
+        """Removes this process's files and the directory's spares (whoever
+        left them); the directory itself if it is empty."""
         self.warm.close()
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return
         for name in names:
-            if name.startswith(self.prefix):
+            if name.startswith(self.prefix) or _SPARE in name:
                 remove(os.path.join(self.path, name))
         try:
             os.rmdir(self.path)

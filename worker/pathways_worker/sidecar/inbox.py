@@ -115,6 +115,7 @@ class InboundValue:
     senders_done: set[str] = field(default_factory=set)
     whole_done: bool = False
     delivered: bool = False
+    spare_dir: str = ""
 
     @property
     def name(self) -> str:
@@ -151,6 +152,7 @@ class InboxPiece:
             file = self._entry.file
             if movable and self._info.nbytes == self._entry.reserved and self._entry.path:
                 os.rename(path, self._entry.path)  # replaces the empty file made for the value
+                self._entry.spare_dir = os.path.dirname(path)
                 moved = True
                 self._writer.placed()
             elif offset is not None and file is not None:
@@ -308,7 +310,9 @@ class Inbox:
     def _deliver_value(self, entry: InboundValue) -> None:
         self._close(entry)
         entry.delivered = True
-        arrival = pb.Arrival(call_id=entry.call_id, spec=entry.spec, path=entry.path)
+        arrival = pb.Arrival(
+            call_id=entry.call_id, spec=entry.spec, path=entry.path, spare_dir=entry.spare_dir
+        )
         arrival.value.node, arrival.value.index = entry.ref
         self._deliver(arrival)
 

@@ -164,7 +164,7 @@ class Executor:
         try:
             shape, dtype = parse_spec(arrival.spec)
             path = self._shm.resolve(arrival.path)
-            value = self._shm.map_arrived(path, shape, dtype)
+            value = self._shm.map_arrived(path, shape, dtype, arrival.spare_dir)
         except Exception as err:
             error = f"cannot load arrived {ref_name(oid.ref)} on host {self.host_name}: {err}"
             return stimuli.ValueArrived(oid, None, 0, error)
