@@ -1,15 +1,22 @@
-"""What a program's driver and the process that runs it agree on.
+"""What a program's driver and the operator that runs it agree on.
 
 The driver (``python -m pathways.driver``) runs a user's program and reports through its
-exit status, a progress file and a results file; the operator, or ``pw.launch`` in the
-embedded runtime, reads them. Both sides take the numbers and names from here, so a
+exit status and, in its own pod, through the controller's ``ReportProgress`` and
+``ReportResult`` calls, presenting its program's token (metadata
+:data:`PROGRAM_TOKEN_METADATA`, read from the Secret ``<program>-driver-token`` mounted
+at :data:`DRIVER_TOKEN_DIR`). The operator keeps what it reports in a progress file and
+a results file, and reads them. Both sides take the numbers and names from here, so a
 status the driver means as "run me again" is never read as a failure.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from pathways_wire import pathways_pb2 as pb
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -19,8 +26,21 @@ EXIT_BAD_PROGRAM = 2
 EXIT_RETRYABLE = 75
 """A host or slice was lost: run the driver again, from its last snapshot (``EX_TEMPFAIL``)."""
 
+PROGRAM_TOKEN_METADATA = "x-pathways-program-token"
+"""gRPC metadata: the caller's program token (a driver's credential, good for its program alone)."""
+DRIVER_TOKEN_KEY = "token"
+"""Key of the token in the Secret ``<program>-driver-token``."""
+DRIVER_TOKEN_DIR = "/var/run/pathways/driver"
+"""Where the driver pod mounts that Secret."""
+ENV_PROGRAM_TOKEN_FILE = "PATHWAYS_PROGRAM_TOKEN_FILE"
+"""The file a client reads its program token from (a driver pod's mounted Secret)."""
+COMPILED_PROGRAM_DIR = "/var/run/pathways/compiled-program"
+"""Where a driver pod mounts a ``spec.source.configMapRef`` ConfigMap."""
+
 PROGRESS_FILE = "progress.jsonl"
 """One JSON object a line, ``{"step": N, ...}`` for each step done."""
+RESULTS_FILE = "results.json"
+"""The outcome, written once (see :func:`result_report` for its forms)."""
 
 DRIVER_LOG_KEY = "driver.log"
 """Key of the driver's log in its ConfigMap (see :func:`driver_log_config_map`)."""
@@ -29,6 +49,16 @@ DRIVER_LOG_KEY = "driver.log"
 def driver_log_config_map(program: str) -> str:
     """The ConfigMap where the operator keeps a finished program's driver log, owned by the program."""
     return f"{program}-driver-log"
+
+
+def driver_pod_name(program: str) -> str:
+    """The pod a program's driver runs in, owned by the program."""
+    return f"{program}-driver"
+
+
+def driver_token_secret(program: str) -> str:
+    """The Secret holding a program's token, owned by the program and mounted into its driver pod."""
+    return f"{program}-driver-token"
 
 
 def steps_completed(progress_file: Path) -> int:
@@ -45,3 +75,37 @@ def steps_completed(progress_file: Path) -> int:
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             done = max(done, step + 1)
     return done
+
+
+def result_report(payload: Mapping[str, Any]) -> pb.ResultReport:
+    """An outcome as the wire's ``ResultReport``.
+
+    The outcome is the payload a results file holds: ``{"results": {...}}``,
+    ``{"error": text, "retryable": bool, "badProgram": bool, "logTail": text}`` or
+    ``{"suspended": true, "stepsCompleted": n}``.
+    """
+    if payload.get("suspended") is True:
+        return pb.ResultReport(suspended_after=int(payload.get("stepsCompleted", 0)))
+    if "results" in payload:
+        return pb.ResultReport(results_json=json.dumps(payload["results"]))
+    return pb.ResultReport(error=pb.DriverError(
+        message=str(payload.get("error", "")),
+        retryable=bool(payload.get("retryable")),
+        bad_program=bool(payload.get("badProgram")),
+        log_tail=str(payload.get("logTail", "")),
+    ))
+
+
+def outcome_payload(report: pb.ResultReport) -> dict[str, Any]:
+    """A ``ResultReport`` back as the payload the results file holds; ValueError for bad results JSON."""
+    kind = report.WhichOneof("outcome")
+    if kind == "suspended_after":
+        return {"suspended": True, "stepsCompleted": int(report.suspended_after)}
+    if kind == "results_json":
+        results = json.loads(report.results_json)
+        if not isinstance(results, dict):
+            raise ValueError("results_json must be a JSON object of result name -> value")
+        return {"results": results}
+    error = report.error
+    return {"error": error.message or "the driver reported an error without a message",
+            "retryable": error.retryable, "badProgram": error.bad_program, "logTail": error.log_tail}

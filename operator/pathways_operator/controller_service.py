@@ -70,3 +70,13 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
         return self.controller.describe()
+
+    def ReportProgress(self, request: pb.ProgressReport, context: grpc.ServicerContext) -> pb.ProgressReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportProgress: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")
+
+    def ReportResult(self, request: pb.ResultReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportResult: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")

@@ -207,6 +207,7 @@ class OperatorProcess:
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics-port", "any",
             "--allowed-entrypoints", ALLOWED_ENTRYPOINTS,
+            "--driver-checkpoint-volumes", "host-path",
             *self.extra_args,
         ]  # fmt: skip
         env = {**_base_env(), "KUBECONFIG": str(self.kubeconfig), "PATHWAYS_LOG_LEVEL": "INFO"}

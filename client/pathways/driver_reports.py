@@ -1,0 +1,90 @@
+"""Where a driver reports its steps and its outcome: files, or the controller.
+
+A driver the operator runs in its own pod has no API credentials and shares no
+filesystem with the operator, so it reports to the controller it already talks to:
+``ReportProgress`` after each step (the reply says whether a suspend was asked for,
+which is how a pod, that no signal of the operator reaches, learns it) and
+``ReportResult`` just before it exits, each presenting the program's token
+(:data:`pathways_wire.driver_protocol.PROGRAM_TOKEN_METADATA`). A driver started as
+a child process (``pw.launch``-like use, the embedded runtime's tests) writes the same
+facts into a progress file and a results file instead.
+
+Both reporters take an outcome as the payload the operator stores in its results file:
+``{"results": {...}}``, ``{"error": text, "retryable": bool, "logTail": text}`` or
+``{"suspended": true, "stepsCompleted": n}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.driver_protocol import PROGRAM_TOKEN_METADATA, result_report
+
+REPORT_TIMEOUT_S = 30.0
+"""Deadline of one report; the controller answers at once, so only a lost controller hits it."""
+
+
+class Reporter(Protocol):
+    """Where ``ctx.step_done`` and the driver's exit report to."""
+
+    def step(self, step: int, metrics: Mapping[str, float | int | str]) -> None: ...
+
+    def outcome(self, payload: Mapping[str, Any]) -> None: ...
+
+
+class FileReporter:
+    """A progress file (one JSON line per step) and a results file (written once, atomically)."""
+
+    def __init__(self, progress_file: Path, results_file: Path | None = None) -> None:
+        self.progress_file = progress_file
+        self.results_file = results_file
+
+    def step(self, step: int, metrics: Mapping[str, float | int | str]) -> None:
+        line = {"step": int(step), "metrics": dict(metrics), "time": time.time()}
+        with open(self.progress_file, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+
+    def outcome(self, payload: Mapping[str, Any]) -> None:
+        if self.results_file is None:
+            return
+        tmp = self.results_file.with_name(self.results_file.name + ".tmp")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, self.results_file)
+
+
+class ControllerReporter:
+    """``ReportProgress`` / ``ReportResult`` to the controller, as the program whose token we hold.
+
+    A reply asking for a suspend sets ``suspend_event``: the step loop stops at this boundary.
+    """
+
+    def __init__(self, address: str, token: str, suspend_event: threading.Event) -> None:
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb_grpc.ControllerStub(self._channel)
+        self._metadata = ((PROGRAM_TOKEN_METADATA, token),)
+        self._suspend = suspend_event
+
+    def step(self, step: int, metrics: Mapping[str, float | int | str]) -> None:
+        numbers = {k: float(v) for k, v in metrics.items() if not isinstance(v, str)}
+        reply = self._stub.ReportProgress(
+            pb.ProgressReport(step=int(step), metrics=numbers), metadata=self._metadata, timeout=REPORT_TIMEOUT_S
+        )
+        if reply.suspend:
+            self._suspend.set()
+
+    def outcome(self, payload: Mapping[str, Any]) -> None:
+        self._stub.ReportResult(result_report(payload), metadata=self._metadata, timeout=REPORT_TIMEOUT_S)
+
+    def close(self) -> None:
+        self._channel.close()
