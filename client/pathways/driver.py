@@ -113,7 +113,10 @@ def load_entrypoint(text: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise DriverError(f"entrypoint {text!r}: module {module_name!r} cannot be imported: {err}") from None
+        raise DriverError(
+            f"entrypoint {text!r}: module {module_name!r} is not importable where the driver runs (install it "
+            f"in the driver's image, spec.driver.image): {err}"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise DriverError(f"entrypoint {text!r}: module {module_name!r} has no function {attr!r}")

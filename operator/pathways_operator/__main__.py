@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                default="",
                help="HOST:PORT at which driver pods reach the controller, e.g. the operator's Service "
                "(PATHWAYS_CONTROLLER_ADDRESS; default: the address it listens on, loopback for 0.0.0.0)")
+    env_option(parser, "--driver-image", variable="PATHWAYS_DRIVER_IMAGE", env=os.environ, default="",
+               help="image of driver pods whose program gives no spec.driver.image (PATHWAYS_DRIVER_IMAGE; "
+               "default: the worker image)")
     env_option(parser, "--driver-checkpoint-volumes", variable="PATHWAYS_DRIVER_CHECKPOINT_VOLUMES",
                env=os.environ, choices=("claim", "host-path"), default="claim",
                help="how a driver pod mounts spec.checkpoint.volume: the PersistentVolumeClaim (default), "
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     driver_pods: DriverPods | None = None
     if args.driver_runtime == "pods":
         driver_pods = DriverPods(api, args.state_dir, DriverPodSettings(
-            image=args.worker_image, controller=address, pull_policy=args.worker_image_pull_policy,
+            image=args.driver_image or args.worker_image, controller=address, pull_policy=args.worker_image_pull_policy,
             checkpoint_volumes=args.driver_checkpoint_volumes,
         ))
     pb_grpc.add_ControllerServicer_to_server(OperatorControllerService(controller, driver_pods), server)
