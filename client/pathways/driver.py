@@ -316,7 +316,10 @@ def reporter_for(args: argparse.Namespace) -> Reporter:
             raise DriverError(f"--report-to-controller: cannot read the program token {token_file}: {err}") from None
         if not token:
             raise DriverError(f"--report-to-controller: the program token file {token_file} is empty")
-        return ControllerReporter(args.controller, token, _SUSPEND)
+        from pathways.runtime import RECONNECT_S
+
+        return ControllerReporter(args.controller, token, _SUSPEND, (args.namespace, args.program),
+                                  reconnect_s=RECONNECT_S)
     if not args.progress_file or not args.results_file:
         raise DriverError("give --progress-file and --results-file, or --report-to-controller")
     return FileReporter(Path(args.progress_file), Path(args.results_file))
@@ -425,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-file", default="")
     parser.add_argument("--report-to-controller", action="store_true",
                         help="report steps and the outcome to the controller (a driver pod) instead of files")
+    parser.add_argument("--program", default="", help="the PathwaysProgram's name (named in reports)")
     parser.add_argument("--token-file", default="",
                         help=f"the program token (default ${ENV_PROGRAM_TOKEN_FILE}, else "
                         f"{DRIVER_TOKEN_DIR}/{DRIVER_TOKEN_KEY})")

@@ -67,24 +67,44 @@ class ControllerReporter:
     """``ReportProgress`` / ``ReportResult`` to the controller, as the program whose token we hold.
 
     A reply asking for a suspend sets ``suspend_event``: the step loop stops at this boundary.
+    A controller that is away (its operator restarting) is asked again for up to
+    ``reconnect_s``; so is one that does not know the token yet (a new operator learns it
+    from the program's Secret, named by the report).
     """
 
-    def __init__(self, address: str, token: str, suspend_event: threading.Event) -> None:
+    def __init__(
+        self, address: str, token: str, suspend_event: threading.Event, program: tuple[str, str],
+        reconnect_s: float = 0.0,
+    ) -> None:
         self._channel = grpc.insecure_channel(address)
         self._stub = pb_grpc.ControllerStub(self._channel)
         self._metadata = ((PROGRAM_TOKEN_METADATA, token),)
         self._suspend = suspend_event
+        self._program = pb.ProgramRef(namespace=program[0], name=program[1])
+        self._reconnect_s = reconnect_s
 
     def step(self, step: int, metrics: Mapping[str, float | int | str]) -> None:
         numbers = {k: float(v) for k, v in metrics.items() if not isinstance(v, str)}
-        reply = self._stub.ReportProgress(
-            pb.ProgressReport(step=int(step), metrics=numbers), metadata=self._metadata, timeout=REPORT_TIMEOUT_S
-        )
+        report = pb.ProgressReport(step=int(step), metrics=numbers, program=self._program)
+        reply = self._call(self._stub.ReportProgress, report)
         if reply.suspend:
             self._suspend.set()
 
     def outcome(self, payload: Mapping[str, Any]) -> None:
-        self._stub.ReportResult(result_report(payload), metadata=self._metadata, timeout=REPORT_TIMEOUT_S)
+        report = result_report(payload)
+        report.program.CopyFrom(self._program)
+        self._call(self._stub.ReportResult, report)
+
+    def _call(self, method: Any, request: Any) -> Any:
+        deadline = time.monotonic() + self._reconnect_s
+        while True:
+            try:
+                return method(request, metadata=self._metadata, timeout=REPORT_TIMEOUT_S)
+            except grpc.RpcError as err:
+                again = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
+                if not again or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.5)
 
     def close(self) -> None:
         self._channel.close()

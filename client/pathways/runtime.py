@@ -47,6 +47,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,6 +72,12 @@ CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
 INLINE_BYTES = int(os.environ.get("PATHWAYS_INLINE_BYTES", str(64 << 10)))
 """Inputs and outputs up to this size travel in the call's own messages."""
+RECONNECT_S = float(os.environ.get("PATHWAYS_RECONNECT_S", "0"))
+"""How long a call waits for a controller that went away to come back (0: it fails at once).
+
+Driver pods set it: their operator may restart under them. A controller that comes back
+as another process (``ClusterInfo.controller_id``) knows none of this client's slices or
+programs; they are placed and loaded again and the call runs again, once."""
 EXIT_RPC_TIMEOUT_S = 5.0
 """Deadline of the calls that free buffers and slices while the client shuts down."""
 _GRPC_OPTIONS = [
@@ -116,6 +123,8 @@ class Runtime:
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
         self._closing = False
+        self._controller_id = ""
+        """The controller process this client placed its slices with ("" until the first)."""
         self.calls = 0
         self._sent = 0
         self._received = 0
@@ -151,6 +160,8 @@ class Runtime:
             )
         except grpc.RpcError as err:
             raise _translate(err, f"placing slice '{decl.name}' ({decl.devices} devices)") from None
+        if RECONNECT_S > 0 and not self._controller_id:
+            self._controller_id = self.describe().controller_id
         with self._lock:
             self._slices[decl.id] = info
             if info.token:
@@ -194,7 +205,43 @@ class Runtime:
     def run(
         self, program: ir.Program, inputs: Sequence[np.ndarray], weight: float = 1.0
     ) -> list[np.ndarray]:
-        """Run one call of `program`; returns its flat outputs as numpy arrays."""
+        """Run one call of `program`; returns its flat outputs as numpy arrays.
+
+        A call that loses its controller runs again, once, on the controller that replaces
+        it within ``PATHWAYS_RECONNECT_S`` (:data:`RECONNECT_S`); its inputs are the client's.
+        """
+        try:
+            return self._run(program, inputs, weight)
+        except RuntimeUnavailableError:
+            if not self._controller_replaced():
+                raise
+        return self._run(program, inputs, weight)
+
+    def _controller_replaced(self) -> bool:
+        """Wait (up to RECONNECT_S) for the controller; True when another process now serves it.
+
+        Then this client's slices and programs are forgotten, to be placed and loaded again.
+        """
+        if RECONNECT_S <= 0 or not self._controller_id:
+            return False
+        deadline = time.monotonic() + RECONNECT_S
+        while time.monotonic() < deadline:
+            try:
+                found = self.controller.Describe(pb.ClusterInfoRequest(), timeout=10).controller_id
+            except grpc.RpcError:
+                time.sleep(0.5)
+                continue
+            if found == self._controller_id:
+                return False
+            with self._lock:
+                self._slices.clear()
+                self._programs.clear()
+                self._tokens.clear()
+                self._controller_id = found
+            return True
+        return False
+
+    def _run(self, program: ir.Program, inputs: Sequence[np.ndarray], weight: float) -> list[np.ndarray]:
         program_id = self.load(program)
         call_id = f"{program.name}-{uuid.uuid4().hex[:12]}"
         arrays = [np.asarray(a) for a in inputs]

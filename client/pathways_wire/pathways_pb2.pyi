@@ -717,6 +717,11 @@ class ClusterInfo(_message.Message):
 
     ISLANDS_FIELD_NUMBER: _builtins.int
     SLICES_FIELD_NUMBER: _builtins.int
+    CONTROLLER_ID_FIELD_NUMBER: _builtins.int
+    controller_id: _builtins.str
+    """Random per controller process: a client that finds another one after an
+    outage knows its slices and programs must be placed and loaded again.
+    """
     @_builtins.property
     def islands(self) -> _containers.RepeatedCompositeFieldContainer[Global___IslandInfo]: ...
     @_builtins.property
@@ -726,10 +731,11 @@ class ClusterInfo(_message.Message):
         *,
         islands: _abc.Iterable[Global___IslandInfo] | None = ...,
         slices: _abc.Iterable[Global___SliceInfo] | None = ...,
+        controller_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["islands", b"islands", "slices", b"slices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller_id", b"controller_id", "islands", b"islands", "slices", b"slices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -781,23 +787,53 @@ class ProgressReport(_message.Message):
 
     STEP_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     """the step that completed (0-based)"""
     @_builtins.property
     def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def program(self) -> Global___ProgramRef:
+        """The program the token is for, so that a controller that restarted can
+        check the token against that program's Secret.
+        """
+
     def __init__(
         self,
         *,
         step: _builtins.int = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        program: Global___ProgramRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["program", b"program"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "program", b"program", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProgressReport: _TypeAlias = ProgressReport  # noqa: Y015
+
+@_typing.final
+class ProgramRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgramRef: _TypeAlias = ProgramRef  # noqa: Y015
 
 @_typing.final
 class ProgressReply(_message.Message):
@@ -826,6 +862,7 @@ class ResultReport(_message.Message):
     RESULTS_JSON_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     SUSPENDED_AFTER_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
     results_json: _builtins.str
     """{"key": nested list, ...}: the program returned"""
     suspended_after: _builtins.int
@@ -834,16 +871,21 @@ class ResultReport(_message.Message):
     def error(self) -> Global___DriverError:
         """the program failed"""
 
+    @_builtins.property
+    def program(self) -> Global___ProgramRef:
+        """as in ProgressReport"""
+
     def __init__(
         self,
         *,
         results_json: _builtins.str = ...,
         error: Global___DriverError | None = ...,
         suspended_after: _builtins.int = ...,
+        program: Global___ProgramRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "results_json", b"results_json", "suspended_after", b"suspended_after"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "program", b"program", "results_json", b"results_json", "suspended_after", b"suspended_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "results_json", b"results_json", "suspended_after", b"suspended_after"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "program", b"program", "results_json", b"results_json", "suspended_after", b"suspended_after"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["results_json", "error", "suspended_after"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

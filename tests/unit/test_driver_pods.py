@@ -224,3 +224,16 @@ def test_an_ended_program_keeps_its_finished_pod_and_its_token_stops_working(tmp
     assert api.deleted == [] and "train-driver" in api.pods
     with pytest.raises(UnknownProgramToken):
         drivers.report_progress(token, 9, {})
+
+
+def test_a_restarted_operator_checks_an_unseen_token_against_the_named_programs_secret(tmp_path: Path) -> None:
+    drivers, api = pods(tmp_path)
+    drivers.start(launch())
+    token = token_of(api)
+    restarted = DriverPods(api, tmp_path, SETTINGS)  # type: ignore[arg-type]
+    with pytest.raises(UnknownProgramToken):
+        restarted.report_progress(token, 0, {})
+    with pytest.raises(UnknownProgramToken):
+        restarted.report_progress("forged", 0, {}, ("ns", "train"))
+    assert restarted.report_progress(token, 0, {}, ("ns", "train")) is False
+    assert restarted.program_of(token).uid == "uid-1"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hmac
 import json
 import logging
 import shutil
@@ -65,6 +66,8 @@ from pathways_operator.k8s.drivers import DriverLaunch, DriverStatus, read_outco
 
 log = logging.getLogger(__name__)
 
+RECONNECT_S = 300
+"""How long a driver pod waits for its controller to come back (an operator restart) before it fails."""
 LOG_TAIL_LINES = 40
 """Lines of a failed driver's log quoted in the program's message (when the kubelet serves them)."""
 CheckpointVolumes = Literal["claim", "host-path"]
@@ -109,6 +112,7 @@ def driver_args(launch: DriverLaunch, controller: str) -> list[str]:
         "--weight", repr(launch.weight),
         "--controller", controller,
         "--namespace", launch.namespace,
+        "--program", launch.name,
         "--slices", json.dumps(launch.slices),
         "--report-to-controller",
     ]  # fmt: skip
@@ -142,6 +146,7 @@ def driver_pod(launch: DriverLaunch, settings: DriverPodSettings, checkpoint_cla
     env: list[Json] = [
         {"name": ENV_PROGRAM_TOKEN_FILE, "value": f"{DRIVER_TOKEN_DIR}/{DRIVER_TOKEN_KEY}"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "PATHWAYS_RECONNECT_S", "value": str(RECONNECT_S)},
         *d.env,
     ]
     container: Json = {
@@ -334,10 +339,16 @@ class DriverPods:
 
     # ------------------------------------------------------------ the drivers' side (gRPC)
 
-    def program_of(self, token: str) -> ProgramKey:
-        """The program whose token this is; UnknownProgramToken otherwise."""
+    def program_of(self, token: str, named: tuple[str, str] = ("", "")) -> ProgramKey:
+        """The program whose token this is; UnknownProgramToken otherwise.
+
+        ``named`` (namespace, program), as the report names it, lets an operator that
+        restarted check a token it has not seen against that program's Secret.
+        """
         with self._lock:
             found = self._tokens.get(token) if token else None
+        if found is None and token and all(named):
+            found = self._read_back(token, *named)
         if found is None:
             raise UnknownProgramToken(
                 "no program token was presented (metadata x-pathways-program-token)" if not token
@@ -345,9 +356,24 @@ class DriverPods:
             )
         return found
 
-    def report_progress(self, token: str, step: int, metrics: Mapping[str, float]) -> bool:
+    def _read_back(self, token: str, namespace: str, name: str) -> ProgramKey | None:
+        secret = self._api.get_secret(namespace, driver_token_secret(name))
+        if secret is None or not _owner_uid(secret):
+            return None
+        held = base64.b64decode((secret.get("data") or {}).get(DRIVER_TOKEN_KEY, "")).decode()
+        if not held or not hmac.compare_digest(held, token):
+            return None
+        program = ProgramKey(namespace, name, _owner_uid(secret))
+        with self._lock:
+            self._tokens[token] = program
+            self._token_of[program.key] = token
+        return program
+
+    def report_progress(
+        self, token: str, step: int, metrics: Mapping[str, float], named: tuple[str, str] = ("", "")
+    ) -> bool:
         """Record a completed step of the token's program; True when it should suspend now."""
-        program = self.program_of(token)
+        program = self.program_of(token, named)
         if step < 0:
             raise ValueError(f"step {step} is negative; steps count from 0")
         line = {"step": int(step), "metrics": dict(metrics)}
@@ -358,9 +384,9 @@ class DriverPods:
         with self._lock:
             return program.key in self._suspend
 
-    def report_result(self, token: str, payload: Mapping[str, Any]) -> None:
+    def report_result(self, token: str, payload: Mapping[str, Any], named: tuple[str, str] = ("", "")) -> None:
         """Record how the token's program's driver ended (it exits right after)."""
-        program = self.program_of(token)
+        program = self.program_of(token, named)
         workdir = self.workdir(program.namespace, program.name, program.uid)
         workdir.mkdir(parents=True, exist_ok=True)
         tmp = workdir / (RESULTS_FILE + ".tmp")

@@ -45,7 +45,8 @@ class OperatorControllerService(ControllerService):
     def ReportProgress(self, request: pb.ProgressReport, context: grpc.ServicerContext) -> pb.ProgressReply:
         drivers = self._reports(context)
         try:
-            suspend = drivers.report_progress(presented_token(context), request.step, dict(request.metrics))
+            suspend = drivers.report_progress(presented_token(context), request.step, dict(request.metrics),
+                                              (request.program.namespace, request.program.name))
         except UnknownProgramToken as err:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"ReportProgress: {err}")
             raise
@@ -62,7 +63,8 @@ class OperatorControllerService(ControllerService):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReportResult: {err}")
             raise
         try:
-            drivers.report_result(presented_token(context), payload)
+            drivers.report_result(presented_token(context), payload,
+                                  (request.program.namespace, request.program.name))
         except UnknownProgramToken as err:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"ReportResult: {err}")
             raise
