@@ -236,6 +236,12 @@ class OperatorProcess:
                 continue
         raise AssertionError(f"the operator was not live within {timeout:.0f} s:\n{self.log_tail()}")
 
+    @property
+    def controller_address(self) -> str:
+        """HOST:PORT of the operator's controller (what its driver pods dial)."""
+        assert self._controller is not None, "the operator has not started"
+        return f"127.0.0.1:{self._controller.port}"
+
     def _reported_metrics_port(self, since: int) -> int:
         """The port ``--metrics-port any`` bound, from the log this start wrote (0: not yet)."""
         with open(self.log_path, "rb") as log:

@@ -1,0 +1,114 @@
+"""Program drivers in pods of their own, against a real API server.
+
+A PathwaysProgram's driver runs in pod ``<program>-driver``: owned by the program, from
+its image, with no Kubernetes API credential, reporting to the controller with a token
+good for its program alone. These tests check what that pod is and cannot do, and how
+the program lives when the pod, or the operator, goes away mid-run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import grpc
+import pytest
+
+from pathways.cli import main as cli_main
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.driver_protocol import PROGRAM_TOKEN_METADATA, PROGRESS_FILE
+from tests.cluster.builders import inline_slice, program
+from tests.cluster.harness import Objects, OperatorProcess
+from tests.cluster.test_checkpoints import PROGRAM_DONE_S, assert_same_training, finished, training, wait_steps
+
+
+def driver_pod(objects: Objects, program_name: str) -> Any:
+    return objects.core.read_namespaced_pod(f"{program_name}-driver", objects.namespace)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_driver_pod_is_owned_by_its_program_and_holds_no_api_credential(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    objects.apply(program("probe", "tests.cluster.faulty_programs:probes_credentials", inline_slice("main", 2)))
+    done = objects.wait_program("probe", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    got = {k: json.loads(v) for k, v in objects.configmap("probe-results").items()}
+    assert got["token_files"] == 0.0, "no ServiceAccount token is mounted"
+    assert got["api_status"] in (401.0, 403.0), got
+    assert got["program_token"] == 1.0
+
+    pod = driver_pod(objects, "probe")
+    assert pod.spec.restart_policy == "Never"
+    assert pod.spec.automount_service_account_token is False
+    (owner,) = pod.metadata.owner_references
+    assert (owner.kind, owner.name, owner.controller) == ("PathwaysProgram", "probe", True)
+    assert owner.uid == done["metadata"]["uid"]
+    secret = objects.core.read_namespaced_secret("probe-driver-token", objects.namespace)
+    assert secret.metadata.owner_references[0].uid == done["metadata"]["uid"]
+
+    out, err = io.StringIO(), io.StringIO()
+    code = cli_main(["--kubeconfig", str(objects.cluster.kubeconfig), "-n", objects.namespace, "logs", "program",
+                     "probe", "--log-dir", str(objects.cluster.state_dir)], out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert any(line.startswith("[driver] probes_credentials: 0 token files") for line in out.getvalue().splitlines())
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_controller_refuses_reports_without_a_programs_token(objects: Objects, operator: OperatorProcess) -> None:
+    with grpc.insecure_channel(operator.controller_address) as channel:
+        stub = pb_grpc.ControllerStub(channel)
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.ReportProgress(pb.ProgressReport(step=0), timeout=10)
+        assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "no program token was presented (metadata x-pathways-program-token)" in missing.value.details()
+        forged = ((PROGRAM_TOKEN_METADATA, "forged"),)
+        ref = pb.ProgramRef(namespace=objects.namespace, name="nobody")
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.ReportResult(pb.ResultReport(results_json="{}", program=ref), metadata=forged, timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "belongs to no running PathwaysProgram" in unknown.value.details()
+
+
+@pytest.mark.timeout(500, func_only=True)
+def test_driver_pod_deleted_mid_training_ends_on_the_reference_result(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    steps = 14
+    objects.apply(training("reference", inline_slice("main", 4, island="island-b"), steps, checkpoint=False))
+    objects.apply(training("uprooted", inline_slice("main", 4, island="island-a"), steps, checkpoint=True, pause=0.4))
+    wait_steps(objects, "uprooted", 5)
+    first = driver_pod(objects, "uprooted").metadata.uid
+    objects.core.delete_namespaced_pod("uprooted-driver", objects.namespace)
+
+    got = finished(objects, operator, "uprooted")
+    assert_same_training(got, finished(objects, operator, "reference"), steps)
+    status = objects.program("uprooted")["status"]
+    assert status["restarts"] == 1 and status["stepsCompleted"] == steps
+    assert driver_pod(objects, "uprooted").metadata.uid != first
+    lost = objects.wait_event("uprooted", "HostLost")
+    assert "uprooted-driver was deleted" in lost.message, lost.message
+
+
+@pytest.mark.timeout(400, func_only=True)
+def test_operator_restart_leaves_the_driver_pod_running_and_reruns_no_step(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    steps = 10
+    objects.apply(program("steady", "examples.programs:paper_example", inline_slice("main", 4),
+                          steps=steps, args={"step_seconds": 0.5}))
+    objects.wait_steps("steady", 2, PROGRAM_DONE_S, what="program mid-run")
+    pod = driver_pod(objects, "steady").metadata.uid
+
+    operator.restart(kill=True)
+
+    done = objects.wait_program("steady", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["restarts"] == 0
+    assert driver_pod(objects, "steady").metadata.uid == pod, "the driver pod ran on"
+    uid = done["metadata"]["uid"]
+    progress = operator.state_dir / objects.namespace / f"steady-{uid[:8]}" / PROGRESS_FILE
+    reported = [json.loads(line)["step"] for line in progress.read_text().splitlines()]
+    assert reported == list(range(steps)), "each step reported once"
