@@ -77,8 +77,9 @@ def test_driver_pod_deleted_mid_training_ends_on_the_reference_result(
     objects: Objects, operator: OperatorProcess
 ) -> None:
     steps = 14
-    objects.apply(training("reference", inline_slice("main", 4, island="island-b"), steps, checkpoint=False))
-    objects.apply(training("uprooted", inline_slice("main", 4, island="island-a"), steps, checkpoint=True, pause=0.4))
+    for name, island, disturbed in (("reference", "island-b", False), ("uprooted", "island-a", True)):
+        slice_manifest = inline_slice("main", 4, island=island)
+        objects.apply(training(name, slice_manifest, steps, checkpoint=disturbed, pause=0.4 if disturbed else 0.0))
     wait_steps(objects, "uprooted", 5)
     first = driver_pod(objects, "uprooted").metadata.uid
     objects.core.delete_namespaced_pod("uprooted-driver", objects.namespace)

@@ -142,7 +142,7 @@ def test_driver_output_is_its_pods_log(objects: Objects, operator: OperatorProce
     done = objects.wait_program("chatty", {"Succeeded", "Failed"}, VERDICT_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     log = objects.cluster.container_log(objects.namespace, "chatty-driver", "driver")
-    assert log.stat().st_size >= 20 << 20
+    assert log.stat().st_size >= 20 * 1024 * 1000, "20 Ki lines of 1000 characters and more"
     with open(log, "rb") as f:
         f.seek(-100, 2)
         assert f.read().rstrip().endswith(b"the end")
