@@ -1378,7 +1378,7 @@ Global___BufferHeader: _TypeAlias = BufferHeader  # noqa: Y015
 
 @_typing.final
 class DataHello(_message.Message):
-    """The first frame on a sidecar's data channel (see pathways_worker.data_channel)."""
+    """The first frame on a sidecar's data channel (see pathways_worker.sidecar.data_channel)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -23,8 +23,8 @@ import pytest
 
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.byte_budget import ByteBudget
-from pathways_worker.data_channel import (
+from pathways_worker.sidecar.byte_budget import ByteBudget
+from pathways_worker.sidecar.data_channel import (
     HELLO,
     PIECE,
     REPLY,
@@ -34,8 +34,8 @@ from pathways_worker.data_channel import (
     read_frame,
     send_frame,
 )
-from pathways_worker.inbox import Inbox
 from pathways_worker.shared_memory import ShmDir, map_value
+from pathways_worker.sidecar.inbox import Inbox
 
 TOKEN = "slice-token"
 BUDGET = 1 << 20

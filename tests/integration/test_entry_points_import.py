@@ -21,7 +21,7 @@ CHECK = (
 
 
 @pytest.mark.parametrize("modules", [
-    ["pathways_worker.sidecar"],
+    ["pathways_worker.sidecar.__main__"],
     ["pathways_operator.__main__", "pathways_operator.k8s.handlers"],
 ])
 def test_entry_point_loads_neither_the_user_api_nor_jax(modules: list[str]) -> None:

@@ -59,8 +59,8 @@ def serve(settings: WorkerSettings) -> None:
     import grpc
 
     from pathways_wire import pathways_pb2_grpc as pb_grpc
-    from pathways_worker.executor import Executor
-    from pathways_worker.executor_service import ExecutorService
+    from pathways_worker.worker.executor import Executor
+    from pathways_worker.worker.executor_service import ExecutorService
     from pathways_worker.shared_memory import ShmDir
     from pathways_worker.slice_auth import SliceTokenInterceptor
 

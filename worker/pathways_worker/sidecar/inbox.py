@@ -25,9 +25,9 @@ import numpy as np
 
 from pathways_wire.transfer import PieceAssembler, PieceInfo, PieceWriter, TransferError, value_name
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.byte_budget import ByteBudget
-from pathways_worker.call_plan import Ref, ref_of
 from pathways_worker.shared_memory import FileWriter, ShmDir, remove
+from pathways_worker.sidecar.byte_budget import ByteBudget
+from pathways_worker.value_ref import Ref, ref_of
 
 log = logging.getLogger(__name__)
 

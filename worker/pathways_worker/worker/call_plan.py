@@ -14,18 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pathways_wire.transfer import value_name
 from pathways_wire import pathways_pb2 as pb
-
-Ref = tuple[int, int]  # (node, index); node -1 is a program input
-
-
-def ref_of(value: pb.ValueRef) -> Ref:
-    return (value.node, value.index)
-
-
-def ref_name(ref: Ref) -> str:
-    return value_name(pb.ValueRef(node=ref[0], index=ref[1]))
+from pathways_worker.value_ref import Ref, ref_of
 
 
 @dataclass(frozen=True)
@@ -36,6 +26,12 @@ class LocalComputation:
     num_outputs: int
     outputs: tuple[Ref, ...]
     distinct_inputs: frozenset[Ref]
+    label: str
+    """"program 'p' computation 'f' (index 3)", written once per program for its errors."""
+
+    def where(self, call_id: str, host: str) -> str:
+        """The computation in one call on one host, as its errors name it."""
+        return f"{self.label} of call {call_id} on host {host}"
 
 
 @dataclass(frozen=True)
@@ -89,6 +85,7 @@ def layout_program(host_program: pb.HostProgram) -> ProgramLayout:
             num_outputs=len(c.outputs),
             outputs=tuple((c.index, i) for i in range(len(c.outputs))),
             distinct_inputs=frozenset(inputs),
+            label=f"program '{program.name}' computation '{c.name}' (index {c.index})",
         )
     readers: Counter[Ref] = Counter()
     for comp in local.values():

@@ -45,9 +45,9 @@ from google.protobuf.message import DecodeError, Message
 
 from pathways_wire.transfer import TransferError, check_header, piece_header
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.byte_budget import BudgetError
-from pathways_worker.inbox import Inbox, Sink
-from pathways_worker.sidecar_metrics import TransferStats
+from pathways_worker.sidecar.byte_budget import BudgetError
+from pathways_worker.sidecar.inbox import Inbox, Sink
+from pathways_worker.sidecar.sidecar_metrics import TransferStats
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pathways_worker.byte_budget import ByteBudget
+from pathways_worker.sidecar.byte_budget import ByteBudget
 
 Direction = Literal["in", "out"]
 TransferPath = Literal["grpc", "data-channel", "handover"]

@@ -7,7 +7,7 @@
 * Put: pieces from clients and peer sidecars are assembled by the inbox and
   handed to the worker as arrivals.
 * Data channel: peer sidecars send routed values over raw TCP
-  (`pathways_worker.data_channel`), or on the same machine hand over the
+  (`pathways_worker.sidecar.data_channel`), or on the same machine hand over the
   files; its pieces go to the same inbox as Put's.
 * Exports: a routed value the worker wrote to shared memory is pushed to its
   destinations; a fetched one is streamed back to the client.
@@ -30,15 +30,15 @@ import grpc
 from pathways_wire.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
-from pathways_worker.byte_budget import BudgetError, ByteBudget
-from pathways_worker.call_plan import Ref, ref_of
-from pathways_worker.data_channel import DataChannelServer, boot_id
-from pathways_worker.inbox import Inbox, Sink
-from pathways_worker.peers import PeerPusher
 from pathways_worker.settings import SidecarSettings
 from pathways_worker.shared_memory import ShmDir, exported_chunks, remove_pieces
-from pathways_worker.sidecar_metrics import TransferStats
-from pathways_worker.worker_link import WorkerLink
+from pathways_worker.sidecar.byte_budget import BudgetError, ByteBudget
+from pathways_worker.sidecar.data_channel import DataChannelServer, boot_id
+from pathways_worker.sidecar.inbox import Inbox, Sink
+from pathways_worker.sidecar.peers import PeerPusher
+from pathways_worker.sidecar.sidecar_metrics import TransferStats
+from pathways_worker.sidecar.worker_link import WorkerLink
+from pathways_worker.value_ref import Ref, ref_of
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ stream to its own worker. Every call but Health must present the slice's token
 variables (see `pathways_worker.settings`). With port 0 it picks a free port
 and prints `pathways-sidecar listening on HOST:PORT`. With `--metrics-port`
 (`PATHWAYS_SIDECAR_METRICS_PORT`) it also serves Prometheus `/metrics` on the listen
-address (`pathways_worker.sidecar_metrics`).
+address (`pathways_worker.sidecar.sidecar_metrics`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for d
 
 from pathways_wire.transfer import MAX_MESSAGE_BYTES
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_worker.dataflow import Dataflow
-from pathways_worker.dataflow_service import DataflowService
 from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
-from pathways_worker.sidecar_metrics import SidecarMetrics
+from pathways_worker.sidecar.dataflow import Dataflow
+from pathways_worker.sidecar.dataflow_service import DataflowService
+from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
 from pathways_worker.slice_auth import SliceTokenInterceptor
 
 log = logging.getLogger("pathways_worker.sidecar")

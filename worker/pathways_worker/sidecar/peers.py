@@ -6,7 +6,7 @@ destinations are done. A failed value travels as a header with `error`, so the
 consumers fail instead of waiting.
 
 The first push to a peer asks its `Health` for its data channel
-(`pathways_worker.data_channel`): if it has one, values go there, the bytes
+(`pathways_worker.sidecar.data_channel`): if it has one, values go there, the bytes
 sent straight from the piece files, or on the same machine (same boot id and
 shared-memory device) the files themselves handed over. Otherwise, and for a
 peer that refuses a handover, they stream over `Dataflow.Put` in 1 MiB chunks.
@@ -36,9 +36,9 @@ from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
-from pathways_worker.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.shared_memory import exported_chunks, remove_pieces
-from pathways_worker.sidecar_metrics import TransferPath, TransferStats
+from pathways_worker.sidecar.data_channel import DataChannelError, DataLink, PeerData, boot_id
+from pathways_worker.sidecar.sidecar_metrics import TransferPath, TransferStats
 
 log = logging.getLogger(__name__)
 

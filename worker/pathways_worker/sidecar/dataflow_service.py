@@ -10,7 +10,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_worker.dataflow import Dataflow, HostError
+from pathways_worker.sidecar.dataflow import Dataflow, HostError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_worker.executor import Executor
+from pathways_worker.worker.executor import Executor
 
 log = logging.getLogger(__name__)
 

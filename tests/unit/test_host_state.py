@@ -1,0 +1,447 @@
+"""The host's state machine, stimulus by stimulus: no processes, sockets, threads or clocks.
+
+Values are opaque to the machine, so plain strings stand in for jax.Arrays;
+the tests play the driver's part, answering each `Dispatch` with
+`ComputationDispatched` and firing timers by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import pytest
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.value_ref import Ref
+from pathways_worker.worker.call_plan import layout_program
+from pathways_worker.worker.host_state import FINISH_BATCH, HostState
+from pathways_worker.worker.instructions import (
+    CancelTimer,
+    Dispatch,
+    Export,
+    FinishBatch,
+    Instruction,
+    StartTimer,
+    StoreChanged,
+)
+from pathways_worker.worker.object_store import ObjectId
+from pathways_worker.worker.states import InvalidTransition
+from pathways_worker.worker.stimuli import (
+    CallFailed,
+    CallLaunched,
+    CallReleased,
+    ComputationDispatched,
+    ComputationFailedLate,
+    ExportRequested,
+    ExportWritten,
+    GrantId,
+    GrantsReceived,
+    ProgramLoaded,
+    TimerFired,
+    ValueArrived,
+)
+
+INPUT: Ref = (-1, 0)
+OUT_BYTES = 16
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- builders
+
+
+def program(
+    *computations: Sequence[Ref], program_id: str = "prog", other_slice: Sequence[int] = ()
+) -> pb.HostProgram:
+    """Computation i reads the given values and makes one output; those listed in
+    `other_slice` run on slice 'b', the rest on this host's slice 'a'."""
+    comps = [
+        pb.Computation(
+            index=i, name=f"f{i}", slice="b" if i in other_slice else "a",
+            inputs=[pb.ValueRef(node=n, index=k) for n, k in inputs],
+            outputs=[pb.TensorSpec(shape=[4], dtype="float32")],
+        )
+        for i, inputs in enumerate(computations)
+    ]
+    return pb.HostProgram(
+        program_id=program_id, program=pb.Program(name=program_id, computations=comps), slice="a"
+    )
+
+
+def loaded(host_program: pb.HostProgram, errors: dict[int, str] | None = None) -> ProgramLoaded:
+    layout = layout_program(host_program)
+    errors = errors or {}
+    return ProgramLoaded(
+        layout,
+        errors,
+        {i: (OUT_BYTES,) for i in layout.computations if i not in errors},
+        {c.index: tuple(c.outputs) for c in host_program.program.computations},
+    )
+
+
+def launch(
+    call_id: str,
+    program_id: str = "prog",
+    outputs: Sequence[Ref] = (),
+    routes: Sequence[Ref] = (),
+    inputs: Sequence[Ref] = (),
+    inline_output_bytes: int = 0,
+) -> CallLaunched:
+    return CallLaunched(
+        pb.Launch(
+            call_id=call_id,
+            program_id=program_id,
+            inline_output_bytes=inline_output_bytes,
+            outputs=[pb.ValueRef(node=n, index=i) for n, i in outputs],
+            routes=[pb.Route(value=pb.ValueRef(node=n, index=i), destinations=["peer:1"]) for n, i in routes],
+        ),
+        tuple(ValueArrived(ObjectId(call_id, ref), f"{call_id}-in{ref[1]}", 8) for ref in inputs),
+    )
+
+
+def grants(call_id: str, *nodes: int, first_seq: int = 1) -> GrantsReceived:
+    return GrantsReceived(tuple(GrantId(first_seq + k, call_id, n) for k, n in enumerate(nodes)))
+
+
+def fetch(call_id: str, ref: Ref, token: int = 7, release: bool = False) -> ExportRequested:
+    return ExportRequested(pb.ExportRequest(
+        call_id=call_id, value=pb.ValueRef(node=ref[0], index=ref[1]), token=token, release=release
+    ))
+
+
+def only(kind: type[T], instructions: list[Instruction]) -> list[T]:
+    return [i for i in instructions if isinstance(i, kind)]
+
+
+def host(limit: int = 1 << 20, multi_process: bool = False, *programs: pb.HostProgram) -> HostState:
+    state = HostState("host-0", limit, input_timeout_s=5.0, multi_process=multi_process)
+    for p in programs or (program([INPUT], [(0, 0)], [(1, 0)]),):
+        state.handle(loaded(p))
+    return state
+
+
+def ran(state: HostState, dispatch: Dispatch, error: str = "") -> list[Instruction]:
+    """The driver's report that it dispatched `dispatch`; outputs are named after the grant."""
+    name = f"{dispatch.grant.call_id}-out{dispatch.grant.node}"
+    outputs = () if error else tuple(name for _ in range(dispatch.comp.num_outputs))
+    return state.handle(ComputationDispatched(dispatch.grant, outputs, error))
+
+
+def run_chain(state: HostState, first: list[Instruction], limit: int = 200) -> list[Instruction]:
+    """Answers each Dispatch until none comes back; everything else the machine said, in order."""
+    said: list[Instruction] = [i for i in first if not isinstance(i, Dispatch)]
+    pending = only(Dispatch, first)
+    for _ in range(limit):
+        if not pending:
+            return said
+        answer = ran(state, pending.pop())
+        pending = only(Dispatch, answer)
+        said += [i for i in answer if not isinstance(i, Dispatch)]
+    raise AssertionError(f"the chain did not end within {limit} dispatches")
+
+
+# ---------------------------------------------------------------- order
+
+
+def test_grants_run_one_at_a_time_in_the_order_received_across_calls() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT]))
+    state.handle(launch("c2", inputs=[INPUT]))
+
+    first = state.handle(GrantsReceived((GrantId(1, "c2", 0), GrantId(2, "c1", 0), GrantId(3, "c2", 1))))
+
+    assert [d.grant for d in only(Dispatch, first)] == [GrantId(1, "c2", 0)]
+    second = ran(state, only(Dispatch, first)[0])
+    assert [d.grant for d in only(Dispatch, second)] == [GrantId(2, "c1", 0)]
+    third = ran(state, only(Dispatch, second)[0])
+    assert [d.grant for d in only(Dispatch, third)] == [GrantId(3, "c2", 1)]
+    assert only(Dispatch, third)[0].inputs == ("c2-out0",)
+
+
+def test_a_runnable_grant_does_not_overtake_the_head_grant_waiting_for_its_input() -> None:
+    state = host()
+    state.handle(launch("c1"))                      # its program input has not arrived
+    state.handle(launch("c2", inputs=[INPUT]))      # this one has
+
+    said = state.handle(GrantsReceived((GrantId(1, "c1", 0), GrantId(2, "c2", 0))))
+
+    assert only(Dispatch, said) == []
+    assert state.grant_state(GrantId(1, "c1", 0)) == "waiting"
+    assert state.grant_state(GrantId(2, "c2", 0)) == "queued"
+    settled = state.handle(ValueArrived(ObjectId("c1", INPUT), "arrived", 8))
+    assert [d.grant for d in only(Dispatch, settled)] == [GrantId(1, "c1", 0)]
+    assert only(Dispatch, settled)[0].inputs == ("arrived",)
+
+
+# ---------------------------------------------------------------- readiness
+
+
+def test_an_arrival_settles_the_waiting_head_grant_and_cancels_its_timer() -> None:
+    state = host()
+    state.handle(launch("c1"))
+
+    waiting = state.handle(grants("c1", 0))
+    settled = state.handle(ValueArrived(ObjectId("c1", INPUT), "x", 8))
+
+    timers = only(StartTimer, waiting)
+    assert [t.delay_s for t in timers] == [5.0]
+    assert only(CancelTimer, settled) == [CancelTimer(timers[0].timer)]
+    assert [d.grant for d in only(Dispatch, settled)] == [GrantId(1, "c1", 0)]
+
+
+def test_head_grant_waits_for_store_room_until_a_release_frees_it() -> None:
+    state = host(OUT_BYTES + 8, False, program([INPUT]))
+    state.handle(launch("c1", outputs=[(0, 0)], inputs=[INPUT]))
+    run_chain(state, state.handle(grants("c1", 0)))   # c1's output stays: the client fetches it
+    state.handle(launch("c2", inputs=[INPUT]))
+
+    waiting = state.handle(grants("c2", 0, first_seq=2))
+    was = state.grant_state(GrantId(2, "c2", 0))
+    released = state.handle(CallReleased("c1"))
+
+    assert only(Dispatch, waiting) == [] and was == "waiting"
+    assert [d.grant for d in only(Dispatch, released)] == [GrantId(2, "c2", 0)]
+
+
+def test_outputs_larger_than_the_whole_store_fail_at_once() -> None:
+    state = host(OUT_BYTES - 1, False, program([INPUT]))
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    said = state.handle(grants("c1", 0))
+
+    (batch,) = only(FinishBatch, said)
+    assert "outputs need 16 B, more than the whole object store limit of 15 B" in batch.grants[0].error
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_single_process_slice_hands_a_chain_to_the_finisher_as_one_batch() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    said = run_chain(state, state.handle(grants("c1", 0, 1, 2)))
+
+    (batch,) = only(FinishBatch, said)
+    assert [f.grant.node for f in batch.grants] == [0, 1, 2]
+    assert all(f.await_outputs and not f.error for f in batch.grants)
+
+
+def test_single_process_slice_hands_over_every_finish_batch_computations() -> None:
+    chain = program([INPUT], *([(i, 0)] for i in range(FINISH_BATCH)))
+    state = host(1 << 20, False, chain)
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    said = run_chain(state, state.handle(grants("c1", *range(FINISH_BATCH + 1))))
+
+    assert [len(b.grants) for b in only(FinishBatch, said)] == [FINISH_BATCH, 1]
+
+
+def test_single_process_slice_hands_over_at_once_after_an_output_that_leaves_the_host() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], routes=[(0, 0)]))
+
+    first = state.handle(grants("c1", 0, 1, 2))
+    after_routed = ran(state, only(Dispatch, first)[0])
+
+    (batch,) = only(FinishBatch, after_routed)
+    assert [(r.ref, r.value) for r in batch.grants[0].routed] == [((0, 0), "c1-out0")]
+    assert len(only(Dispatch, after_routed)) == 1      # and the next one is already dispatched
+
+
+def test_multi_process_slice_waits_for_each_computation_and_reports_each() -> None:
+    state = host(1 << 20, True)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    first = state.handle(grants("c1", 0, 1, 2))
+    said = run_chain(state, first)
+
+    assert only(Dispatch, first)[0].wait
+    assert [[f.grant.node for f in b.grants] for b in only(FinishBatch, said)] == [[0], [1], [2]]
+    assert not any(f.await_outputs for b in only(FinishBatch, said) for f in b.grants)
+
+
+def test_small_outputs_the_client_fetches_go_inline_with_the_completion() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0), (1, 0)], inline_output_bytes=OUT_BYTES))
+
+    said = run_chain(state, state.handle(grants("c1", 0, 1)))
+
+    (batch,) = only(FinishBatch, said)
+    assert [f.inline for f in batch.grants] == [(0,), (0,)]
+
+
+# ---------------------------------------------------------------- failure
+
+
+def test_a_failed_computation_fails_its_dependents_its_routed_outputs_and_waiting_fetches() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)], routes=[(1, 0)]))
+    fetched = state.handle(fetch("c1", (2, 0)))
+
+    first = state.handle(grants("c1", 0, 1, 2))
+    said = ran(state, only(Dispatch, first)[0], error="f0 failed: boom")
+
+    finished = [f for b in only(FinishBatch, said) for f in b.grants]
+    assert [f.grant.node for f in finished] == [0, 1, 2]
+    assert finished[0].error == "f0 failed: boom"
+    assert "input output 0 of computation 0 failed: f0 failed: boom" in finished[1].error
+    assert [(r.ref, r.value, r.declared) for r in finished[1].routed] == [
+        ((1, 0), None, pb.TensorSpec(shape=[4], dtype="float32"))
+    ]
+    (export,) = only(Export, said)
+    assert fetched == [] and export.value is None and "input output 0 of computation 1 failed" in export.error
+    assert only(Dispatch, said) == []
+
+
+def test_a_failure_after_dispatch_fails_the_published_outputs() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0)]))
+    (batch,) = only(FinishBatch, run_chain(state, state.handle(grants("c1", 0))))
+
+    outputs = batch.grants[0].outputs
+    said = state.handle(ComputationFailedLate(GrantId(1, "c1", 0), outputs, "ran out of memory"))
+    late_fetch = state.handle(fetch("c1", (0, 0)))
+
+    assert said == []
+    (export,) = only(Export, late_fetch)
+    assert export.error == "ran out of memory" and export.value is None
+
+
+def test_failing_the_call_fails_its_waiting_head_grant_and_what_it_waits_for() -> None:
+    state = host()
+    state.handle(launch("c1", outputs=[(1, 0)]))
+    state.handle(fetch("c1", (1, 0)))
+    waiting = state.handle(grants("c1", 0, 1))
+
+    said = state.handle(CallFailed("c1", "host-1 was lost"))
+
+    (start,) = only(StartTimer, waiting)
+    assert CancelTimer(start.timer) in said
+    errors = [f.error for b in only(FinishBatch, said) for f in b.grants]
+    assert len(errors) == 2 and all("call failed: host-1 was lost" in e for e in errors)
+    (export,) = only(Export, said)
+    assert export.error == "call c1 failed: host-1 was lost"
+
+
+# ---------------------------------------------------------------- release and freeing
+
+
+def test_release_frees_the_call_and_drops_late_messages() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0)]))
+    run_chain(state, state.handle(grants("c1", 0)))
+    waiting_fetch = state.handle(fetch("c1", (1, 0)))
+    assert state.store.used == OUT_BYTES     # its input went after its last use
+
+    released = state.handle(CallReleased("c1"))
+    late_arrival = state.handle(ValueArrived(ObjectId("c1", INPUT), "late", 8))
+    late_launch = state.handle(launch("c1", inputs=[INPUT]))
+    late_fetch = state.handle(fetch("c1", (0, 0)))
+    late_grant = state.handle(grants("c1", 1, first_seq=9))
+
+    assert waiting_fetch == [] and state.store.used == 0
+    assert [e.error for e in only(Export, released)] == ["call c1 was released on host host-0"]
+    assert StoreChanged() in released
+    assert late_arrival == [] and late_launch == [] and state.store.get(ObjectId("c1", INPUT)) is None
+    assert [e.error for e in only(Export, late_fetch)] == ["call c1 was released on host host-0"]
+    (batch,) = only(FinishBatch, late_grant)
+    assert batch.grants[0].error.endswith("the call was already released")
+
+
+def test_a_call_released_while_its_computation_runs_still_reports_it_and_frees_its_room() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT]))
+    (running,) = only(Dispatch, state.handle(grants("c1", 0)))
+
+    state.handle(CallReleased("c1"))
+    said = ran(state, running)
+
+    (batch,) = only(FinishBatch, said)
+    assert [(f.grant, f.error, f.outputs) for f in batch.grants] == [(GrantId(1, "c1", 0), "", ("c1-out0",))]
+    assert state.store.used == 0
+
+
+def test_a_value_is_freed_after_its_last_local_reader_and_a_fetch_says_so() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+
+    run_chain(state, state.handle(grants("c1", 0, 1)))
+    said = state.handle(fetch("c1", (0, 0)))
+
+    assert state.store.get(ObjectId("c1", (0, 0))) is None
+    assert state.store.get(ObjectId("c1", (1, 0))) is not None
+    (export,) = only(Export, said)
+    assert "was freed on host host-0 after its last use" in export.error
+
+
+def test_a_fetch_that_releases_its_value_frees_it_once_written() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    run_chain(state, state.handle(grants("c1", 0, 1)))
+
+    said = state.handle(fetch("c1", (1, 0), release=True))
+    written = state.handle(ExportWritten(ObjectId("c1", (1, 0))))
+
+    (export,) = only(Export, said)
+    assert (export.value, export.token, export.release) == ("c1-out1", 7, True)
+    assert state.store.get(ObjectId("c1", (1, 0))) is None and state.store.used == 0
+    assert StoreChanged() in written
+
+
+# ---------------------------------------------------------------- timers
+
+
+def test_the_timer_fails_a_grant_whose_input_never_arrives() -> None:
+    state = host()
+    state.handle(launch("c1", outputs=[(1, 0)]))
+    (start,) = only(StartTimer, state.handle(grants("c1", 0, 1)))
+
+    stale = state.handle(TimerFired(start.timer + 100))
+    fired = state.handle(TimerFired(start.timer))
+
+    assert stale == []
+    errors = [f.error for b in only(FinishBatch, fired) for f in b.grants]
+    assert errors[0] == (
+        "program 'prog' computation 'f0' (index 0) of call c1 on host host-0: timed out after "
+        "5 s waiting for program input 0 from the client (program input put to this host)"
+    )
+    assert "input output 0 of computation 0 failed: program 'prog'" in errors[1]
+
+
+def test_a_computation_that_did_not_load_fails_with_the_load_error() -> None:
+    p = program([INPUT])
+    state = host(1 << 20, False)
+    state.handle(loaded(p, errors={0: "computation 'f0' was exported for 8 devices"}))
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    said = state.handle(grants("c1", 0))
+
+    (batch,) = only(FinishBatch, said)
+    assert batch.grants[0].error == "computation 'f0' was exported for 8 devices"
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def test_a_report_for_a_grant_that_is_not_running_raises_invalid_transition_naming_it() -> None:
+    state = host()
+    state.handle(launch("c1"))
+    state.handle(grants("c1", 0))
+
+    with pytest.raises(InvalidTransition) as raised:
+        state.handle(ComputationDispatched(GrantId(1, "c1", 0), ("v",), ""))
+
+    assert str(raised.value) == "grant 1 (computation 0) of call c1 cannot move from 'waiting' to 'dispatched'"
+
+
+def test_settling_a_ready_value_again_raises_invalid_transition_naming_the_value() -> None:
+    state = host()
+    oid = ObjectId("c1", (0, 0))
+    state.store.set_ready(oid, "v", 4, prepaid=False)
+
+    with pytest.raises(InvalidTransition) as raised:
+        state.store.set_ready(oid, "w", 4, prepaid=False)
+
+    assert str(raised.value) == "output 0 of computation 0 of call c1 cannot move from 'ready' to 'ready'"
+    assert (raised.value.old, raised.value.new) == ("ready", "ready")

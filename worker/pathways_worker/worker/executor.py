@@ -1,0 +1,255 @@
+"""The worker's executor: the threaded driver around the host's state machine.
+
+Every decision (which grant runs, when, what fails, what is freed, when the
+finisher gets a batch) is `HostState`'s. This module only turns the sidecar's
+commands into stimuli — compiling programs, mapping arrived values from
+shared memory, decoding inline inputs on the way — and carries out the
+instructions that come back:
+
+* the session reader feeds commands;
+* the executor thread carries out `Dispatch`: it calls the computation's
+  executable (JAX dispatch is asynchronous, so this returns before the
+  computation has run) and feeds the result back, which usually answers with
+  the next `Dispatch` — a chain of computations runs on this thread without a
+  hand-off;
+* the finisher (`finisher`) carries out `FinishBatch` and `Export`;
+* the alarm clock (`alarm_clock`) rings the timers the machine asks for.
+
+The machine is fed under one lock, and whatever its answer puts on a queue is
+put there under the same lock, so instructions are carried out in the order
+they were given.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.transfer import parse_spec
+from pathways_worker.shared_memory import ShmDir, map_value, remove
+from pathways_worker.value_ref import ref_name, ref_of
+from pathways_worker.worker import stimuli
+from pathways_worker.worker.alarm_clock import AlarmClock
+from pathways_worker.worker.call_plan import layout_program
+from pathways_worker.worker.executables import Executable, ExecutableCache, LoadError
+from pathways_worker.worker.finisher import Finisher
+from pathways_worker.worker.host_state import HostState
+from pathways_worker.worker.instructions import (
+    CancelTimer,
+    Dispatch,
+    Export,
+    FinishBatch,
+    Instruction,
+    Log,
+    StartTimer,
+    StoreChanged,
+)
+from pathways_worker.worker.object_store import ObjectId
+from pathways_worker.worker.outbox import WorkerOutbox
+from pathways_worker.worker.stimuli import ComputationDispatched, Stimulus, TimerFired, grant_of
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(
+        self,
+        host_name: str,
+        host_index: int,
+        shm: ShmDir,
+        store_limit_bytes: int,
+        input_timeout_s: float,
+        devices: Sequence[jax.Device] | None = None,
+    ) -> None:
+        self.host_name = host_name
+        self._shm = shm
+        self._lock = threading.Lock()
+        self._state = HostState(
+            host_name, store_limit_bytes, input_timeout_s, multi_process=jax.process_count() > 1
+        )
+        self._cache = ExecutableCache(devices if devices is not None else jax.devices())
+        self._executables: dict[str, dict[int, Executable]] = {}
+        self._equivalent: dict[tuple[Sharding, Sharding, int], bool] = {}
+        self._dispatches: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
+        self.outbox = WorkerOutbox(
+            lambda: self._state.store.used, store_limit_bytes, lambda: self._state.grants_queued > 1
+        )
+        self._finisher = Finisher(host_name, host_index, shm, self.outbox, self._feed)
+        self._clock = AlarmClock(lambda timer: self._feed(TimerFired(timer)))
+        self._thread = threading.Thread(target=self._execute_loop, name="executor", daemon=True)
+        self._thread.start()
+
+    @property
+    def store_bytes(self) -> int:
+        with self._lock:
+            return self._state.store.used
+
+    def stop(self) -> None:
+        self._dispatches.put(None)
+        self._finisher.stop()
+        self._clock.stop()
+
+    # ------------------------------------------------------------ commands
+
+    def handle(self, command: pb.WorkerCommand) -> None:
+        kind = command.WhichOneof("command")
+        if kind == "load":
+            self.load(command.load)
+        elif kind == "launch":
+            inputs = tuple(self._inline(command.launch.call_id, v) for v in command.launch.inputs)
+            self._feed(stimuli.CallLaunched(command.launch, inputs))
+        elif kind == "grants":
+            self._feed(stimuli.GrantsReceived(tuple(grant_of(g) for g in command.grants.grants)))
+        elif kind == "fail":
+            self._feed(stimuli.CallFailed(command.fail.call_id, command.fail.message))
+        elif kind == "release":
+            self._feed(stimuli.CallReleased(command.release.call_id))
+        elif kind == "arrival":
+            self._feed(self._arrived(command.arrival))
+        elif kind == "export":
+            self._feed(stimuli.ExportRequested(command.export))
+        else:
+            log.warning("ignoring empty worker command")
+
+    def load(self, host_program: pb.HostProgram) -> None:
+        """Compiles the host's computations of a program; what cannot load says why."""
+        executables: dict[int, Executable] = {}
+        errors: dict[int, str] = {}
+        specs: dict[int, tuple[pb.TensorSpec, ...]] = {}
+        program = host_program.program
+        for comp in program.computations:
+            specs[comp.index] = tuple(comp.outputs)
+            if comp.slice != host_program.slice:
+                continue
+            try:
+                executables[comp.index] = self._cache.get(comp)
+            except LoadError as err:
+                errors[comp.index] = f"program '{program.name}' {err} (host {self.host_name})"
+            except Exception as err:  # anything jax raises while preparing it
+                errors[comp.index] = (
+                    f"program '{program.name}' computation '{comp.name}' (index {comp.index}) "
+                    f"cannot be loaded on host {self.host_name}: {type(err).__name__}: {err}"
+                )
+        self._executables[host_program.program_id] = executables
+        for error in errors.values():
+            log.error("%s", error)
+        out_bytes = {index: exe.out_bytes for index, exe in executables.items()}
+        self._feed(stimuli.ProgramLoaded(layout_program(host_program), errors, out_bytes, specs))
+
+    def _inline(self, call_id: str, inline: pb.InlineValue) -> stimuli.ValueArrived:
+        """A program input that came with the launch."""
+        oid = ObjectId(call_id, ref_of(inline.value))
+        try:
+            shape, dtype = parse_spec(inline.spec)
+            value = np.frombuffer(inline.data, dtype).reshape(shape)
+        except Exception as err:
+            error = f"cannot load inline {ref_name(oid.ref)} on host {self.host_name}: {err}"
+            return stimuli.ValueArrived(oid, None, 0, error)
+        return stimuli.ValueArrived(oid, value, int(value.nbytes))
+
+    def _arrived(self, arrival: pb.Arrival) -> stimuli.ValueArrived:
+        """A value from outside the slice, mapped from the file the sidecar wrote."""
+        oid = ObjectId(arrival.call_id, ref_of(arrival.value))
+        if arrival.error:
+            return stimuli.ValueArrived(oid, None, 0, arrival.error)
+        try:
+            shape, dtype = parse_spec(arrival.spec)
+            path = self._shm.resolve(arrival.path)
+            value = map_value(path, shape, dtype)
+            remove(path)
+        except Exception as err:
+            error = f"cannot load arrived {ref_name(oid.ref)} on host {self.host_name}: {err}"
+            return stimuli.ValueArrived(oid, None, 0, error)
+        return stimuli.ValueArrived(oid, value, int(value.nbytes))
+
+    # ------------------------------------------------------------ the machine
+
+    def _feed(self, stimulus: Stimulus) -> None:
+        """From any thread but the executor's: a `Dispatch` goes to the executor thread."""
+        dispatch = self._handle(stimulus)
+        if dispatch is not None:
+            self._dispatches.put(dispatch)
+
+    def _handle(self, stimulus: Stimulus) -> Dispatch | None:
+        """Feeds the machine and carries out its answer, except a `Dispatch`, which it returns."""
+        dispatch = None
+        with self._lock:
+            for instruction in self._state.handle(stimulus):
+                if isinstance(instruction, Dispatch):
+                    dispatch = instruction
+                else:
+                    self._carry_out(instruction)
+        return dispatch
+
+    def _carry_out(self, instruction: Instruction) -> None:
+        if isinstance(instruction, (FinishBatch, Export)):
+            self._finisher.put(instruction)
+        elif isinstance(instruction, StoreChanged):
+            self.outbox.nudge()
+        elif isinstance(instruction, StartTimer):
+            self._clock.start(instruction.timer, instruction.delay_s)
+        elif isinstance(instruction, CancelTimer):
+            self._clock.cancel(instruction.timer)
+        elif isinstance(instruction, Log):
+            log.info("%s", instruction.message)
+
+    # ------------------------------------------------------------ executor thread
+
+    def _execute_loop(self) -> None:
+        while True:
+            dispatch = self._dispatches.get()
+            if dispatch is None:
+                return
+            while dispatch is not None:
+                running, dispatch = dispatch, None
+                try:
+                    dispatch = self._handle(self._dispatch(running))
+                except Exception:  # a bug: say so, and keep serving the other calls
+                    log.exception("executor failed on %s", running.grant)
+
+    def _dispatch(self, dispatch: Dispatch) -> ComputationDispatched:
+        started = time.perf_counter()
+        comp = dispatch.comp
+        try:
+            exe = self._executables[dispatch.program_id][comp.index]
+            args = [self._as_input(v, s) for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)]
+            outputs = tuple(jax.tree.leaves(exe.fn(*args)))
+            if len(outputs) != comp.num_outputs:
+                raise RuntimeError(
+                    f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"
+                )
+            if dispatch.wait:
+                jax.block_until_ready(outputs)
+        except Exception as err:
+            where = comp.where(dispatch.grant.call_id, self.host_name)
+            error = f"{where} failed: {type(err).__name__}: {err}"
+            return ComputationDispatched(dispatch.grant, (), error, time.perf_counter() - started)
+        return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started)
+
+    def _as_input(self, value: Any, sharding: Sharding) -> Any:
+        """A stored value as an argument with the consumer's input sharding.
+
+        Whether two shardings are equivalent is remembered: asking jax builds
+        HLO shardings, which costs more than dispatching a small computation."""
+        if isinstance(value, np.ndarray):
+            host = value
+            return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+        have = value.sharding
+        if have is sharding:
+            return value
+        key = (have, sharding, value.ndim)
+        same = self._equivalent.get(key)
+        if same is None:
+            same = self._equivalent[key] = bool(have.is_equivalent_to(sharding, value.ndim))
+        if same:
+            return value
+        return jax.device_put(value, sharding)

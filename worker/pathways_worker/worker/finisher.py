@@ -1,0 +1,149 @@
+"""The finisher thread: waits for dispatched computations and writes values out.
+
+It carries out the state machine's `FinishBatch` and `Export` instructions in
+the order they were given: for each batch it waits for the grants' outputs,
+reports their completions (with small outputs inline) in as few outbox
+messages as it can, and writes the values that leave the host — routed to
+another slice, or fetched by the client — to shared memory for the sidecar.
+What it learns on the way (a computation failed after dispatch, a fetch that
+releases its value was written) goes back to the machine as a stimulus.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.transfer import Piece, value_pieces
+from pathways_worker.shared_memory import ShmDir, remove
+from pathways_worker.worker.instructions import Export, FinishBatch, Finished
+from pathways_worker.worker.object_store import ObjectId, object_name
+from pathways_worker.worker.outbox import WorkerOutbox
+from pathways_worker.worker.stimuli import ComputationFailedLate, ExportWritten, Stimulus
+
+log = logging.getLogger(__name__)
+
+
+class Finisher:
+    def __init__(
+        self,
+        host_name: str,
+        host_index: int,
+        shm: ShmDir,
+        outbox: WorkerOutbox,
+        report: Callable[[Stimulus], None],
+    ) -> None:
+        self.host_name, self.host_index = host_name, host_index
+        self._shm, self._outbox, self._report = shm, outbox, report
+        self._jobs: queue.SimpleQueue[FinishBatch | Export | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="finisher", daemon=True)
+        self._thread.start()
+
+    def put(self, job: FinishBatch | Export) -> None:
+        self._jobs.put(job)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if isinstance(job, FinishBatch):
+                    self._finish(job.grants)
+                else:
+                    self._write(job)
+            except Exception:
+                log.exception("finisher failed on %s", job)
+
+    def _finish(self, grants: tuple[Finished, ...]) -> None:
+        """One batch of grants: wait for each, report them together.
+
+        What finished is reported before waiting on a computation still
+        running, so a long computation never holds back the completions (and
+        the window room) of those before it."""
+        done: list[pb.Completion] = []
+        for job in grants:
+            grant = job.grant
+            error = job.error
+            if not error and job.outputs and job.await_outputs:
+                if done and not all(_is_ready(x) for x in job.outputs):
+                    self._outbox.completions(done)
+                    done = []
+                try:
+                    jax.block_until_ready(job.outputs)
+                except Exception as err:
+                    error = (
+                        f"computation {grant.node} of call {grant.call_id} failed on host "
+                        f"{self.host_name}: {type(err).__name__}: {err}"
+                    )
+                    self._report(ComputationFailedLate(grant, job.outputs, error))
+            completion = pb.Completion(
+                seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=not error, error=error,
+            )
+            if not error:
+                for i in job.inline:
+                    completion.outputs.add(
+                        value=pb.ValueRef(node=grant.node, index=i),
+                        spec=spec_of(job.outputs[i]),
+                        data=np.ascontiguousarray(np.asarray(job.outputs[i])).tobytes(),
+                    )
+            done.append(completion)
+            if job.routed:
+                self._outbox.completions(done)
+                done = []
+            for routed in job.routed:
+                value = None if error else routed.value
+                oid = ObjectId(grant.call_id, routed.ref)
+                self._write(Export(oid, 0, value, error, routed.declared, release=False))
+        if done:
+            self._outbox.completions(done)
+
+    def _write(self, job: Export) -> None:
+        """A value's pieces to shared memory, announced to the sidecar (or why there are none)."""
+        spec = spec_of(job.value) if job.value is not None else job.declared or pb.TensorSpec()
+        exported = pb.Exported(call_id=job.oid.call_id, token=job.token, spec=spec)
+        exported.value.node, exported.value.index = job.oid.ref
+        error = job.error
+        if not error and job.value is not None:
+            try:
+                for piece in self._pieces(job.value):
+                    path = self._shm.write_piece(piece)
+                    exported.pieces.append(
+                        pb.Piece(start=piece.start, stop=piece.stop, path=path, nbytes=piece.data.nbytes)
+                    )
+            except Exception as err:
+                for p in exported.pieces:
+                    remove(p.path)
+                del exported.pieces[:]
+                error = (
+                    f"{object_name(job.oid)} could not be exported from "
+                    f"host {self.host_name}: {type(err).__name__}: {err}"
+                )
+        exported.error = error
+        self._outbox.exported(exported)
+        if job.release:
+            self._report(ExportWritten(job.oid))
+
+    def _pieces(self, value: Any) -> list[Piece]:
+        if isinstance(value, np.ndarray) and self.host_index != 0:
+            return []  # every host of the slice holds it whole; host 0 answers for all
+        return value_pieces(value)
+
+
+def spec_of(value: Any) -> pb.TensorSpec:
+    return pb.TensorSpec(shape=list(value.shape), dtype=np.dtype(value.dtype).name)
+
+
+def _is_ready(value: Any) -> bool:
+    is_ready = getattr(value, "is_ready", None)
+    return bool(is_ready()) if is_ready is not None else True

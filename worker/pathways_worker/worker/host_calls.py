@@ -1,0 +1,258 @@
+"""The calls a host knows, and their values: the bookkeeping half of `HostState`.
+
+A call's Launch turns its program's layout into the call's plan and creates its
+outputs as futures in the object store; values then settle as they arrive
+or are computed, fetches are answered once their value settles (or at once
+with the reason there is none), and a value no local computation reads and
+the client will not fetch is dropped right after its last use. Failing a call
+fails every value it still waits for; releasing it drops what it holds and
+makes late messages for it no-ops. Pure: the run order (`host_state`) calls
+in here and passes on the instructions.
+
+A value's lifetime is its holder's, not its call's by construction: values
+are `ObjectId`s in the store and a call is the holder that releases them
+today. Values that outlive their call (owned by a client, consumed by later
+calls) need another holder and a release stimulus of their own, not a new
+store.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.value_ref import Ref, ref_name, ref_of
+from pathways_worker.worker.call_plan import CallPlan, LocalComputation, plan_call
+from pathways_worker.worker.instructions import Export, Instruction, Log, StoreChanged
+from pathways_worker.worker.object_store import ObjectId, ObjectStore, Slot
+from pathways_worker.worker.stimuli import (
+    CallFailed,
+    CallLaunched,
+    CallReleased,
+    ComputationFailedLate,
+    ExportRequested,
+    ExportWritten,
+    ProgramLoaded,
+    ValueArrived,
+)
+
+RELEASED_MEMORY = 4096
+"""Released call ids remembered, to drop late messages for them."""
+
+
+@dataclass(slots=True)
+class CallState:
+    call_id: str
+    plan: CallPlan | None = None
+    failed: str = ""
+    readers: dict[Ref, int] = field(default_factory=dict)
+    freed: set[Ref] = field(default_factory=set)
+    inline_output_bytes: int = 0
+    computations: int = 0
+    busy_s: float = 0.0
+
+
+class HostCalls:
+    def __init__(self, host_name: str, store_limit_bytes: int) -> None:
+        self.host_name = host_name
+        self.store = ObjectStore(store_limit_bytes)
+        self.programs: dict[str, ProgramLoaded] = {}
+        self.calls: dict[str, CallState] = {}
+        self._released: set[str] = set()
+        self._released_order: deque[str] = deque()
+
+    def was_released(self, call_id: str) -> bool:
+        return call_id in self._released
+
+    def load(self, loaded: ProgramLoaded, out: list[Instruction]) -> None:
+        self.programs[loaded.layout.program_id] = loaded
+
+    def launch(self, launched: CallLaunched, out: list[Instruction]) -> None:
+        launch = launched.launch
+        if launch.call_id in self._released:
+            return
+        call = self.call(launch.call_id)
+        if call.plan is not None:
+            return
+        loaded = self.programs.get(launch.program_id)
+        if loaded is None:
+            call.failed = (
+                f"call {launch.call_id}: program {launch.program_id} was never loaded "
+                f"on host {self.host_name}"
+            )
+            return
+        call.plan = plan_call(loaded.layout, launch)
+        call.readers = dict(call.plan.readers)
+        call.inline_output_bytes = launch.inline_output_bytes
+        for comp in call.plan.computations.values():
+            for ref in comp.outputs:
+                self.store.slot(ObjectId(call.call_id, ref))  # the output futures
+        for arrived in launched.inputs:
+            self._settle_arrived(call, arrived, out)
+        for slot in self.store.held_by(call.call_id):
+            if slot.settled:
+                self.maybe_free(call, slot.oid.ref)
+
+    def fail_call(self, failed: CallFailed, out: list[Instruction]) -> None:
+        """The controller failed the call: what it still waits for fails (the head grant too)."""
+        if failed.call_id in self._released:
+            return
+        call = self.call(failed.call_id)
+        call.failed = failed.message or "failed by the controller"
+        error = f"call {call.call_id} failed: {call.failed}"
+        for slot in self.store.held_by(call.call_id):
+            if not slot.settled:
+                self.settle_failed(slot.oid, error, out)
+
+    def release(self, released: CallReleased, out: list[Instruction]) -> None:
+        """Frees every value of the call; fetches still waiting get an error."""
+        call_id = released.call_id
+        call = self.calls.pop(call_id, None)
+        self._remember_released(call_id)
+        for slot in self.store.release(call_id):
+            for request in slot.waiting_exports:
+                self._export(request, None, f"call {call_id} was released on host {self.host_name}", out)
+        if call is not None and call.computations:
+            out.append(Log(
+                f"call {call_id} released: {call.computations} computations, "
+                f"{1e3 * call.busy_s / call.computations:.3f} ms each in the executor"
+            ))
+        out.append(StoreChanged())
+
+    def arrive(self, arrived: ValueArrived, out: list[Instruction]) -> None:
+        """A value from outside the slice (program input or another slice's output)."""
+        if arrived.oid.call_id in self._released:
+            return
+        if self._settle_arrived(self.call(arrived.oid.call_id), arrived, out):
+            out.append(StoreChanged())
+
+    def request_export(self, requested: ExportRequested, out: list[Instruction]) -> None:
+        """The client fetches a value: export it once it exists."""
+        request = requested.request
+        ref = ref_of(request.value)
+        if request.call_id in self._released:
+            self._export(
+                request, None, f"call {request.call_id} was released on host {self.host_name}", out
+            )
+            return
+        call = self.call(request.call_id)
+        if ref in call.freed:
+            self._export(
+                request, None,
+                f"{ref_name(ref)} of call {request.call_id} was freed on host "
+                f"{self.host_name} after its last use (it is not an output of the call)",
+                out,
+            )
+            return
+        slot = self.store.slot(ObjectId(request.call_id, ref))
+        if slot.settled:
+            self._export(request, slot.value, slot.error, out)
+        else:
+            slot.waiting_exports += (request,)
+
+    def fail_late(self, failed: ComputationFailedLate, out: list[Instruction]) -> None:
+        """Execution failed after dispatch: the outputs it published fail."""
+        for i, value in enumerate(failed.outputs):
+            slot = self.store.get(ObjectId(failed.grant.call_id, (failed.grant.node, i)))
+            if slot is not None and slot.value is value:
+                self.settle_failed(slot.oid, failed.error, out)
+
+    def export_written(self, written: ExportWritten, out: list[Instruction]) -> None:
+        oid = written.oid
+        slot = self.store.get(oid)
+        if slot is not None and slot.settled and not slot.waiting_exports:
+            self.store.drop(oid)
+            call = self.calls.get(oid.call_id)
+            if call is not None:
+                call.freed.add(oid.ref)
+        out.append(StoreChanged())
+
+    def get(self, call_id: str) -> CallState | None:
+        return self.calls.get(call_id)
+
+    def call(self, call_id: str) -> CallState:
+        """The call's state, created by the first message about it."""
+        return self.calls.get(call_id) or self.calls.setdefault(call_id, CallState(call_id))
+
+    def _remember_released(self, call_id: str) -> None:
+        if call_id in self._released:
+            return
+        self._released.add(call_id)
+        self._released_order.append(call_id)
+        while len(self._released_order) > RELEASED_MEMORY:
+            self._released.discard(self._released_order.popleft())
+
+    def load_error(self, plan: CallPlan, comp: LocalComputation) -> str:
+        loaded = self.programs.get(plan.program_id)
+        if loaded is None:
+            return f"program {plan.program_id} is not loaded on host {self.host_name}"
+        error = loaded.load_errors.get(comp.index)
+        if error:
+            return error
+        if comp.index not in loaded.out_bytes:
+            return f"computation {comp.index} has no executable on host {self.host_name}"
+        return ""
+
+    def _settle_arrived(self, call: CallState, arrived: ValueArrived, out: list[Instruction]) -> bool:
+        """A value from outside settles its slot, unless one settled it already."""
+        oid = ObjectId(call.call_id, arrived.oid.ref)
+        existing = self.store.get(oid)
+        if existing is not None and existing.settled:
+            return False
+        if arrived.value is None:
+            self.settle_failed(oid, arrived.error, out)
+        else:
+            self.settle_ready(oid, arrived.value, arrived.nbytes, False, out)
+            self.maybe_free(call, oid.ref)
+        return True
+
+    def settle_ready(
+        self, oid: ObjectId, value: object, nbytes: int, prepaid: bool, out: list[Instruction]
+    ) -> None:
+        self._flush_exports(self.store.set_ready(oid, value, nbytes, prepaid), out)
+
+    def settle_failed(self, oid: ObjectId, error: str, out: list[Instruction]) -> None:
+        self._flush_exports(self.store.set_failed(oid, error), out)
+
+    def _flush_exports(self, slot: Slot, out: list[Instruction]) -> None:
+        if slot.waiting_exports:
+            waiting, slot.waiting_exports = slot.waiting_exports, ()
+            for request in waiting:
+                self._export(request, slot.value, slot.error, out)
+
+    def _export(self, request: pb.ExportRequest, value: object, error: str, out: list[Instruction]) -> None:
+        ref = ref_of(request.value)
+        if value is None and not error:
+            error = f"{ref_name(ref)} of call {request.call_id} has no value on host {self.host_name}"
+        declared = None if value is not None else self.declared(request.call_id, ref)
+        oid = ObjectId(request.call_id, ref)
+        out.append(Export(oid, request.token, value, error, declared, request.release))
+
+    def declared(self, call_id: str, ref: Ref) -> pb.TensorSpec:
+        """The program's spec of a value, for exports that carry no value."""
+        call = self.calls.get(call_id)
+        if call is not None and call.plan is not None and ref[0] >= 0:
+            loaded = self.programs.get(call.plan.program_id)
+            specs = loaded.output_specs.get(ref[0], ()) if loaded else ()
+            if ref[1] < len(specs):
+                return specs[ref[1]]
+        return pb.TensorSpec()
+
+    def release_inputs(self, call: CallState, comp: LocalComputation) -> None:
+        """The computation is done reading its inputs (it ran, or never will)."""
+        for ref in comp.distinct_inputs:
+            call.readers[ref] = call.readers.get(ref, 1) - 1
+            self.maybe_free(call, ref)
+
+    def maybe_free(self, call: CallState, ref: Ref) -> None:
+        """Drops a value no local computation will read and the client won't fetch."""
+        plan = call.plan
+        if plan is None or ref in plan.outputs or call.readers.get(ref, 0) > 0:
+            return
+        oid = ObjectId(call.call_id, ref)
+        slot = self.store.get(oid)
+        if slot is not None and slot.waiting_exports:
+            return
+        self.store.drop(oid)
+        call.freed.add(ref)

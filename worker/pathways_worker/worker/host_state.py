@@ -1,0 +1,318 @@
+"""A host's worker as a pure state machine: `HostState.handle(stimulus) -> [instruction]`.
+
+Everything the worker decides is decided here and in `host_calls` (the calls
+and their values, which this module drives); the threaded driver (`executor`)
+only turns the sidecar's commands into stimuli and carries out the
+instructions. No jax, threads, clocks or I/O: values are opaque objects, a
+timeout is a timer the driver's clock fires back as `TimerFired`.
+
+* Order. Grants run strictly in the order they were received, one at a time:
+  keeping one order on every host of a slice keeps SPMD collectives in one
+  order. The head grant waits while an input is missing or the store lacks
+  room for its outputs, and fails when its timer fires first.
+* Failure. A computation that cannot run fails its outputs, so the
+  computations and fetches that need them fail at once, and its routed
+  outputs are exported as failures so other slices learn it too. A failed
+  call fails every value it still waits for.
+* Batching. JAX dispatch is asynchronous, so on a single-process slice the
+  next grant is dispatched without waiting for the last. Dispatched grants go
+  to the finisher in batches — when the machine would otherwise wait (no grant
+  queued, inputs or room missing), after a grant whose outputs leave the host
+  or that failed, and every `FINISH_BATCH` grants — so a chain of small
+  computations costs one thread hand-off and one completion message per
+  batch. A multi-process slice waits for each computation and reports each at
+  once: with gloo CPU collectives, several collective computations in flight
+  deadlock (seen on jax 0.10.2).
+* Release (`host_calls`). A value no local computation reads and the client
+  will not fetch is dropped at once; releasing a call drops what it holds,
+  answers its waiting fetches with an error, and makes late messages for it
+  no-ops.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pathways_worker.value_ref import Ref, ref_name
+from pathways_worker.worker import stimuli
+from pathways_worker.worker.call_plan import LocalComputation
+from pathways_worker.worker.host_calls import CallState, HostCalls
+from pathways_worker.worker.instructions import (
+    CancelTimer,
+    Dispatch,
+    FinishBatch,
+    Finished,
+    Instruction,
+    RoutedValue,
+    StartTimer,
+)
+from pathways_worker.worker.object_store import ObjectId
+from pathways_worker.worker.states import GRANT_MOVES, GrantState, InvalidTransition
+from pathways_worker.worker.stimuli import ComputationDispatched, GrantId, GrantsReceived, Stimulus, TimerFired
+
+FINISH_BATCH = 32
+"""Dispatched grants handed to the finisher at once, at most."""
+
+
+@dataclass(slots=True)
+class GrantRecord:
+    """The grant at the head of the run order; those behind it are only ids, all `queued`."""
+
+    grant: GrantId
+    state: GrantState = "queued"
+    timer: int = 0             # the timer bounding its wait, while waiting
+    timed_out: bool = False
+    reserved: int = 0          # store bytes reserved for its outputs while running
+    call: CallState | None = None       # set while running
+    comp: LocalComputation | None = None  # set once its plan names it
+
+
+def grant_name(grant: GrantId) -> str:
+    return f"grant {grant.seq} (computation {grant.node}) of call {grant.call_id}"
+
+
+class HostState:
+    def __init__(
+        self, host_name: str, store_limit_bytes: int, input_timeout_s: float, multi_process: bool
+    ) -> None:
+        self.host_name = host_name
+        self.input_timeout_s = input_timeout_s
+        self.multi_process = multi_process
+        self.calls = HostCalls(host_name, store_limit_bytes)
+        self.store = self.calls.store
+        self._queue: deque[GrantId] = deque()   # behind the head, in the order received
+        self._head: GrantRecord | None = None
+        self._batch: list[Finished] = []
+        self._timers = 0
+        self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
+            stimuli.ProgramLoaded: self.calls.load,
+            stimuli.CallLaunched: self.calls.launch,
+            GrantsReceived: self._grants_received,
+            stimuli.CallFailed: self.calls.fail_call,
+            stimuli.CallReleased: self.calls.release,
+            stimuli.ValueArrived: self.calls.arrive,
+            stimuli.ExportRequested: self.calls.request_export,
+            ComputationDispatched: self._computation_dispatched,
+            stimuli.ComputationFailedLate: self.calls.fail_late,
+            stimuli.ExportWritten: self.calls.export_written,
+            TimerFired: self._timer_fired,
+        }
+
+    def handle(self, stimulus: Stimulus) -> list[Instruction]:
+        out: list[Instruction] = []
+        self._handlers[type(stimulus)](stimulus, out)
+        self._advance(out)
+        return out
+
+    @property
+    def grants_queued(self) -> int:
+        """Grants received and not yet dispatched or failed, the head included."""
+        return len(self._queue) + (self._head is not None)
+
+    def grant_state(self, grant: GrantId) -> GrantState | None:
+        """A grant's state while it is queued or at the head; None once it left."""
+        if self._head is not None and self._head.grant == grant:
+            return self._head.state
+        return "queued" if grant in self._queue else None
+
+    # ------------------------------------------------------------ the run order
+
+    def _grants_received(self, received: GrantsReceived, out: list[Instruction]) -> None:
+        self._queue.extend(received.grants)
+
+    def _computation_dispatched(self, done: ComputationDispatched, out: list[Instruction]) -> None:
+        head = self._head if self._head is not None and self._head.grant == done.grant else None
+        if head is None or head.call is None or head.comp is None:
+            raise InvalidTransition(grant_name(done.grant), head.state if head else "not queued", "dispatched")
+        self._move(head, "failed" if done.error else "dispatched")
+        self._head = None
+        call, comp = head.call, head.comp
+        if self.calls.get(call.call_id) is not call or call.plan is None:
+            self.store.unreserve(head.reserved)  # released while it ran
+            self._finished(Finished(done.grant, done.outputs, done.error), out)
+            return
+        if done.error:
+            self.store.unreserve(head.reserved)
+        out_bytes = self.calls.programs[call.plan.program_id].out_bytes[comp.index]
+        routed: list[RoutedValue] = []
+        inline: list[int] = []
+        for i, ref in enumerate(comp.outputs):
+            oid = ObjectId(call.call_id, ref)
+            value = None if done.error else done.outputs[i]
+            if done.error:
+                self.calls.settle_failed(oid, done.error, out)
+            elif call.failed:
+                self.store.unreserve(out_bytes[i])  # the output failed with its call meanwhile
+            else:
+                self.calls.settle_ready(oid, value, out_bytes[i], True, out)
+            if ref in call.plan.routes:
+                declared = self.calls.declared(call.call_id, ref) if value is None else None
+                routed.append(RoutedValue(ref, value, declared))
+            if value is not None and ref in call.plan.outputs and 0 < out_bytes[i] <= call.inline_output_bytes:
+                inline.append(i)
+        self.calls.release_inputs(call, comp)
+        for ref in comp.outputs:
+            self.calls.maybe_free(call, ref)
+        call.computations += 1
+        call.busy_s += done.busy_s
+        self._finished(Finished(
+            done.grant, done.outputs, done.error, tuple(routed), tuple(inline),
+            await_outputs=not self.multi_process,
+        ), out)
+
+    def _timer_fired(self, fired: TimerFired, out: list[Instruction]) -> None:
+        head = self._head
+        if head is not None and head.state == "waiting" and head.timer == fired.timer:
+            head.timed_out = True
+
+    def _advance(self, out: list[Instruction]) -> None:
+        """Starts the head grant if it can run, fails those that cannot; hands over
+        the dispatched batch whenever nothing is running."""
+        while self._head is not None or self._queue:
+            head = self._head = self._head or GrantRecord(self._queue.popleft())
+            if head.state == "running":
+                return
+            now = self._start(head, out)
+            if now == "failed":
+                self._head = None
+                continue
+            if now == "running":
+                return
+            break
+        self._hand_over(out)
+
+    def _start(self, head: GrantRecord, out: list[Instruction]) -> GrantState:
+        """Dispatches the head grant, leaves it waiting, or fails it; says which."""
+        grant = head.grant
+        call = self.calls.get(grant.call_id)
+        if call is None or call.plan is None:
+            label = f"{grant_name(grant)} on host {self.host_name}"
+            if head.state == "waiting" and head.comp is not None:
+                error = f"{head.comp.where(grant.call_id, self.host_name)}: the call was released"
+            elif self.calls.was_released(grant.call_id):
+                error = f"{label}: the call was already released"
+            elif call is not None and call.failed:
+                error = f"{label}: {call.failed}"
+            else:
+                error = f"{label}: the call was not launched on this host"
+            return self._fail(head, error, None, None, out)
+        plan = call.plan
+        comp = plan.computations.get(grant.node)
+        if comp is None:
+            return self._fail(
+                head,
+                f"{grant_name(grant)} on host {self.host_name}: computation {grant.node} is not on "
+                f"slice '{plan.slice}' of this host",
+                None, None, out,
+            )
+        head.comp = comp
+        load_error = self.calls.load_error(plan, comp)
+        if load_error:
+            return self._fail(head, load_error, call, comp, out)
+        if call.failed:
+            return self._cannot_run(head, call, comp, f"call failed: {call.failed}", out)
+        missing: Ref | None = None
+        inputs: list[object] = []
+        for ref in comp.inputs:
+            slot = self.store.get(ObjectId(call.call_id, ref))
+            if slot is None or not slot.settled:
+                missing = missing or ref
+            elif slot.state == "failed":
+                return self._cannot_run(head, call, comp, f"input {ref_name(ref)} failed: {slot.error}", out)
+            else:
+                inputs.append(slot.value)
+        if missing is not None:
+            if not head.timed_out:
+                return self._wait(head, out)
+            return self._cannot_run(
+                head, call, comp,
+                f"timed out after {self.input_timeout_s:g} s waiting for {ref_name(missing)} "
+                f"from {plan.origin(missing)}",
+                out,
+            )
+        need = sum(self.calls.programs[plan.program_id].out_bytes[comp.index])
+        if need > self.store.limit:
+            return self._cannot_run(
+                head, call, comp,
+                f"outputs need {need} B, more than the whole object store limit of "
+                f"{self.store.limit} B (PATHWAYS_STORE_LIMIT_BYTES)",
+                out,
+            )
+        if self.store.free < need:
+            if not head.timed_out:
+                return self._wait(head, out)
+            return self._cannot_run(
+                head, call, comp,
+                f"object store full for {self.input_timeout_s:g} s: {self.store.describe_full(need)}",
+                out,
+            )
+        self.store.reserve(need)
+        head.reserved, head.call = need, call
+        self._stop_timer(head, out)
+        self._move(head, "running")
+        out.append(Dispatch(grant, plan.program_id, comp, tuple(inputs), wait=self.multi_process))
+        return "running"
+
+    def _wait(self, head: GrantRecord, out: list[Instruction]) -> GrantState:
+        if head.state == "queued":
+            self._move(head, "waiting")
+            self._timers += 1
+            head.timer = self._timers
+            out.append(StartTimer(head.timer, self.input_timeout_s))
+        return "waiting"
+
+    def _fail(
+        self,
+        head: GrantRecord,
+        error: str,
+        call: CallState | None,
+        comp: LocalComputation | None,
+        out: list[Instruction],
+    ) -> GrantState:
+        """The grant cannot run. With its computation known, its outputs fail (so
+        consumers fail at once) and its routed outputs leave as failures."""
+        routed: tuple[RoutedValue, ...] = ()
+        if call is not None and call.plan is not None and comp is not None:
+            for ref in comp.outputs:
+                self.calls.settle_failed(ObjectId(call.call_id, ref), error, out)
+            self.calls.release_inputs(call, comp)
+            routed = tuple(
+                RoutedValue(ref, None, self.calls.declared(call.call_id, ref))
+                for ref in comp.outputs
+                if ref in call.plan.routes
+            )
+        self._stop_timer(head, out)
+        self._move(head, "failed")
+        self._finished(Finished(head.grant, (), error, routed), out)
+        return "failed"
+
+    def _cannot_run(
+        self, head: GrantRecord, call: CallState, comp: LocalComputation, reason: str, out: list[Instruction]
+    ) -> GrantState:
+        return self._fail(head, f"{comp.where(call.call_id, self.host_name)}: {reason}", call, comp, out)
+
+    def _stop_timer(self, head: GrantRecord, out: list[Instruction]) -> None:
+        if head.timer:
+            out.append(CancelTimer(head.timer))
+            head.timer = 0
+
+    def _finished(self, finished: Finished, out: list[Instruction]) -> None:
+        """A grant was dispatched or failed. It waits for company unless someone
+        needs it now: a multi-process slice reports each grant, routed outputs
+        go out at once, and failures are not held back."""
+        self._batch.append(finished)
+        if self.multi_process or finished.routed or finished.error or len(self._batch) >= FINISH_BATCH:
+            self._hand_over(out)
+
+    def _hand_over(self, out: list[Instruction]) -> None:
+        if self._batch:
+            out.append(FinishBatch(tuple(self._batch)))
+            self._batch = []
+
+    def _move(self, record: GrantRecord, new: GrantState) -> None:
+        if new not in GRANT_MOVES[record.state]:
+            raise InvalidTransition(grant_name(record.grant), record.state, new)
+        record.state = new

@@ -1,0 +1,104 @@
+"""What a host's state machine asks its driver to do, as frozen records.
+
+The driver carries each out without deciding anything: `Dispatch` on the
+executor thread (JAX), `FinishBatch` and `Export` on the finisher (waiting for
+results, completions, shared memory), timers on its clock, `StoreChanged` and
+`Log` at once. A value's spec is taken from the value when there is one;
+`declared` is the program's spec, for a value that failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.value_ref import Ref
+from pathways_worker.worker.call_plan import LocalComputation
+from pathways_worker.worker.object_store import ObjectId
+from pathways_worker.worker.stimuli import GrantId
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Call the computation's executable on these inputs; report `ComputationDispatched`."""
+
+    grant: GrantId
+    program_id: str
+    comp: LocalComputation
+    inputs: tuple[object, ...]
+    wait: bool
+    """Wait for the results before reporting: multi-process slices run one at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedValue:
+    """An output that leaves the host for another slice's hosts (None: it failed)."""
+
+    ref: Ref
+    value: object | None
+    declared: pb.TensorSpec | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """One grant for the finisher: wait for its outputs, report its completion."""
+
+    grant: GrantId
+    outputs: tuple[object, ...]
+    error: str
+    routed: tuple[RoutedValue, ...] = ()
+    inline: tuple[int, ...] = ()
+    """Outputs whose bytes go back inline with the completion."""
+    await_outputs: bool = True
+    """False where the executor thread waited for them already."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishBatch:
+    """Grants handed to the finisher together: one hand-off, their completions in one message."""
+
+    grants: tuple[Finished, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """Write a value's pieces to shared memory for a fetch (or say why there is none)."""
+
+    oid: ObjectId
+    token: int
+    value: object | None
+    error: str
+    declared: pb.TensorSpec | None
+    release: bool
+    """Report `ExportWritten` once written, so the value can go."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimer:
+    """Ring `TimerFired(timer)` after `delay_s`, unless cancelled first."""
+
+    timer: int
+    delay_s: float
+    """The worker's input timeout: how long a grant may wait for inputs and store room."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    """The wait the timer bounded is over."""
+
+    timer: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChanged:
+    """The store's byte count changed with nothing else to report: tell the sidecar."""
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A line for the worker's log (at info level)."""
+
+    message: str
+
+
+Instruction = Dispatch | FinishBatch | Export | StartTimer | CancelTimer | StoreChanged | Log

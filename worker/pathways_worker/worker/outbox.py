@@ -1,0 +1,50 @@
+"""The worker's events for its sidecar, batched; each event carries the store's byte count.
+
+A batch lingers for company only while more completions are on their way
+(`busy()`: grants still queued on the executor); the last completion of a call
+and every export go out at once, since someone is waiting for them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_worker.batch_queue import BatchQueue
+
+EVENT_LINGER_S = float(os.environ.get("PATHWAYS_EVENT_LINGER_S", "0.001"))
+
+
+class WorkerOutbox:
+    def __init__(
+        self, store_bytes: Callable[[], int], store_limit: int, busy: Callable[[], bool] = lambda: False
+    ) -> None:
+        self._queue: BatchQueue[pb.Completion | pb.Exported] = BatchQueue()
+        self._store_bytes = store_bytes
+        self._store_limit = store_limit
+        self._busy = busy
+
+    def completions(self, done: list[pb.Completion]) -> None:
+        self._queue.put_many(list(done))
+
+    def exported(self, exported: pb.Exported) -> None:
+        self._queue.put(exported)
+
+    def nudge(self) -> None:
+        self._queue.nudge()
+
+    def take_event(self, timeout_s: float) -> pb.WorkerEvent | None:
+        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._busy)
+        if not items and not nudged:
+            return None
+        event = self.stats_event()
+        for item in items:
+            if isinstance(item, pb.Completion):
+                event.completions.append(item)
+            else:
+                event.exported.append(item)
+        return event
+
+    def stats_event(self) -> pb.WorkerEvent:
+        return pb.WorkerEvent(store_bytes=self._store_bytes(), store_limit=self._store_limit)
