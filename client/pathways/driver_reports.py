@@ -5,7 +5,7 @@ filesystem with the operator, so it reports to the controller it already talks t
 ``ReportProgress`` after each step (the reply says whether a suspend was asked for,
 which is how a pod, that no signal of the operator reaches, learns it) and
 ``ReportResult`` just before it exits, each presenting the program's token
-(:data:`pathways_wire.driver_protocol.PROGRAM_TOKEN_METADATA`). A driver started as
+(:data:`pathways_wire.driver_protocol.CLIENT_TOKEN_METADATA`). A driver started as
 a child process (``pw.launch``-like use, the embedded runtime's tests) writes the same
 facts into a progress file and a results file instead.
 
@@ -28,7 +28,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.driver_protocol import PROGRAM_TOKEN_METADATA, result_report
+from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA, result_report
 
 REPORT_TIMEOUT_S = 30.0
 """Deadline of one report; the controller answers at once, so only a lost controller hits it."""
@@ -78,7 +78,7 @@ class ControllerReporter:
     ) -> None:
         self._channel = grpc.insecure_channel(address)
         self._stub = pb_grpc.ControllerStub(self._channel)
-        self._metadata = ((PROGRAM_TOKEN_METADATA, token),)
+        self._metadata = ((CLIENT_TOKEN_METADATA, token), (PROGRAM_METADATA, f"{program[0]}/{program[1]}"))
         self._suspend = suspend_event
         self._program = pb.ProgramRef(namespace=program[0], name=program[1])
         self._reconnect_s = reconnect_s

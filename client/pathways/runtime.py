@@ -49,9 +49,10 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -66,6 +67,12 @@ from pathways_wire.errors import (
 )
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.driver_protocol import (
+    CLIENT_TOKEN_METADATA,
+    ENV_PROGRAM,
+    ENV_PROGRAM_TOKEN_FILE,
+    PROGRAM_METADATA,
+)
 from pathways_wire.slice_token import METADATA_KEY
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
@@ -111,7 +118,10 @@ class Runtime:
         self.cluster = cluster
         self.client_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
-        self.controller = pb_grpc.ControllerStub(self._channel)
+        credentials = client_credentials(cluster)
+        self.controller = pb_grpc.ControllerStub(
+            grpc.intercept_channel(self._channel, _PresentToken(lambda: credentials))
+        )
         self._hosts: dict[str, pb_grpc.DataflowStub] = {}
         self._host_channels: list[grpc.Channel] = []
         self._slices: dict[str, pb.SliceInfo] = {}
@@ -393,7 +403,7 @@ class Runtime:
                 channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
                 self._host_channels.append(channel)
                 stub = pb_grpc.DataflowStub(
-                    grpc.intercept_channel(channel, _PresentToken(self._tokens, address))
+                    grpc.intercept_channel(channel, _PresentToken(lambda: _slice_token(self._tokens, address)))
                 )
                 self._hosts[address] = stub
             return stub
@@ -486,18 +496,16 @@ class _PresentToken(
     grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
     grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
 ):
-    """Adds the host's slice token (looked up per call: a relaunch may change it)."""
+    """Adds credentials to every call, looked up per call (a relaunch may change a host's token)."""
 
-    def __init__(self, tokens: dict[str, str], address: str) -> None:
-        self._tokens = tokens
-        self._address = address
+    def __init__(self, credentials: Callable[[], tuple[tuple[str, str], ...]]) -> None:
+        self._credentials = credentials
 
     def _details(self, details: Any) -> Any:
-        token = self._tokens.get(self._address, "")
-        if not token:
+        extra = self._credentials()
+        if not extra:
             return details
-        metadata = [*(details.metadata or ()), (METADATA_KEY, token)]
-        return details._replace(metadata=metadata)
+        return details._replace(metadata=[*(details.metadata or ()), *extra])
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
@@ -510,6 +518,35 @@ class _PresentToken(
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(self._details(details), requests)
+
+
+def _slice_token(tokens: dict[str, str], address: str) -> tuple[tuple[str, str], ...]:
+    token = tokens.get(address, "")
+    return ((METADATA_KEY, token),) if token else ()
+
+
+def client_credentials(cluster: LocalCluster | None) -> tuple[tuple[str, str], ...]:
+    """What this client presents to its controller: its client token, and the program it runs for.
+
+    The embedded runtime's controller made a token at start (``LocalCluster.client_token``);
+    a driver pod reads its program's token from the mounted Secret
+    (``$PATHWAYS_PROGRAM_TOKEN_FILE``) and names its program (``$PATHWAYS_NAMESPACE``,
+    ``$PATHWAYS_PROGRAM``). Anything else presents no token, and the controller says so.
+    """
+    token = cluster.client_token if cluster is not None else ""
+    path = os.environ.get(ENV_PROGRAM_TOKEN_FILE, "")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as err:
+            raise RuntimeUnavailableError(
+                f"cannot read the client token {path} (${ENV_PROGRAM_TOKEN_FILE}): {err}"
+            ) from None
+    out: tuple[tuple[str, str], ...] = ((CLIENT_TOKEN_METADATA, token),) if token else ()
+    program = os.environ.get(ENV_PROGRAM, "")
+    if program:
+        out += ((PROGRAM_METADATA, f"{os.environ.get('PATHWAYS_NAMESPACE', '')}/{program}"),)
+    return out
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:

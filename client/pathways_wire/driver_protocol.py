@@ -3,7 +3,7 @@
 The driver (``python -m pathways.driver``) runs a user's program and reports through its
 exit status and, in its own pod, through the controller's ``ReportProgress`` and
 ``ReportResult`` calls, presenting its program's token (metadata
-:data:`PROGRAM_TOKEN_METADATA`, read from the Secret ``<program>-driver-token`` mounted
+:data:`CLIENT_TOKEN_METADATA`, read from the Secret ``<program>-driver-token`` mounted
 at :data:`DRIVER_TOKEN_DIR`). The operator keeps what it reports in a progress file and
 a results file, and reads them. Both sides take the numbers and names from here, so a
 status the driver means as "run me again" is never read as a failure.
@@ -26,8 +26,17 @@ EXIT_BAD_PROGRAM = 2
 EXIT_RETRYABLE = 75
 """A host or slice was lost: run the driver again, from its last snapshot (``EX_TEMPFAIL``)."""
 
-PROGRAM_TOKEN_METADATA = "x-pathways-program-token"
-"""gRPC metadata: the caller's program token (a driver's credential, good for its program alone)."""
+CLIENT_TOKEN_METADATA = "x-pathways-client-token"
+"""gRPC metadata on every call to the controller: the caller's client token (a driver's is its
+program's token, good for that program's slices alone; the embedded runtime's client gets one
+from the controller it starts)."""
+PROGRAM_METADATA = "x-pathways-program"
+"""gRPC metadata from a driver pod: ``namespace/program`` it runs, so that a controller that
+restarted can check a token it has not seen against that program's Secret."""
+ENV_PROGRAM = "PATHWAYS_PROGRAM"
+"""A driver pod's program name (with ``PATHWAYS_NAMESPACE``: the ``x-pathways-program`` it sends)."""
+CLIENT_TOKEN_FILE = "client.token"
+"""The embedded controller's client token, a 0600 file in its state directory."""
 DRIVER_TOKEN_KEY = "token"
 """Key of the token in the Secret ``<program>-driver-token``."""
 DRIVER_TOKEN_DIR = "/var/run/pathways/driver"

@@ -20,6 +20,7 @@ account (see the Helm chart).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from kubernetes import config as kconfig
 
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.env_flags import env_option
+from pathways_operator.client_gate import ClientGate
 from pathways_operator.controller import Controller
 from pathways_operator.host_link import GRPC_OPTIONS
 from pathways_operator.k8s import handlers, log_context
@@ -184,18 +186,21 @@ def main(argv: list[str] | None = None) -> int:
         None,
         explain_missing=lambda key: slices.explain(key) if slices is not None else "starting",
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+    driver_pods: DriverPods | None = None
+    if args.driver_runtime == "pods":
+        driver_pods = DriverPods(api, args.state_dir, DriverPodSettings(
+            image=args.driver_image or args.worker_image, controller="", pull_policy=args.worker_image_pull_policy,
+            checkpoint_volumes=args.driver_checkpoint_volumes,
+        ))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,
+                         interceptors=[ClientGate(driver_pods)] if driver_pods is not None else [])
     port = server.add_insecure_port(args.controller_listen)
     if port == 0:
         print(f"pathways_operator: cannot listen on {args.controller_listen}", file=sys.stderr)
         return 2
     address = args.controller_address or _local_address(args.controller_listen, port)
-    driver_pods: DriverPods | None = None
-    if args.driver_runtime == "pods":
-        driver_pods = DriverPods(api, args.state_dir, DriverPodSettings(
-            image=args.driver_image or args.worker_image, controller=address, pull_policy=args.worker_image_pull_policy,
-            checkpoint_volumes=args.driver_checkpoint_volumes,
-        ))
+    if driver_pods is not None:
+        driver_pods.settings = dataclasses.replace(driver_pods.settings, controller=address)
     pb_grpc.add_ControllerServicer_to_server(OperatorControllerService(controller, driver_pods), server)
     server.start()
     log.info("controller listening on %s (drivers use %s)", args.controller_listen, address)

@@ -8,6 +8,7 @@ the program lives when the pod, or the operator, goes away mid-run.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from pathways.cli import main as cli_main
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.driver_protocol import PROGRAM_TOKEN_METADATA, PROGRESS_FILE
+from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRESS_FILE
 from tests.cluster.builders import inline_slice, program
 from tests.cluster.harness import Objects, OperatorProcess
 from tests.cluster.test_checkpoints import PROGRAM_DONE_S, assert_same_training, finished, training, wait_steps
@@ -56,20 +57,49 @@ def test_driver_pod_is_owned_by_its_program_and_holds_no_api_credential(
     assert any(line.startswith("[driver] probes_credentials: 0 token files") for line in out.getvalue().splitlines())
 
 
-@pytest.mark.timeout(120, func_only=True)
-def test_controller_refuses_reports_without_a_programs_token(objects: Objects, operator: OperatorProcess) -> None:
+@pytest.mark.timeout(300, func_only=True)
+def test_a_programs_token_reaches_only_its_own_slices_and_strangers_are_refused(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    for name in ("mine", "theirs"):
+        objects.apply(program(name, "tests.cluster.faulty_programs:sleeps", inline_slice("main", 1)))
+    for name in ("mine", "theirs"):
+        objects.wait_steps(name, 1, PROGRAM_DONE_S, what=f"{name}'s driver running")
+    secret = objects.core.read_namespaced_secret("mine-driver-token", objects.namespace)
+    mine = ((CLIENT_TOKEN_METADATA, base64.b64decode(secret.data["token"]).decode()),)
+
+    def create_slice(name: str, metadata: tuple[tuple[str, str], ...] = ()) -> pb.SliceInfo:
+        spec = pb.VirtualSliceSpec(id=name, name=name, devices=1)
+        request = pb.CreateSliceRequest(spec=spec, client="test", namespace=objects.namespace, timeout_s=30)
+        return stub.CreateSlice(request, metadata=metadata, timeout=60)
+
     with grpc.insecure_channel(operator.controller_address) as channel:
         stub = pb_grpc.ControllerStub(channel)
+        assert create_slice("mine-main", mine).token, "a driver gets its own slice's token"
+        with pytest.raises(grpc.RpcError) as denied:
+            create_slice("theirs-main", mine)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert f"program {objects.namespace}/mine may use only its own slices (mine-main)" in denied.value.details()
+        assert f"slice {objects.namespace}/theirs-main" in denied.value.details()
+
+        theirs = next(s.slice_id for s in stub.Describe(pb.ClusterInfoRequest(), metadata=mine, timeout=10).slices
+                      if s.name == "theirs-main")
+        program_ir = pb.Program(name="probe", slices=[pb.VirtualSliceSpec(id="v", name="theirs-main", devices=1)])
+        with pytest.raises(grpc.RpcError) as unbound:
+            stub.LoadProgram(pb.LoadProgramRequest(program=program_ir, bindings={"v": theirs}), metadata=mine,
+                             timeout=10)
+        assert unbound.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "did not place slice" in unbound.value.details()
+
         with pytest.raises(grpc.RpcError) as missing:
-            stub.ReportProgress(pb.ProgressReport(step=0), timeout=10)
+            create_slice("theirs-main")
         assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "no program token was presented (metadata x-pathways-program-token)" in missing.value.details()
-        forged = ((PROGRAM_TOKEN_METADATA, "forged"),)
-        ref = pb.ProgramRef(namespace=objects.namespace, name="nobody")
-        with pytest.raises(grpc.RpcError) as unknown:
-            stub.ReportResult(pb.ResultReport(results_json="{}", program=ref), metadata=forged, timeout=10)
-        assert unknown.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "belongs to no running PathwaysProgram" in unknown.value.details()
+        assert "no client token was presented (gRPC metadata x-pathways-client-token)" in missing.value.details()
+        with pytest.raises(grpc.RpcError) as forged:
+            stub.ReportResult(pb.ResultReport(results_json="{}"), metadata=((CLIENT_TOKEN_METADATA, "forged"),),
+                              timeout=10)
+        assert forged.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "belongs to no running PathwaysProgram" in forged.value.details()
 
 
 @pytest.mark.timeout(500, func_only=True)

@@ -64,3 +64,56 @@ def unauthenticated(token_presented: bool, metadata_key: str) -> str:
                 "its token from the mounted Secret <program>-driver-token")
     return (f"the client token presented (gRPC metadata {metadata_key}) belongs to no running "
             "PathwaysProgram or client of this controller")
+
+
+class Grants:
+    """What each client obtained from this controller: the slices it placed, programs, calls.
+
+    A client may bind a program only to slices it placed itself (CreateSlice, within its
+    scope), run only programs it loaded, and wait for or finish only calls it started: an
+    id learnt elsewhere (``Describe`` lists every slice) grants nothing. Not synchronized:
+    the controller service holds a lock around it.
+    """
+
+    def __init__(self) -> None:
+        self._slices: dict[str, tuple[str, str]] = {}
+        """Slice id -> (namespace, VirtualSlice name), as placed."""
+        self._placed: dict[str, set[str]] = {}
+        """Slice id -> the clients (``ClientScope.who``) that placed it."""
+        self._programs: dict[str, set[str]] = {}
+        self._calls: dict[str, str] = {}
+
+    def slice_placed(self, scope: ClientScope, slice_id: str, namespace: str, name: str) -> None:
+        self._slices[slice_id] = (namespace, name)
+        self._placed.setdefault(slice_id, set()).add(scope.who)
+
+    def slice_refusal(self, scope: ClientScope, slice_id: str) -> str | None:
+        """Why ``scope`` may not use slice ``slice_id`` (bind a program to it, release it), or None."""
+        if scope.slices is None:
+            return None
+        if scope.who not in self._placed.get(slice_id, ()):
+            namespace, name = self._slices.get(slice_id, ("", ""))
+            what = f"slice {slice_id}" + (f" (VirtualSlice {namespace}/{name})" if name else "")
+            return f"{scope.who} did not place {what}: ask for one of its own slices with CreateSlice first"
+        namespace, name = self._slices[slice_id]
+        return slice_refusal(scope, namespace, name)
+
+    def program_loaded(self, scope: ClientScope, program_id: str) -> None:
+        self._programs.setdefault(program_id, set()).add(scope.who)
+
+    def program_refusal(self, scope: ClientScope, program_id: str) -> str | None:
+        if scope.slices is None or scope.who in self._programs.get(program_id, ()):
+            return None
+        return f"{scope.who} did not load program {program_id}: load it with LoadProgram first"
+
+    def call_started(self, scope: ClientScope, call_id: str) -> None:
+        self._calls[call_id] = scope.who
+
+    def call_refusal(self, scope: ClientScope, call_id: str) -> str | None:
+        owner = self._calls.get(call_id)
+        if scope.slices is None or owner is None or owner == scope.who:
+            return None
+        return f"{scope.who} did not start call {call_id}"
+
+    def call_finished(self, call_id: str) -> None:
+        self._calls.pop(call_id, None)

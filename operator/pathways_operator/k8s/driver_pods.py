@@ -43,6 +43,7 @@ from pathways_wire.driver_protocol import (
     COMPILED_PROGRAM_DIR,
     DRIVER_TOKEN_DIR,
     DRIVER_TOKEN_KEY,
+    ENV_PROGRAM,
     ENV_PROGRAM_TOKEN_FILE,
     PROGRESS_FILE,
     RESULTS_FILE,
@@ -60,6 +61,7 @@ from pathways_wire.kube_names import (
 )
 from pathways_wire.slice_token import new_token
 
+from pathways_operator.core.client_access import ClientScope
 from pathways_operator.core.program_lifecycle import DriverPodFact, DriverState, Reported, driver_pod_state
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json
 from pathways_operator.k8s.drivers import DriverLaunch, DriverStatus, read_outcome
@@ -121,6 +123,15 @@ def driver_args(launch: DriverLaunch, controller: str) -> list[str]:
     return args
 
 
+SLICES_ANNOTATION = "pathways.dev/virtual-slices"
+"""On a driver pod: the VirtualSlices its token grants (read back by a restarted operator)."""
+
+
+def virtual_slices(launch: DriverLaunch) -> list[str]:
+    """The VirtualSlices the program's token is good for: its spec.slices."""
+    return sorted({str(s.get("virtualSlice")) for s in launch.slices.values()})
+
+
 def driver_pod(launch: DriverLaunch, settings: DriverPodSettings, checkpoint_claim: str = "") -> Json:
     """The pod manifest of ``launch``'s driver; ``spec.driver`` over the operator's defaults."""
     d = launch.pod
@@ -147,6 +158,8 @@ def driver_pod(launch: DriverLaunch, settings: DriverPodSettings, checkpoint_cla
         {"name": ENV_PROGRAM_TOKEN_FILE, "value": f"{DRIVER_TOKEN_DIR}/{DRIVER_TOKEN_KEY}"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "PATHWAYS_RECONNECT_S", "value": str(RECONNECT_S)},
+        {"name": "PATHWAYS_NAMESPACE", "value": launch.namespace},
+        {"name": ENV_PROGRAM, "value": launch.name},
         *d.env,
     ]
     container: Json = {
@@ -186,7 +199,10 @@ def driver_pod(launch: DriverLaunch, settings: DriverPodSettings, checkpoint_cla
                 COMPONENT_LABEL: "driver",
                 MANAGED_BY_LABEL: MANAGED_BY,
             },
-            "annotations": {"pathways.dev/start-step": str(launch.start_step)},
+            "annotations": {
+                "pathways.dev/start-step": str(launch.start_step),
+                SLICES_ANNOTATION: json.dumps(virtual_slices(launch)),
+            },
             "ownerReferences": [launch.owner_reference] if launch.owner_reference else [],
         },
         "spec": spec,
@@ -233,6 +249,8 @@ class DriverPods:
         self._started: set[str] = set()
         """Programs whose pod this operator started or saw running: its disappearance is a loss."""
         self._suspend: set[str] = set()
+        self._slices: dict[str, frozenset[str]] = {}
+        """Program key -> the VirtualSlices its token grants."""
 
     # ------------------------------------------------------------ the reconciler's side
 
@@ -279,6 +297,8 @@ class DriverPods:
         with contextlib.suppress(FileNotFoundError):
             (workdir / RESULTS_FILE).unlink()
         self._register(program, launch.owner_reference)
+        with self._lock:
+            self._slices[program.key] = frozenset(virtual_slices(launch))
         claim = ""
         if launch.checkpoint_dir:
             claim = PurePosixPath(launch.checkpoint_dir).parent.name
@@ -351,7 +371,7 @@ class DriverPods:
             found = self._read_back(token, *named)
         if found is None:
             raise UnknownProgramToken(
-                "no program token was presented (metadata x-pathways-program-token)" if not token
+                "no program token was presented (metadata x-pathways-client-token)" if not token
                 else "the program token presented belongs to no running PathwaysProgram"
             )
         return found
@@ -368,6 +388,22 @@ class DriverPods:
             self._tokens[token] = program
             self._token_of[program.key] = token
         return program
+
+    def scope_of(self, token: str, named: tuple[str, str]) -> ClientScope | None:
+        """What a client token grants: its program's own VirtualSlices (``client_gate.TokenScopes``)."""
+        try:
+            program = self.program_of(token, named)
+        except UnknownProgramToken:
+            return None
+        with self._lock:
+            slices = self._slices.get(program.key)
+        if slices is None:
+            pod = self._api.get_pod(program.namespace, driver_pod_name(program.name))
+            annotation = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(SLICES_ANNOTATION, "[]")
+            slices = frozenset(json.loads(annotation)) if pod is not None else frozenset()
+            with self._lock:
+                self._slices[program.key] = slices
+        return ClientScope.program(program.namespace, program.name, slices)
 
     def report_progress(
         self, token: str, step: int, metrics: Mapping[str, float], named: tuple[str, str] = ("", "")
@@ -435,6 +471,7 @@ class DriverPods:
 
     def _unregister(self, key: str) -> None:
         with self._lock:
+            self._slices.pop(key, None)
             token = self._token_of.pop(key, None)
             if token is not None:
                 self._tokens.pop(token, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import grpc
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.driver_protocol import PROGRAM_TOKEN_METADATA, outcome_payload
+from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, outcome_payload
 from pathways_operator.controller import Controller
 from pathways_operator.controller_service import ControllerService
 from pathways_operator.k8s.driver_pods import DriverPods, UnknownProgramToken
@@ -22,7 +22,7 @@ from pathways_operator.k8s.driver_pods import DriverPods, UnknownProgramToken
 def presented_token(context: grpc.ServicerContext) -> str:
     """The program token in the call's metadata ("" when none)."""
     for key, value in context.invocation_metadata() or ():
-        if key == PROGRAM_TOKEN_METADATA:
+        if key == CLIENT_TOKEN_METADATA:
             return str(value)
     return ""
 
