@@ -759,7 +759,7 @@ Global___ReleaseSliceReply: _TypeAlias = ReleaseSliceReply  # noqa: Y015
 @_typing.final
 class ProgressReport(_message.Message):
     """Driver reports. The program is the one the caller's program token
-    (metadata x-pathways-program-token) belongs to: a driver reports for its
+    (metadata x-pathways-client-token) belongs to: a driver reports for its
     own program only.
     """
 

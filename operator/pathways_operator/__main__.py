@@ -35,9 +35,8 @@ from kubernetes import config as kconfig
 
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.env_flags import env_option
-from pathways_operator.client_gate import ClientGate
-from pathways_operator.controller import Controller
-from pathways_operator.host_link import GRPC_OPTIONS
+from pathways_operator.controller import GRPC_OPTIONS, Controller
+from pathways_operator.controller.client_gate import ClientGate
 from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.driver_pods import DriverPods, DriverPodSettings
@@ -181,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     wakeups = handlers.Wakeups()
 
     slices: SliceReconciler | None = None
-    controller = Controller(
+    controller = Controller.kubernetes(
         lambda: slices.machines() if slices is not None else [],
-        None,
         explain_missing=lambda key: slices.explain(key) if slices is not None else "starting",
     )
     driver_pods: DriverPods | None = None
@@ -211,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("serving /metrics on port %d", bound)
     slices = SliceReconciler(
         api,
-        controller,
+        controller.gangs,
         metrics=metrics,
         defaults=WorkerDefaults(
             image=args.worker_image,

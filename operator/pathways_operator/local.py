@@ -27,11 +27,9 @@ from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
 from pathways_wire.slice_token import new_token
 from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_operator.controller import SHARED_WINDOW, Controller
-from pathways_operator.client_gate import ClientGate, OneClient
-from pathways_operator.controller_service import ControllerService
+from pathways_operator.controller import GRPC_OPTIONS, SHARED_WINDOW, Controller, ControllerService, EmbeddedGangs
+from pathways_operator.controller.client_gate import ClientGate, OneClient
 from pathways_operator.core.placement import Machine
-from pathways_operator.host_link import GRPC_OPTIONS
 from pathways_operator.local_hosts import LocalHost, LocalHostLauncher
 
 log = logging.getLogger("pathways_operator.local")
@@ -80,14 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     process_tree.hold_dir(args.state_dir)  # held to the end: see pathways.embedded
-    controller: Controller | None = None
+    controller: Controller[EmbeddedGangs] | None = None
 
     def host_died(host: LocalHost, reason: str) -> None:
         if controller is not None:
             controller.host_failed(host.request.slice_id, host.name, reason)
 
     launcher = LocalHostLauncher(args.state_dir, host_died)
-    controller = Controller(
+    controller = Controller.embedded(
         lambda: list(machines), launcher, window=args.window, shared_window=args.shared_window
     )
     client_token = new_token()

@@ -2,39 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pathways_wire import ir
-from pathways_operator.controller import SliceRecord, _plan_call
-from pathways_operator.core.placement import HostAssignment, Placement
-
-F32 = ir.TensorSpec((4,), "float32")
-
-
-@dataclass(frozen=True)
-class FakeHost:
-    name: str
-    sidecar_address: str
-
-
-def slice_record(vid: str, hosts: int) -> SliceRecord:
-    placement = Placement(
-        vid, "island-a", tuple(HostAssignment(i, f"m{i}", 4) for i in range(hosts))
-    )
-    return SliceRecord(
-        key=vid,
-        slice_id=f"{vid}-phys",
-        decl=ir.SliceDecl(vid, vid, 4 * hosts),
-        placement=placement,
-        hosts=[FakeHost(f"{vid}/host-{i}", f"10.0.{vid}.{i}:1") for i in range(hosts)],
-    )
-
-
-def comp(index: int, vslice: str, *inputs: ir.ValueRef) -> ir.Computation:
-    return ir.Computation(
-        index=index, name=f"f{index}", slice=vslice, artifact=b"x", inputs=inputs,
-        input_specs=tuple(F32 for _ in inputs), outputs=(F32,), mesh_shape=(4,), mesh_axes=("x",),
-    )
+from pathways_operator.controller.plans import INLINE_OUTPUT_BYTES, call_launches, host_program, plan_call
+from pathways_operator.controller.programs import ProgramRecord
+from tests.unit.controller_builders import F32, FakeHost, comp, slice_record, two_slice_program
 
 
 def test_cross_slice_value_is_routed_to_every_consumer_host_and_expected_from_every_producer() -> None:
@@ -47,7 +18,7 @@ def test_cross_slice_value_is_routed_to_every_consumer_host_and_expected_from_ev
         slices=(ir.SliceDecl("a", "a", 8), ir.SliceDecl("b", "b", 4)),
     )
     slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
-    reply, launches = _plan_call(program, "c1", "prog", slices)
+    reply, launches = plan_call(program, "c1", "prog", slices)
 
     a_hosts = [h.sidecar_address for h in slices["a"].hosts]
     b_hosts = [h.sidecar_address for h in slices["b"].hosts]
@@ -78,7 +49,7 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
         outputs=(ir.ValueRef(1, 0),),
         slices=(ir.SliceDecl("a", "a", 4),),
     )
-    _, launches = _plan_call(program, "c", "p", {"a": slice_record("a", 1)})
+    _, launches = plan_call(program, "c", "p", {"a": slice_record("a", 1)})
     (launch,) = launches["a"]
     assert not launch.routes and not launch.expects
     assert [o.node for o in launch.outputs] == [1]
@@ -86,7 +57,6 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
 
 def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> None:
     from pathways_wire import pathways_pb2 as pb
-    from pathways_operator.controller import INLINE_OUTPUT_BYTES, Controller, ProgramRecord
 
     inp0, inp1 = ir.ValueRef(ir.PROGRAM_INPUT, 0), ir.ValueRef(ir.PROGRAM_INPUT, 1)
     program = ir.Program(
@@ -98,12 +68,11 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     )
     prec = ProgramRecord("prog", program, {"a": "a-phys", "b": "b-phys"})
     slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
-    controller = Controller(lambda: [], None)
     small = [
         pb.InlineValue(value=inp.to_proto(), spec=F32.to_proto(), data=bytes(16))
         for inp in (inp0, inp1)
     ]
-    reply, launches = controller._launches(prec, slices, "c1", small)
+    reply, launches = call_launches(prec, slices, "c1", small)
     assert [list(i.hosts) for i in reply.inputs] == [[], []]  # nothing left to Put
     assert {launch.call_id for per_host in launches.values() for launch in per_host} == {"c1"}
     assert [v.value.index for v in launches["a"][0].inputs] == [0]
@@ -113,6 +82,36 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     assert launches["b"][0].inline_output_bytes == INLINE_OUTPUT_BYTES
 
     # the plan is kept per program and gangs; the next call gets its own launches
-    _, again = controller._launches(prec, slices, "c2", [])
+    _, again = call_launches(prec, slices, "c2", [])
     assert again["a"][0].call_id == "c2" and not again["a"][0].inputs
     assert launches["a"][0].call_id == "c1"
+
+
+def test_each_host_program_carries_only_its_own_slices_artifacts() -> None:
+    msg = host_program(two_slice_program(), "prog", "b")
+    assert (msg.program_id, msg.slice) == ("prog", "b")
+    assert [(c.index, c.artifact) for c in msg.program.computations] == [(0, b""), (1, b"artifact-1"), (2, b"")]
+
+
+def test_routes_carry_the_receiving_slices_token_and_the_reply_every_hosts_token() -> None:
+    slices = {"a": slice_record("a", 2, token="tok-a"), "b": slice_record("b", 1, token="tok-b")}
+    reply, launches = plan_call(two_slice_program(), "c1", "prog", slices)
+    (a_route,) = launches["a"][0].routes
+    (b_route,) = launches["b"][0].routes
+    assert list(a_route.destination_tokens) == ["tok-b"]
+    assert list(b_route.destination_tokens) == ["tok-a", "tok-a"]
+    assert dict(reply.host_tokens) == {
+        "10.0.a.0:1": "tok-a", "10.0.a.1:1": "tok-a", "10.0.b.0:1": "tok-b",
+    }
+
+
+def test_a_new_gang_generation_gets_a_new_plan() -> None:
+    prec = ProgramRecord("prog", two_slice_program(), {"a": "a-phys", "b": "b-phys"})
+    slices = {"a": slice_record("a", 2), "b": slice_record("b", 1)}
+    call_launches(prec, slices, "c1", [])
+    first = prec.launch_plan
+    slices["b"].hosts = [FakeHost("b/host-0", "10.0.b.9:1")]
+    slices["b"].generation += 1
+    _, launches = call_launches(prec, slices, "c2", [])
+    assert prec.launch_plan is not first
+    assert [list(r.destinations) for r in launches["a"][0].routes] == [["10.0.b.9:1"]]

@@ -14,8 +14,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, outcome_payload
-from pathways_operator.controller import Controller
-from pathways_operator.controller_service import ControllerService
+from pathways_operator.controller import Controller, ControllerService, Gangs
 from pathways_operator.k8s.driver_pods import DriverPods, UnknownProgramToken
 
 
@@ -30,7 +29,7 @@ def presented_token(context: grpc.ServicerContext) -> str:
 class OperatorControllerService(ControllerService):
     """:class:`ControllerService` with the two calls only driver pods make."""
 
-    def __init__(self, controller: Controller, drivers: DriverPods | None) -> None:
+    def __init__(self, controller: Controller[Gangs], drivers: DriverPods | None) -> None:
         super().__init__(controller)
         self._drivers = drivers
 

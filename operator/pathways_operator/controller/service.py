@@ -1,4 +1,4 @@
-"""The Controller gRPC service: a thin skin over `Controller`."""
+"""The Controller gRPC service: a thin skin over `Controller`, whatever its gangs' runtime."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import grpc
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_operator.controller import Controller, ControllerError
+from pathways_operator.controller.controller import Controller
+from pathways_operator.controller.errors import ControllerError
+from pathways_operator.controller.gangs import Gangs
 
 
 class ControllerService(pb_grpc.ControllerServicer):
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller[Gangs]) -> None:
         self.controller = controller
         self.controller_id = uuid.uuid4().hex
         """Told in `Describe`: a client that finds another after an outage places and loads again."""
@@ -55,11 +57,11 @@ class ControllerService(pb_grpc.ControllerServicer):
     def Run(self, request: pb.RunRequest, context: grpc.ServicerContext) -> pb.RunReply:
         try:
             if request.wait:
-                return self.controller.run_to_end(
+                return self.controller.calls.run_to_end(
                     request.program_id, request.call_id, request.weight, request.inputs,
                     request.wait_s,
                 )
-            return self.controller.run(
+            return self.controller.calls.run(
                 request.program_id, request.call_id, request.weight, request.inputs
             )
         except ControllerError as err:
@@ -67,10 +69,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             raise
 
     def WaitCall(self, request: pb.CallStatusRequest, context: grpc.ServicerContext) -> pb.CallStatus:
-        return self.controller.wait_call(request.call_id, request.timeout_s)
+        return self.controller.calls.wait_call(request.call_id, request.timeout_s)
 
     def FinishCall(self, request: pb.ReleaseCall, context: grpc.ServicerContext) -> pb.CallStatus:
-        return self.controller.finish_call(request.call_id)
+        return self.controller.calls.finish_call(request.call_id)
 
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
         info = self.controller.describe()

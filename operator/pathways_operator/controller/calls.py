@@ -1,0 +1,276 @@
+"""Program calls in flight: started, granted, counted, failed, waited for, freed.
+
+`run` sends each host of the call's gangs its launch (and the program, the
+first time a gang sees it), submits the call's computations to the island
+scheduler and streams every host its grants. From then on hosts run on their
+own; completions come back batched on the control streams, and the call table
+counts them (`core.call_tracking` decides), keeps the small outputs they carry
+inline, and hands out more grants. A failed call is told to every host of the
+call, so nothing waits for it forever. `run_to_end` is a whole call in one
+round trip for a client whose inputs and outputs are small.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_operator.controller.errors import ControllerError
+from pathways_operator.controller.host_link import HostLink
+from pathways_operator.controller.plans import call_launches, host_program
+from pathways_operator.controller.programs import ProgramRecord, Programs
+from pathways_operator.controller.slices import SliceRecord, SliceTable
+from pathways_operator.core.call_tracking import CallProgress, CallState
+from pathways_operator.core.island_scheduler import Grant, IslandScheduler
+
+SHARED_WINDOW = 8
+"""Grants outstanding per slice while several calls compete for it: few enough
+that a call re-entering after its previous call ended waits behind little, so
+stride order (not grant-time FIFO) decides the shares."""
+
+READY_WAIT_S = 120.0
+"""How long a call waits for a gang that is being relaunched."""
+
+_CALL_STATES: dict[CallState, pb.CallStatus.State.ValueType] = {
+    "running": pb.CallStatus.RUNNING,
+    "succeeded": pb.CallStatus.SUCCEEDED,
+    "failed": pb.CallStatus.FAILED,
+}
+
+
+@dataclass
+class CallRecord:
+    """A call in flight: its progress (decided in :mod:`core.call_tracking`) and its inline outputs."""
+
+    program: ProgramRecord
+    progress: CallProgress
+    started: float = field(default_factory=time.monotonic)
+    values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
+    """Outputs that came back inline with their completions."""
+
+    @property
+    def call_id(self) -> str:
+        return self.progress.call_id
+
+    def status(self, message: str = "") -> pb.CallStatus:
+        p = self.progress
+        return pb.CallStatus(call_id=p.call_id, state=_CALL_STATES[p.state], message=p.message or message,
+                             completed=p.completed, total=p.total)
+
+
+class Calls:
+    """The call table and the island scheduler that orders its computations."""
+
+    def __init__(self, slices: SliceTable, programs: Programs, window: int, shared_window: int) -> None:
+        self._slices = slices
+        self._changed = slices.changed
+        self._programs = programs
+        self._calls: dict[str, CallRecord] = {}
+        self._scheduler = IslandScheduler(window=window, shared_window=min(window, shared_window))
+        self.dispatched = 0
+        """Computations granted so far (the operator's metric)."""
+
+    def run(
+        self,
+        program_id: str,
+        call_id: str,
+        weight: float,
+        inputs: Sequence[pb.InlineValue] = (),
+    ) -> pb.RunReply:
+        with self._changed:
+            prec = self._programs.get(program_id)
+            if call_id in self._calls:
+                raise ControllerError("ALREADY_EXISTS", f"call {call_id} is already running")
+            program = prec.program
+            slices: dict[str, SliceRecord] = {}
+            for vid, physical in prec.bindings.items():
+                rec = self._slices.by_id(physical)
+                if rec is None:
+                    raise ControllerError(
+                        "FAILED_PRECONDITION",
+                        f"program '{program.name}': slice {physical} was released",
+                    )
+                self._slices.wait_ready(rec, time.monotonic() + READY_WAIT_S)
+                slices[vid] = rec
+            reply, launches = call_launches(prec, slices, call_id, inputs)
+            self._calls[call_id] = CallRecord(
+                program=prec,
+                progress=CallProgress(
+                    call_id=call_id,
+                    program=program.name,
+                    slices=frozenset(rec.slice_id for rec in slices.values()),
+                    total=len(program.computations),
+                ),
+            )
+            for vid, rec in slices.items():
+                if program_id not in rec.loaded:
+                    loaded = host_program(program, program_id, vid)
+                    for link in rec.links:
+                        link.send(pb.HostCommand(load=loaded))
+                    rec.loaded.add(program_id)
+                for link, launch in zip(rec.links, launches[vid]):
+                    link.send(pb.HostCommand(launch=launch))
+            self._scheduler.submit(call_id, weight if weight > 0 else 1.0, prec.scheduled())
+            self._dispatch_grants()
+            return reply
+
+    def run_to_end(
+        self,
+        program_id: str,
+        call_id: str,
+        weight: float,
+        inputs: Sequence[pb.InlineValue],
+        wait_s: float,
+    ) -> pb.RunReply:
+        """Runs the call and answers when it ended, with its inline outputs.
+
+        A call that ended with every output inline (or failed) is freed here,
+        so the client owes no FinishCall (`released`)."""
+        reply = self.run(program_id, call_id, weight, inputs)
+        status = self.wait_call(call_id, wait_s)
+        reply.status.CopyFrom(status)
+        with self._changed:
+            call = self._calls.get(call_id)
+            if call is None:
+                return reply
+            complete = True
+            for ref in call.program.program.outputs:
+                if ref.is_program_input:
+                    continue  # the client has it
+                value = call.values.get((ref.node, ref.index))
+                if value is None:
+                    complete = False  # the client fetches it from the hosts
+                else:
+                    reply.values.append(value)
+        if status.state == pb.CallStatus.FAILED or (
+            complete and status.state == pb.CallStatus.SUCCEEDED
+        ):
+            self.finish_call(call_id)
+            reply.released = True
+        return reply
+
+    def _dispatch_grants(self) -> None:
+        grants = self._scheduler.grants()
+        if not grants:
+            return
+        per_slice: dict[str, list[Grant]] = defaultdict(list)
+        for g in grants:
+            per_slice[g.slice_id].append(g)
+        for slice_id, items in per_slice.items():
+            rec = self._slices.by_id(slice_id)
+            if rec is None:
+                continue
+            batch = pb.GrantBatch(
+                grants=[pb.Grant(seq=g.seq, call_id=g.call_id, node=g.node) for g in items]
+            )
+            for g in items:
+                call = self._calls.get(g.call_id)
+                if call is not None:
+                    call.progress.granted((slice_id, g.seq), len(rec.links))
+            for link in rec.links:
+                link.send(pb.HostCommand(grants=batch))
+            self.dispatched += len(items)
+
+    def on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
+        """Completions from one host: count them, keep inline outputs, grant more."""
+        if not event.completions:
+            return
+        with self._changed:
+            rec = self._slices.slice_of_link(link)
+            if rec is None:
+                return
+            for done in event.completions:
+                call = self._calls.get(done.call_id)
+                key = (rec.slice_id, done.seq)
+                if call is None:
+                    self._scheduler_complete(rec.slice_id, done.seq)
+                    continue
+                for value in done.outputs:
+                    call.values[(value.value.node, value.value.index)] = value
+                report = call.progress.report(key, link.name, done.ok, done.error, done.node)
+                if report is None:
+                    continue
+                if report.failed_now:
+                    self._tell_failed(call, report.failed_now)
+                if report.grant_done:
+                    self._scheduler_complete(rec.slice_id, done.seq)
+            self._dispatch_grants()
+            self._changed.notify_all()
+
+    def _scheduler_complete(self, slice_id: str, seq: int) -> None:
+        try:
+            self._scheduler.complete(slice_id, seq)
+        except (KeyError, ValueError):
+            pass  # the slice was reset since this grant; nothing is outstanding
+
+    def _fail_call(self, call: CallRecord, message: str) -> None:
+        call.progress.fail(message)
+        self._tell_failed(call, message)
+
+    def _tell_failed(self, call: CallRecord, message: str) -> None:
+        """The call has failed: the scheduler drops its grants and its hosts stop waiting for it."""
+        self._scheduler.cancel(call.call_id)
+        fail = pb.HostCommand(fail=pb.FailCall(call_id=call.call_id, message=message))
+        self._send_to_gangs(call, fail)
+        self._changed.notify_all()
+
+    def _send_to_gangs(self, call: CallRecord, command: pb.HostCommand) -> None:
+        for slice_id in call.progress.slices:
+            rec = self._slices.by_id(slice_id)
+            if rec is not None:
+                for link in rec.links:
+                    link.send(command)
+
+    def gang_lost(self, rec: SliceRecord, host_name: str, reason: str) -> None:
+        """The gang of `rec` is gone (the caller holds the lock): fail the calls running on it."""
+        slice_id = rec.slice_id
+        affected = self._scheduler.reset_slice(slice_id)
+        for call in self._calls.values():
+            if call.progress.running and (
+                slice_id in call.progress.slices or call.call_id in affected
+            ):
+                self._fail_call(
+                    call,
+                    f"program '{call.program.program.name}' call {call.call_id}: host "
+                    f"{host_name} of slice '{rec.decl.name}' failed ({reason}); "
+                    "the slice is being relaunched",
+                )
+            call.progress.forget_slice(slice_id)
+
+    def wait_call(self, call_id: str, timeout_s: float) -> pb.CallStatus:
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self._changed:
+            while True:
+                call = self._calls.get(call_id)
+                if call is None:
+                    return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN,
+                                         message=f"call {call_id} is not known")
+                if not call.progress.running:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(min(remaining, 1.0))
+            return call.status(self._stragglers(call) if call.progress.running else "")
+
+    def _stragglers(self, call: CallRecord) -> str:
+        """For a call still running: which hosts owe which granted computations."""
+        gangs: dict[str, list[tuple[str, str]]] = {}
+        for slice_id in {k[0] for k in call.progress.waiting}:
+            rec = self._slices.by_id(slice_id)
+            if rec is not None:
+                gangs[slice_id] = [(link.name, f"{link.name} ({link.address})") for link in rec.links]
+        return call.progress.stragglers(gangs)
+
+    def finish_call(self, call_id: str) -> pb.CallStatus:
+        with self._changed:
+            call = self._calls.pop(call_id, None)
+            if call is None:
+                return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN)
+            if call.progress.running:
+                self._fail_call(call, f"call {call_id} was abandoned by its client")
+            self._send_to_gangs(call, pb.HostCommand(release=pb.ReleaseCall(call_id=call_id)))
+            return call.status()

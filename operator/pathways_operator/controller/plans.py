@@ -1,0 +1,160 @@
+"""How one program call is laid out over its gangs' hosts, decided without I/O.
+
+For every host, a `Launch` says which values it sends to which hosts of other
+slices (with the receiving slice's token), which values it expects and from how
+many senders, and which outputs it keeps; the `RunReply` tells the client
+where to put its inputs and where its outputs live. The plan depends only on
+the program and the gangs (slice id and generation), so it is made once per
+program and set of gangs and then stamped with each call's id and its small
+inputs. The island scheduler's grants, not the plan, decide when hosts run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_operator.controller.programs import PlanKey, ProgramRecord
+
+INLINE_OUTPUT_BYTES = 64 << 10
+"""Outputs up to this size come back inline with their completion (single-host slices)."""
+
+
+class SidecarHost(Protocol):
+    @property
+    def sidecar_address(self) -> str: ...
+
+
+class PlannedGang(Protocol):
+    """What planning needs of a slice's current gang."""
+
+    @property
+    def slice_id(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def token(self) -> str: ...
+
+    @property
+    def hosts(self) -> Sequence[SidecarHost]: ...
+
+
+def host_program(program: ir.Program, program_id: str, vslice: str) -> pb.HostProgram:
+    """The program as one host of `vslice` sees it: only its own artifacts."""
+    msg = program.to_proto()
+    for comp in msg.computations:
+        if comp.slice != vslice:
+            comp.artifact = b""
+    return pb.HostProgram(program_id=program_id, program=msg, slice=vslice)
+
+
+def plan_call(
+    program: ir.Program,
+    call_id: str,
+    program_id: str,
+    slices: Mapping[str, PlannedGang],
+) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
+    """Per-host launches for one call: routes, expected senders and outputs."""
+    addresses = {vid: [h.sidecar_address for h in rec.hosts] for vid, rec in slices.items()}
+    tokens = {a: rec.token for vid, rec in slices.items() for a in addresses[vid]}
+    consumers = program.consumers()
+    producer_slice = {
+        ir.ValueRef(c.index, i): c.slice
+        for c in program.computations
+        for i in range(len(c.outputs))
+    }
+    routes: dict[str, dict[ir.ValueRef, list[str]]] = defaultdict(dict)
+    expects: dict[str, dict[ir.ValueRef, int]] = defaultdict(dict)
+    input_hosts: dict[int, list[str]] = defaultdict(list)
+    for ref, nodes in consumers.items():
+        for node in nodes:
+            target = program.computations[node].slice
+            if ref.is_program_input:
+                for a in addresses[target]:
+                    if a not in input_hosts[ref.index]:
+                        input_hosts[ref.index].append(a)
+                continue
+            source = producer_slice[ref]
+            if source == target:
+                continue
+            dests = routes[source].setdefault(ref, [])
+            for a in addresses[target]:
+                if a not in dests:
+                    dests.append(a)
+            expects[target][ref] = len(addresses[source])
+    outputs_by_slice: dict[str, list[ir.ValueRef]] = defaultdict(list)
+    reply = pb.RunReply(host_tokens={a: t for a, t in tokens.items() if t})
+    for ref in program.outputs:
+        if ref.is_program_input:
+            reply.outputs.add()
+            continue
+        source = producer_slice[ref]
+        if ref not in outputs_by_slice[source]:
+            outputs_by_slice[source].append(ref)
+        reply.outputs.add(hosts=addresses[source])
+    for i in range(len(program.inputs)):
+        reply.inputs.add(hosts=input_hosts.get(i, []))
+    launches: dict[str, list[pb.Launch]] = {}
+    for vid in slices:
+        launch = pb.Launch(
+            call_id=call_id,
+            program_id=program_id,
+            routes=[
+                pb.Route(
+                    value=ref.to_proto(), destinations=dests,
+                    destination_tokens=[tokens[a] for a in dests],
+                )
+                for ref, dests in sorted(routes[vid].items())
+            ],
+            expects=[
+                pb.Expect(value=ref.to_proto(), senders=n) for ref, n in sorted(expects[vid].items())
+            ],
+            outputs=[ref.to_proto() for ref in outputs_by_slice[vid]],
+        )
+        launches[vid] = [launch] * len(addresses[vid])
+    return reply, launches
+
+
+def call_launches(
+    prec: ProgramRecord,
+    slices: Mapping[str, PlannedGang],
+    call_id: str,
+    inputs: Sequence[pb.InlineValue],
+) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
+    """The call's launches: the program's plan for these gangs, stamped with the call.
+
+    The plan is kept on `prec` until the gangs change; inputs ride with the
+    launches of the slices that read them, so the reply leaves them nothing to Put."""
+    gangs: PlanKey = tuple(sorted((vid, rec.slice_id, rec.generation) for vid, rec in slices.items()))
+    if prec.launch_plan is None or prec.launch_plan[0] != gangs:
+        reply, launches = plan_call(prec.program, "", prec.program_id, slices)
+        for vid, rec in slices.items():
+            if len(rec.hosts) == 1:
+                for launch in launches[vid]:
+                    launch.inline_output_bytes = INLINE_OUTPUT_BYTES
+        prec.launch_plan = (gangs, reply, launches)
+    _, template, planned = prec.launch_plan
+    consumers: dict[int, set[str]] = defaultdict(set)
+    if inputs:
+        for c in prec.program.computations:
+            for v in c.inputs:
+                if v.is_program_input:
+                    consumers[v.index].add(c.slice)
+    stamped: dict[str, list[pb.Launch]] = {}
+    for vid, per_host in planned.items():
+        launch = pb.Launch()
+        launch.CopyFrom(per_host[0])
+        launch.call_id = call_id
+        launch.inputs.extend(x for x in inputs if vid in consumers[x.value.index])
+        stamped[vid] = [launch] * len(per_host)
+    reply = pb.RunReply()
+    reply.CopyFrom(template)
+    for x in inputs:
+        if 0 <= x.value.index < len(reply.inputs):
+            del reply.inputs[x.value.index].hosts[:]  # it came with the call
+    return reply, stamped
