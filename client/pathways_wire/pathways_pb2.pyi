@@ -758,7 +758,7 @@ Global___ReleaseSliceReply: _TypeAlias = ReleaseSliceReply  # noqa: Y015
 
 @_typing.final
 class ProgressReport(_message.Message):
-    """Driver reports. The program is the one the caller's program token
+    """Driver reports. The program is the one the caller's client token
     (metadata x-pathways-client-token) belongs to: a driver reports for its
     own program only.
     """
