@@ -1,9 +1,12 @@
 """``python -m pathways.driver``: run one PathwaysProgram against a controller.
 
-The Kubernetes operator starts this process when every slice of a
-PathwaysProgram is Ready. It is an ordinary Pathways *client* — it imports
-``pathways`` only and talks to the controller over the wire protocol, exactly
-like a notebook would — so what runs under the operator is what runs locally.
+The Kubernetes operator starts this process, in the program's driver pod
+``<program>-driver``, when every slice of a PathwaysProgram is Ready. It is an
+ordinary Pathways *client* — it imports ``pathways`` only and talks to the
+controller over the wire protocol, exactly like a notebook would — so what runs
+under the operator is what runs locally. In its pod it holds no Kubernetes API
+credential, only its program's client token, and reports its steps and outcome to
+the controller (``--report-to-controller``, :mod:`pathways.driver_reports`).
 
 Entrypoint contract (see also :mod:`pathways.context`)::
 
@@ -18,13 +21,15 @@ Entrypoint contract (see also :mod:`pathways.context`)::
 The entrypoint is ``package.module:function`` importable where the driver runs.
 
 A program compiled by ``pathways compile`` (``spec.source.configMapRef``) needs no
-Python of the user's: the operator reads its ConfigMap, checks it, and writes it as JSON
-to the program's work directory; the driver (``--compiled-program FILE``) loads it with
+Python of the user's: the operator reads its ConfigMap and checks it, and the driver pod
+mounts it (``--compiled-program DIR``; a child-process driver gets it as a JSON file); the
+driver loads it with
 :meth:`pathways_wire.compiled_program.CompiledProgram.from_config_map`, binds each IR slice to the
 VirtualSlice that ``spec.slices`` gives the same name, and runs it ``steps`` times on the
 inputs stored with it. Its results are its flat outputs, ``output_0``, ``output_1``, ...
 of the last step. The driver never talks to the API server: only the operator holds
-credentials, and the driver runs exactly the version of the ConfigMap the operator checked.
+credentials; the IR's fingerprint, checked against its artifacts as it loads, keeps a
+ConfigMap edited after the operator's check from running unnoticed.
 
 Command line (all written by the operator)::
 

@@ -84,6 +84,7 @@ class DriverPodSettings:
     controller: str
     """HOST:PORT the drivers dial (the operator's Service on a cluster)."""
     pull_policy: str = ""
+    """The image pull policy of worker pods ("": the cluster's default)."""
     checkpoint_volumes: CheckpointVolumes = "claim"
     """How ``spec.checkpoint.volume`` reaches the pod: the PersistentVolumeClaim, or (a
     cluster whose nodes share the operator's filesystem: the test and dev clusters) the
