@@ -236,8 +236,10 @@ def test_programs_share_a_slice_by_weight(objects: Objects, operator: OperatorPr
 
 @pytest.mark.timeout(400, func_only=True)
 def test_operator_restart_mid_program_changes_nothing(objects: Objects, operator: OperatorProcess) -> None:
+    # Long enough (15 s) that the driver pod, which runs on through the restart, is still
+    # running when the pods are compared.
     objects.apply(program("durable", "examples.programs:paper_example", inline_slice("main", 8),
-                          steps=10, args={"step_seconds": 0.5}))
+                          steps=30, args={"step_seconds": 0.5}))
 
     objects.wait_steps("durable", 2, PROGRAM_DONE_S, what="program mid-run")
     pods_before = objects.pod_uids("pathways.dev/slice=durable-main")
