@@ -94,6 +94,7 @@ from pathways_wire.driver_protocol import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_RETRYABLE,
+    START_LINE,
     steps_completed,
 )
 
@@ -348,6 +349,8 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
         else:
             raise DriverError("--report-to-controller needs --start-step (the steps the operator recorded)")
         start = min(start, args.steps)
+        if args.report_to_controller:  # in its own pod, the driver's log is its own
+            print(START_LINE.format(step=start), flush=True)
         if args.namespace:
             os.environ["PATHWAYS_NAMESPACE"] = args.namespace
         import pathways as pw

@@ -46,6 +46,10 @@ ENV_PROGRAM_TOKEN_FILE = "PATHWAYS_PROGRAM_TOKEN_FILE"
 COMPILED_PROGRAM_DIR = "/var/run/pathways/compiled-program"
 """Where a driver pod mounts a ``spec.source.configMapRef`` ConfigMap."""
 
+START_LINE = "--- starting at step {step}: -m pathways.driver"
+"""The first line of each run of a driver in its log: a driver pod prints it itself; for a
+child-process driver the operator writes it (``k8s.drivers``). Log tails start after the last."""
+
 PROGRESS_FILE = "progress.jsonl"
 """One JSON object a line, ``{"step": N, ...}`` for each step done."""
 RESULTS_FILE = "results.json"

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pathways_wire import process_tree
-from pathways_wire.driver_protocol import EXIT_RETRYABLE, PROGRESS_FILE, RESULTS_FILE, steps_completed
+from pathways_wire.driver_protocol import EXIT_RETRYABLE, PROGRESS_FILE, RESULTS_FILE, START_LINE, steps_completed
 
 from pathways_operator.core.program_lifecycle import Reported
 from pathways_operator.core.program_lifecycle import DriverState as DriverState
@@ -58,7 +58,7 @@ STOP_GRACE_S = 5.0
 LOG_TAIL_CHARS = 1500
 DRIVER_LOG_MAX_BYTES = 8 * 1024 * 1024
 """``driver.log`` is rotated to ``driver.log.1`` at this size (8 MiB): at most 16 MiB per program."""
-RUN_MARKER = b"--- starting at step "
+RUN_MARKER = START_LINE.split("{")[0].encode()
 """The line the supervisor writes before each run of the driver; log tails start after the last one."""
 _PUMP_DRAIN_S = 5.0
 
@@ -235,7 +235,7 @@ class DriverSupervisor:
             argv += ["--checkpoint-dir", launch.checkpoint_dir,
                      "--checkpoint-every", str(launch.checkpoint_every)]
         with open(workdir / "driver.log", "ab") as out:
-            out.write(RUN_MARKER + f"{launch.start_step}: {' '.join(argv[1:3])}\n".encode())
+            out.write(START_LINE.format(step=launch.start_step).encode() + b"\n")
         process = subprocess.Popen(
             process_tree.supervised(argv, self._python),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
