@@ -377,16 +377,32 @@ def test_a_value_is_freed_after_its_last_local_reader_and_a_fetch_says_so() -> N
 
 def test_a_fetch_that_releases_its_value_frees_it_once_written() -> None:
     state = host()
-    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
-    run_chain(state, state.handle(grants("c1", 0, 1)))
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+    run_chain(state, state.handle(grants("c1", 0, 1, 2)))
 
-    said = state.handle(fetch("c1", (1, 0), release=True))
-    written = state.handle(ExportWritten(ObjectId("c1", (1, 0))))
+    said = state.handle(fetch("c1", (2, 0), release=True))
+    written = state.handle(ExportWritten(ObjectId("c1", (2, 0))))
 
     (export,) = only(Export, said)
-    assert (export.value, export.token, export.release) == ("c1-out1", 7, True)
-    assert state.store.get(ObjectId("c1", (1, 0))) is None and state.store.used == 0
+    assert (export.value, export.token, export.release) == ("c1-out2", 7, True)
+    assert state.store.get(ObjectId("c1", (2, 0))) is None and state.store.used == 0
     assert StoreChanged() in written
+
+
+def test_a_fetched_output_that_a_later_computation_reads_stays_until_that_computation_ran() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0), (1, 0)]))
+    first = only(Dispatch, state.handle(grants("c1", 0)))
+
+    state.handle(fetch("c1", (0, 0), release=True))
+    ran(state, first[0])
+    state.handle(ExportWritten(ObjectId("c1", (0, 0))))
+
+    assert state.store.get(ObjectId("c1", (0, 0))) is not None, "computation 1 still reads it"
+    second = only(Dispatch, state.handle(grants("c1", 1, first_seq=2)))
+    assert [d.grant.node for d in second] == [1]
+    ran(state, second[0])
+    assert state.store.get(ObjectId("c1", (0, 0))) is None
 
 
 # ---------------------------------------------------------------- timers

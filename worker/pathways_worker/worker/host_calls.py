@@ -48,6 +48,8 @@ class CallState:
     failed: str = ""
     readers: dict[Ref, int] = field(default_factory=dict)
     freed: set[Ref] = field(default_factory=set)
+    fetched: set[Ref] = field(default_factory=set)
+    """Outputs the client fetched with release: they go once no local computation reads them."""
     inline_output_bytes: int = 0
     computations: int = 0
     busy_s: float = 0.0
@@ -159,11 +161,21 @@ class HostCalls:
                 self.settle_failed(slot.oid, failed.error, out)
 
     def export_written(self, written: ExportWritten, out: list[Instruction]) -> None:
+        """A fetch that releases its value was written: the value goes, once nothing here reads it.
+
+        A later computation of the call on this host may still read a value the
+        client fetched (an output that is also an input): it stays until that
+        computation is done with it (`release_inputs`)."""
         oid = written.oid
+        call = self.calls.get(oid.call_id)
+        if call is not None:
+            call.fetched.add(oid.ref)
+            if call.readers.get(oid.ref, 0) > 0:
+                out.append(StoreChanged())
+                return
         slot = self.store.get(oid)
         if slot is not None and slot.settled and not slot.waiting_exports:
             self.store.drop(oid)
-            call = self.calls.get(oid.call_id)
             if call is not None:
                 call.freed.add(oid.ref)
         out.append(StoreChanged())
@@ -248,7 +260,8 @@ class HostCalls:
     def maybe_free(self, call: CallState, ref: Ref) -> None:
         """Drops a value no local computation will read and the client won't fetch."""
         plan = call.plan
-        if plan is None or ref in plan.outputs or call.readers.get(ref, 0) > 0:
+        kept_for_client = ref in plan.outputs and ref not in call.fetched if plan is not None else True
+        if plan is None or kept_for_client or call.readers.get(ref, 0) > 0:
             return
         oid = ObjectId(call.call_id, ref)
         slot = self.store.get(oid)
