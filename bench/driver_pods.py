@@ -35,7 +35,7 @@ RUNTIMES = ("pods", "processes")
 
 
 def _paper_example() -> dict[str, Any]:
-    from tests.cluster.controlplane import REPO_ROOT
+    from pathways_devcluster.controlplane import REPO_ROOT
 
     manifest: dict[str, Any] = yaml.safe_load((REPO_ROOT / "examples/manifests/paper-example.yaml").read_text())
     return manifest
