@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     driver_pods: DriverPods | None = None
     if args.driver_runtime == "pods":
         driver_pods = DriverPods(api, args.state_dir, DriverPodSettings(
-            image=args.driver_image or args.worker_image, controller="", pull_policy=args.worker_image_pull_policy,
+            image=args.driver_image or args.worker_image, pull_policy=args.worker_image_pull_policy,
             checkpoint_volumes=args.driver_checkpoint_volumes,
         ))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,

@@ -81,8 +81,8 @@ class DriverPodSettings:
 
     image: str
     """The default image (the worker image)."""
-    controller: str
-    """HOST:PORT the drivers dial (the operator's Service on a cluster)."""
+    controller: str = ""
+    """HOST:PORT the drivers dial (the operator's Service on a cluster); set once it listens."""
     pull_policy: str = ""
     """The image pull policy of worker pods ("": the cluster's default)."""
     checkpoint_volumes: CheckpointVolumes = "claim"
