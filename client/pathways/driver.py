@@ -48,6 +48,11 @@ Command line (all written by the operator)::
     [--checkpoint-dir D]      orbax snapshots of ctx's state; start from the newest one
     [--checkpoint-every N]    snapshot every N steps (and always before a suspend)
 
+Before the entrypoint runs, the driver prints where the run starts, and from which snapshot
+(:class:`pathways_wire.driver_protocol.RunStart`)::
+
+    pathways.driver: starting at step 6 (restored the snapshot of step 6)
+
 SIGUSR1, or a ``ReportProgress`` reply saying ``suspend``, asks for a suspend: the current step finishes, ``ctx.step_done`` snapshots the
 state and unwinds, and the results file says ``{"suspended": true, "stepsCompleted": N}``
 (exit status 0).
@@ -95,6 +100,7 @@ from pathways_wire.driver_protocol import (
     EXIT_OK,
     EXIT_RETRYABLE,
     START_LINE,
+    RunStart,
     steps_completed,
 )
 
@@ -372,6 +378,9 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
             every_steps=args.checkpoint_every,
             suspend_event=_SUSPEND,
         )
+        run_start = RunStart(ctx.start_step, ctx.restored_step)
+        print(run_start.line, flush=True)
+        reporter.started(run_start)
         try:
             results = results_json(fn(ctx))
         except SystemExit as err:

@@ -28,7 +28,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA, result_report
+from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA, RunStart, result_report
 
 REPORT_TIMEOUT_S = 30.0
 """Deadline of one report; the controller answers at once, so only a lost controller hits it."""
@@ -40,6 +40,8 @@ class Reporter(Protocol):
     def step(self, step: int, metrics: Mapping[str, float | int | str]) -> None: ...
 
     def outcome(self, payload: Mapping[str, Any]) -> None: ...
+
+    def started(self, run: RunStart) -> None: ...
 
 
 class FileReporter:
@@ -54,6 +56,9 @@ class FileReporter:
         with open(self.progress_file, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
             out.flush()
+
+    def started(self, run: RunStart) -> None:
+        """A child process's output is its log: the line it prints says it all."""
 
     def outcome(self, payload: Mapping[str, Any]) -> None:
         if self.results_file is None:
@@ -89,6 +94,11 @@ class ControllerReporter:
         reply = self._call(self._stub.ReportProgress, report)
         if reply.suspend:
             self._suspend.set()
+
+    def started(self, run: RunStart) -> None:
+        report = pb.RunStartReport(step=run.step, restored=run.snapshot is not None, snapshot=run.snapshot or 0,
+                                   program=self._program)
+        self._call(self._stub.ReportStart, report)
 
     def outcome(self, payload: Mapping[str, Any]) -> None:
         report = result_report(payload)

@@ -5,14 +5,19 @@ exit status and, in its own pod, through the controller's ``ReportProgress`` and
 ``ReportResult`` calls, presenting its program's token (metadata
 :data:`CLIENT_TOKEN_METADATA`, read from the Secret ``<program>-driver-token`` mounted
 at :data:`DRIVER_TOKEN_DIR`). The operator keeps what it reports in a progress file and
-a results file, and reads them. Both sides take the numbers and names from here, so a
+a results file, and reads them. Each run also says where it starts, in its log before the
+entrypoint runs (:class:`RunStart`): a resumed program names the step it continues
+from and the snapshot it restored, so ``pathways logs program`` (and a test) can tell a
+resume from a rerun from step 0, which deterministic programs would not show. Both sides take the numbers and names from here, so a
 status the driver means as "run me again" is never read as a failure.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +127,36 @@ def outcome_payload(report: pb.ResultReport) -> dict[str, Any]:
     error = report.error
     return {"error": error.message or "the driver reported an error without a message",
             "retryable": error.retryable, "badProgram": error.bad_program, "logTail": error.log_tail}
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where one run of a driver began: its first step, and the snapshot it restored.
+
+    ``snapshot`` is the step of the orbax snapshot the run restored (the number of
+    steps done when it was written), or None when it restored none and starts from
+    the steps its progress file records.
+    """
+
+    step: int
+    snapshot: int | None
+
+    @property
+    def line(self) -> str:
+        how = "no snapshot restored" if self.snapshot is None else f"restored the snapshot of step {self.snapshot}"
+        return f"pathways.driver: starting at step {self.step} ({how})"
+
+
+_RUN_START = re.compile(
+    r"^pathways\.driver: starting at step (\d+) "
+    r"\((?:no snapshot restored|restored the snapshot of step (\d+))\)$",
+    re.MULTILINE,
+)
+
+
+def run_starts(log_text: str) -> list[RunStart]:
+    """Every run's start in a driver log, oldest first."""
+    return [
+        RunStart(int(m.group(1)), None if m.group(2) is None else int(m.group(2)))
+        for m in _RUN_START.finditer(log_text)
+    ]

@@ -940,6 +940,40 @@ class ResultReply(_message.Message):
 Global___ResultReply: _TypeAlias = ResultReply  # noqa: Y015
 
 @_typing.final
+class RunStartReport(_message.Message):
+    """Where one run of a driver starts: its first step, and the step of the
+    snapshot it restored (restored false: none). The operator keeps every run's
+    start with the program's driver log, as a child process's log would hold it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    RESTORED_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    restored: _builtins.bool
+    snapshot: _builtins.int
+    @_builtins.property
+    def program(self) -> Global___ProgramRef: ...
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        restored: _builtins.bool = ...,
+        snapshot: _builtins.int = ...,
+        program: Global___ProgramRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["program", b"program"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["program", b"program", "restored", b"restored", "snapshot", b"snapshot", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunStartReport: _TypeAlias = RunStartReport  # noqa: Y015
+
+@_typing.final
 class HostProgram(_message.Message):
     """---------------------------------------------------------------- dataflow
 

@@ -79,6 +79,11 @@ class ControllerStub:
                 request_serializer=pathways__wire_dot_pathways__pb2.ResultReport.SerializeToString,
                 response_deserializer=pathways__wire_dot_pathways__pb2.ResultReply.FromString,
                 _registered_method=True)
+        self.ReportStart = channel.unary_unary(
+                '/pathways.v1alpha1.Controller/ReportStart',
+                request_serializer=pathways__wire_dot_pathways__pb2.RunStartReport.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.ResultReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -142,6 +147,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportStart(self, request, context):
+        """... and, before the entrypoint runs, where this run starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +200,11 @@ def add_ControllerServicer_to_server(servicer, server):
             'ReportResult': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportResult,
                     request_deserializer=pathways__wire_dot_pathways__pb2.ResultReport.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.ResultReply.SerializeToString,
+            ),
+            'ReportStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportStart,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.RunStartReport.FromString,
                     response_serializer=pathways__wire_dot_pathways__pb2.ResultReply.SerializeToString,
             ),
     }
@@ -433,6 +450,33 @@ class Controller:
             target,
             '/pathways.v1alpha1.Controller/ReportResult',
             pathways__wire_dot_pathways__pb2.ResultReport.SerializeToString,
+            pathways__wire_dot_pathways__pb2.ResultReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Controller/ReportStart',
+            pathways__wire_dot_pathways__pb2.RunStartReport.SerializeToString,
             pathways__wire_dot_pathways__pb2.ResultReply.FromString,
             options,
             channel_credentials,

@@ -58,6 +58,8 @@ class ControllerStub:
     """
     ReportResult: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ResultReport, _pathways_pb2.ResultReply]
     """... and how it ended, just before it exits."""
+    ReportStart: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.RunStartReport, _pathways_pb2.ResultReply]
+    """... and, before the entrypoint runs, where this run starts."""
 
 @_typing.type_check_only
 class ControllerAsyncStub(ControllerStub):
@@ -76,6 +78,8 @@ class ControllerAsyncStub(ControllerStub):
     """
     ReportResult: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ResultReport, _pathways_pb2.ResultReply]  # type: ignore[assignment]
     """... and how it ended, just before it exits."""
+    ReportStart: _aio.UnaryUnaryMultiCallable[_pathways_pb2.RunStartReport, _pathways_pb2.ResultReply]  # type: ignore[assignment]
+    """... and, before the entrypoint runs, where this run starts."""
 
 class ControllerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -145,6 +149,14 @@ class ControllerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_pathways_pb2.ResultReply, _abc.Awaitable[_pathways_pb2.ResultReply]]:
         """... and how it ended, just before it exits."""
+
+    @_abc_1.abstractmethod
+    def ReportStart(
+        self,
+        request: _pathways_pb2.RunStartReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.ResultReply, _abc.Awaitable[_pathways_pb2.ResultReply]]:
+        """... and, before the entrypoint runs, where this run starts."""
 
 def add_ControllerServicer_to_server(servicer: ControllerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pathways_wire import process_tree
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
@@ -43,8 +44,12 @@ def slice_released(objects: Objects, name: str) -> None:
     )
 
 
-def warning_events(objects: Objects, name: str) -> dict[str, str]:
-    return {e.reason: e.message for e in objects.events(name) if e.type == "Warning"}
+def warning_event(objects: Objects, name: str, reason: str) -> str:
+    """The message of the Warning Event ``reason`` about ``name``, waited for (within a bound):
+    the operator posts Events after it writes the status that goes with them."""
+    event = objects.wait_event(name, reason)
+    assert event.type == "Warning", (reason, event.type, event.message)
+    return str(event.message)
 
 
 @pytest.mark.timeout(180, func_only=True)
@@ -58,7 +63,7 @@ def test_program_that_raises_fails_at_once_with_its_log_once_and_releases_its_sl
     assert message.count("ValueError: the data set is empty") == 1, message
     assert "Traceback" not in condition(done, "Running")["message"]
     assert done["status"].get("restarts", 0) == 0
-    assert "ComputationFailed" in warning_events(objects, "raiser")
+    warning_event(objects, "raiser", "ComputationFailed")
     slice_released(objects, "raiser-main")
 
 
@@ -71,7 +76,7 @@ def test_results_the_api_server_refuses_fail_the_program_and_release_its_slice(
     assert refused["reason"] == "ResultsNotStored"
     assert "the API server refused its results" in refused["message"]
     assert "HTTP 422" in refused["message"] and "a/b" in refused["message"]
-    assert "ResultsNotStored" in warning_events(objects, "forger")
+    warning_event(objects, "forger", "ResultsNotStored")
     slice_released(objects, "forger-main")
 
 
@@ -88,7 +93,7 @@ def test_ref_to_a_slice_not_created_yet_waits_then_runs(objects: Objects, operat
     running = condition(pending, "Running")
     assert running["reason"] == "SliceNotFound"
     assert "VirtualSlice 'later' (spec.slices[0].ref) does not exist" in running["message"]
-    assert "SliceNotFound" in warning_events(objects, "early")
+    warning_event(objects, "early", "SliceNotFound")
 
     objects.apply(virtual_slice("later", 2))
     done = objects.wait_program("early", {"Succeeded", "Failed"}, 180, operator)
@@ -106,19 +111,17 @@ def test_active_deadline_stops_the_program_and_releases_its_slice(
     passed = condition(done, "Failed")
     assert passed["reason"] == "DeadlineExceeded"
     assert passed["message"].startswith("spec.activeDeadlineSeconds (4) passed")
-    assert "DeadlineExceeded" in warning_events(objects, "sleeper")
+    warning_event(objects, "sleeper", "DeadlineExceeded")
     slice_released(objects, "sleeper-main")
-    objects.cluster.poll(  # its pod is deleted; the node stops its container
-        lambda: not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, f"{FAULTY}:sleeps")],
-        timeout=60, interval=0.5, what="the driver of the stopped program stopped",
-    )
+    drivers = driver_pids(objects, operator, "sleeper")
+    assert drivers, "the operator logged no driver of the program"
+    objects.cluster.poll(lambda: not any(process_tree.pid_alive(pid) for pid in drivers),
+                         timeout=30, what="the driver of the stopped program gone")
 
 
-def _cmdline_has(proc: Path, text: str) -> bool:
-    try:
-        return text.encode() in (proc / "cmdline").read_bytes()
-    except OSError:
-        return False
+def driver_pids(objects: Objects, operator: OperatorProcess, name: str) -> list[int]:
+    """The PID of the program's driver, as the node agent recorded it when it started its pod."""
+    return [objects.cluster.container_pid(objects.namespace, f"{name}-driver", "driver")]
 
 
 @pytest.mark.timeout(180, func_only=True)
@@ -131,8 +134,8 @@ def test_lost_host_runs_again_up_to_the_backoff_limit(objects: Objects, operator
     assert exhausted["reason"] == "BackoffLimitExceeded"
     assert "lost a host 2 times, more than spec.backoffLimit (1) allows" in exhausted["message"]
     assert done["status"]["restarts"] == 1
-    events = warning_events(objects, "unlucky")
-    assert "HostLost" in events and "BackoffLimitExceeded" in events
+    warning_event(objects, "unlucky", "HostLost")
+    warning_event(objects, "unlucky", "BackoffLimitExceeded")
     slice_released(objects, "unlucky-main")
 
 

@@ -73,6 +73,11 @@ class Calls:
         self.dispatched = 0
         """Computations granted so far (the operator's metric)."""
 
+    def contended_grants(self) -> dict[float, int]:
+        """Grants made on slices other calls were waiting for, by weight (the shares between programs)."""
+        with self._slices.lock:
+            return self._scheduler.contended_grants
+
     def run(
         self,
         program_id: str,

@@ -88,3 +88,8 @@ class ControllerService(pb_grpc.ControllerServicer):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       "ReportResult: this controller runs no driver pods; only the operator's takes reports")
         raise AssertionError("unreachable")
+
+    def ReportStart(self, request: pb.RunStartReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportStart: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")

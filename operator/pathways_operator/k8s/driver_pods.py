@@ -47,6 +47,7 @@ from pathways_wire.driver_protocol import (
     ENV_PROGRAM_TOKEN_FILE,
     PROGRESS_FILE,
     RESULTS_FILE,
+    RunStart,
     driver_pod_name,
     driver_token_secret,
     steps_completed,
@@ -71,6 +72,8 @@ log = logging.getLogger(__name__)
 RECONNECT_S = 300
 """How long a driver pod waits for its controller to come back (an operator restart) before it fails."""
 LOG_TAIL_LINES = 40
+RUN_STARTS_FILE = "run-starts.log"
+"""In a program's work directory: each run's start line (``RunStart.line``), as its driver reported it."""
 """Lines of a failed driver's log quoted in the program's message (when the kubelet serves them)."""
 CheckpointVolumes = Literal["claim", "host-path"]
 
@@ -262,8 +265,14 @@ class DriverPods:
         return steps_completed(self.workdir(namespace, name, uid) / PROGRESS_FILE)
 
     def log_text(self, namespace: str, name: str, uid: str, limit_bytes: int) -> str:
-        """The end of the driver pod's log, as the kubelet serves it ("" where none does)."""
-        text = self._api.pod_log(namespace, driver_pod_name(name), DRIVER_CONTAINER, 10_000)
+        """The driver's log: where each run started (its earlier pods are gone), then the last pod's
+        log as the kubelet serves it (where none does, the runs' starts alone)."""
+        try:
+            starts = (self.workdir(namespace, name, uid) / RUN_STARTS_FILE).read_text().splitlines(keepends=True)
+        except OSError:
+            starts = []
+        last = self._api.pod_log(namespace, driver_pod_name(name), DRIVER_CONTAINER, 10_000)
+        text = "".join(starts[:-1] if last else starts) + last
         return text[-limit_bytes:]
 
     def status(self, namespace: str, name: str, uid: str) -> DriverStatus:
@@ -420,6 +429,14 @@ class DriverPods:
             out.write(json.dumps(line) + "\n")
         with self._lock:
             return program.key in self._suspend
+
+    def report_start(self, token: str, run: RunStart, named: tuple[str, str] = ("", "")) -> None:
+        """Record where a run of the token's program's driver starts (its pod's log goes with the pod)."""
+        program = self.program_of(token, named)
+        workdir = self.workdir(program.namespace, program.name, program.uid)
+        workdir.mkdir(parents=True, exist_ok=True)
+        with open(workdir / RUN_STARTS_FILE, "a", encoding="utf-8") as out:
+            out.write(run.line + "\n")
 
     def report_result(self, token: str, payload: Mapping[str, Any], named: tuple[str, str] = ("", "")) -> None:
         """Record how the token's program's driver ended (it exits right after)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import grpc
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, outcome_payload
+from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, RunStart, outcome_payload
 from pathways_operator.controller import Controller, ControllerService, Gangs
 from pathways_operator.k8s.driver_pods import DriverPods, UnknownProgramToken
 
@@ -66,5 +66,15 @@ class OperatorControllerService(ControllerService):
                                   (request.program.namespace, request.program.name))
         except UnknownProgramToken as err:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"ReportResult: {err}")
+            raise
+        return pb.ResultReply()
+
+    def ReportStart(self, request: pb.RunStartReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        drivers = self._reports(context)
+        run = RunStart(int(request.step), int(request.snapshot) if request.restored else None)
+        try:
+            drivers.report_start(presented_token(context), run, (request.program.namespace, request.program.name))
+        except UnknownProgramToken as err:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"ReportStart: {err}")
             raise
         return pb.ResultReply()
