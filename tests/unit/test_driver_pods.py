@@ -237,3 +237,13 @@ def test_a_restarted_operator_checks_an_unseen_token_against_the_named_programs_
         restarted.report_progress("forged", 0, {}, ("ns", "train"))
     assert restarted.report_progress(token, 0, {}, ("ns", "train")) is False
     assert restarted.program_of(token).uid == "uid-1"
+
+
+def test_each_runs_start_is_kept_with_the_driver_log(tmp_path: Path) -> None:
+    from pathways_wire.driver_protocol import RunStart, run_starts
+
+    drivers, api = pods(tmp_path)
+    drivers.start(launch())
+    drivers.report_start(token_of(api), RunStart(0, None))
+    drivers.report_start(token_of(api), RunStart(6, 6))
+    assert run_starts(drivers.log_text("ns", "train", "uid-1", 1 << 20)) == [RunStart(0, None), RunStart(6, 6)]
