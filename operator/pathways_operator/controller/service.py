@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import grpc
 
 from pathways_wire import ir
@@ -15,6 +17,8 @@ from pathways_operator.controller.gangs import Gangs
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, controller: Controller[Gangs]) -> None:
         self.controller = controller
+        self.controller_id = uuid.uuid4().hex
+        """Told in `Describe`: a client that finds another after an outage places and loads again."""
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, err: ControllerError) -> None:
@@ -71,4 +75,21 @@ class ControllerService(pb_grpc.ControllerServicer):
         return self.controller.calls.finish_call(request.call_id)
 
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
-        return self.controller.describe()
+        info = self.controller.describe()
+        info.controller_id = self.controller_id
+        return info
+
+    def ReportProgress(self, request: pb.ProgressReport, context: grpc.ServicerContext) -> pb.ProgressReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportProgress: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")
+
+    def ReportResult(self, request: pb.ResultReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportResult: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")
+
+    def ReportStart(self, request: pb.RunStartReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportStart: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")
