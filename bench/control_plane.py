@@ -21,9 +21,9 @@ client's first call, pay one-off costs), each repeat goes through n in (1, 2, 4)
 in turn, so every size sees the same load: `kubectl apply` a VirtualSlice of 4n
 devices, time from just before the command until `status.phase == Ready` (polled
 every 50 ms: the operator admitted it, bound the gang, and every host's worker has
-formed the slice's JAX job), then time a first computation on it (a client connects to
-the operator's controller and calls a tiny jitted function on the slice, fetching the
-result), then delete it and wait until its pods are gone. The baseline is
+formed the slice's JAX job), then time a first computation on it (a PathwaysProgram of
+one step of the paper example, applied at Ready, until the step is done: the controller
+serves only a program's own driver), then delete it and wait until its pods are gone. The baseline is
 n plain pods applied in one `kubectl apply` (a List), each requesting 4 devices so the
 default kube-scheduler puts one per node, running `python -c "time.sleep(600)"`, timed
 until all are Ready; then deleted and waited for. The ratio is slice ÷ plain pods: what
@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import statistics
 import subprocess
@@ -206,8 +205,8 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
                           baseline_samples=pods[n], ratio=statistics.median(slices[n]) / plain,
                           note=f"{4 * n} devices, 4 per host"))
         out.append(figure(EXP, f"VirtualSlice: Ready → first computation, {_hosts(n)}", "s", first[n],
-                          note="a client's first call of a tiny jitted function on the new slice, "
-                               "result fetched: CreateSlice, LoadProgram, compile on every host, run"))
+                          note="a PathwaysProgram applied at Ready until its first step: its driver pod "
+                               "starting, then the paper example's four computations compiled and run"))
     low, high = min(hosts), max(hosts)
     if high > low:
         gang = figure(EXP, f"VirtualSlice: kubectl apply → Ready, {_hosts(high)} vs {_hosts(low)}", "s",
@@ -290,7 +289,7 @@ class _Bench:
 
         self._wait(ready, f"VirtualSlice {name} Ready", READY_TIMEOUT_S)
         ready_at = time.monotonic()
-        self._first_computation(name, DEVICES_PER_NODE * n)
+        self._first_computation(name)
         computed_at = time.monotonic()
         self.objects.delete("virtualslices", name)
         self._wait(lambda: not self.objects.pods(f"pathways.dev/slice={name}")
@@ -298,27 +297,29 @@ class _Bench:
                    f"VirtualSlice {name} and its pods gone", GONE_TIMEOUT_S)
         return ready_at - start, computed_at - ready_at
 
-    def _first_computation(self, name: str, devices: int) -> None:
-        """One tiny jitted call on the VirtualSlice ``name``, through the operator's controller."""
-        import numpy as np
+    def _first_computation(self, name: str) -> None:
+        """A PathwaysProgram of one step on the VirtualSlice ``name``; returns once that step is done.
 
-        import pathways as pw
+        The operator's controller serves only a program's own driver (its client
+        token), so the first computation is a program's: its driver pod starts, connects,
+        and runs one step of the paper example on the slice.
+        """
+        from tests.cluster.builders import program, ref_slice
 
-        os.environ["PATHWAYS_NAMESPACE"] = self.namespace
-        pw.connect(self.operator_controller())
-        vslice = pw.make_virtual_device_set().add_slice(devices=devices, name=name)
-        step = pw.jit(lambda x: x + 1.0, slice=vslice)
-        got = np.asarray(step(np.zeros(devices, np.float32)))
-        if not np.array_equal(got, np.ones(devices, np.float32)):
-            raise AssertionError(f"first computation on {name} returned {got}")
-        vslice.release()
+        first = f"{name}-first"
+        self._apply(program(first, "examples.programs:paper_example", ref_slice("main", name), steps=1))
 
-    def operator_controller(self) -> str:
-        """The address the operator's controller serves on, from its log."""
-        found = re.findall(r"drivers use (\S+)\)", Path(self.operator.log_path).read_text())
-        if not found:
-            raise RuntimeError(f"the operator logged no controller address:\n{self.operator.log_tail(2000)}")
-        return str(found[-1])
+        def stepped() -> bool:
+            status = (self.objects.get("pathwaysprograms", first) or {}).get("status") or {}
+            if status.get("phase") == "Failed":
+                raise RuntimeError(f"PathwaysProgram {first} failed: {status.get('message', '')}")
+            return int(status.get("stepsCompleted") or 0) >= 1 or status.get("phase") == "Succeeded"
+
+        self._wait(stepped, f"PathwaysProgram {first}'s first step", READY_TIMEOUT_S)
+        self.objects.delete("pathwaysprograms", first)
+        self._wait(lambda: self.objects.get("pathwaysprograms", first) is None
+                   and not self.objects.pods(f"pathways.dev/program={first}"),
+                   f"PathwaysProgram {first} and its driver gone", GONE_TIMEOUT_S)
 
     def pods_ready(self, name: str, n: int) -> float:
         from tests.cluster.builders import container, pod
