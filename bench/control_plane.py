@@ -186,6 +186,7 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
     assert max(hosts) <= NODES
     slices: dict[int, list[float]] = {n: [] for n in hosts}
     first: dict[int, list[float]] = {n: [] for n in hosts}
+    failed: dict[int, list[str]] = {n: [] for n in hosts}
     pods: dict[int, list[float]] = {n: [] for n in hosts}
     with _bench_cluster() as bench:
         bench.slice_ready("warm-up", min(hosts))
@@ -193,7 +194,10 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
             for n in hosts:
                 ready, computed = bench.slice_ready(f"s{n}-{i}", n)
                 slices[n].append(ready)
-                first[n].append(computed)
+                if isinstance(computed, str):
+                    failed[n].append(computed)
+                else:
+                    first[n].append(computed)
                 pods[n].append(bench.pods_ready(f"p{n}-{i}", n))
     out: list[Figure] = []
     for n in hosts:
@@ -204,9 +208,16 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
                           "s", slices[n], baseline=f"{n} plain pod{'s' if n > 1 else ''}",
                           baseline_samples=pods[n], ratio=statistics.median(slices[n]) / plain,
                           note=f"{4 * n} devices, 4 per host"))
-        out.append(figure(EXP, f"VirtualSlice: Ready → first computation, {_hosts(n)}", "s", first[n],
-                          note="a PathwaysProgram applied at Ready until its first step: its driver pod "
-                               "starting, then the paper example's four computations compiled and run"))
+        what = f"VirtualSlice: Ready → first computation, {_hosts(n)}"
+        missing = (f"; {len(failed[n])} of {repeats} repeats failed: {failed[n][0]}" if failed[n] else "")
+        if first[n]:
+            out.append(figure(EXP, what, "s", first[n],
+                              note="a PathwaysProgram applied at Ready until its first step: its driver pod "
+                                   "starting, then the paper example's four computations compiled and run"
+                                   + missing))
+        else:
+            out.append(Figure(EXP, what, "s", float("nan"), float("nan"), float("nan"), 0,
+                              note=f"not run{missing}"))
     low, high = min(hosts), max(hosts)
     if high > low:
         gang = figure(EXP, f"VirtualSlice: kubectl apply → Ready, {_hosts(high)} vs {_hosts(low)}", "s",
@@ -277,8 +288,8 @@ class _Bench:
         self.cluster.kubectl("apply", "-n", self.namespace, "-f", "-", input=json.dumps(manifest))
         return start
 
-    def slice_ready(self, name: str, n: int) -> tuple[float, float]:
-        """apply → Ready, then Ready → the result of a first computation on the slice."""
+    def slice_ready(self, name: str, n: int) -> tuple[float, float | str]:
+        """apply → Ready, then Ready → a first computation on the slice (or why it failed)."""
         from tests.cluster.builders import virtual_slice
 
         start = self._apply(virtual_slice(name, DEVICES_PER_NODE * n, island=f"island-{ISLAND}"))
@@ -289,13 +300,16 @@ class _Bench:
 
         self._wait(ready, f"VirtualSlice {name} Ready", READY_TIMEOUT_S)
         ready_at = time.monotonic()
-        self._first_computation(name)
-        computed_at = time.monotonic()
+        try:
+            self._first_computation(name)
+            first: float | str = time.monotonic() - ready_at
+        except (RuntimeError, TimeoutError) as err:
+            first = str(err).splitlines()[0]
         self.objects.delete("virtualslices", name)
         self._wait(lambda: not self.objects.pods(f"pathways.dev/slice={name}")
                    and self.objects.get("virtualslices", name) is None,
                    f"VirtualSlice {name} and its pods gone", GONE_TIMEOUT_S)
-        return ready_at - start, computed_at - ready_at
+        return ready_at - start, first
 
     def _first_computation(self, name: str) -> None:
         """A PathwaysProgram of one step on the VirtualSlice ``name``; returns once that step is done.
