@@ -187,6 +187,7 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
     slices: dict[int, list[float]] = {n: [] for n in hosts}
     first: dict[int, list[float]] = {n: [] for n in hosts}
     failed: dict[int, list[str]] = {n: [] for n in hosts}
+    floor: dict[int, list[float]] = {n: [] for n in hosts}
     pods: dict[int, list[float]] = {n: [] for n in hosts}
     with _bench_cluster() as bench:
         bench.slice_ready("warm-up", min(hosts))
@@ -198,6 +199,7 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
                     failed[n].append(computed)
                 else:
                     first[n].append(computed)
+                floor[n].append(_start_jax(n))
                 pods[n].append(bench.pods_ready(f"p{n}-{i}", n))
     out: list[Figure] = []
     for n in hosts:
@@ -227,20 +229,19 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
                       note="each measured in this run; the floor below is what the hosts' own start costs")
         gang.met = gang.ratio is not None and gang.ratio <= GANG_TARGET
         out.append(gang)
-    return out + start_floor(repeats, hosts)
+    return out + start_floor(floor)
 
 
-def start_floor(repeats: int, counts: Sequence[int]) -> list[Figure]:
+def start_floor(samples: dict[int, list[float]]) -> list[Figure]:
     """n processes starting JAX at once (`import jax; jax.devices()`, 4 CPU devices), beside one.
 
     Each host's worker does this before it can join its slice's JAX job, all of a
     gang's hosts at the same time on this machine's cores: the part of a gang's
-    start-up that grows with its size however the hosts are started.
+    start-up that grows with its size however the hosts are started. It is timed
+    right after each slice of the same size, with the cluster running, so it shares
+    the machine as the slice did.
     """
-    samples: dict[int, list[float]] = {n: [] for n in counts}
-    for _ in range(repeats):
-        for n in counts:
-            samples[n].append(_start_jax(n))
+    counts = sorted(samples)
     low = min(counts)
     out = []
     for n in counts:
