@@ -17,6 +17,7 @@ mapped to — the embedded local cluster by default, or the controller that
 
 from __future__ import annotations
 
+from pathways.array import Array, fetch
 from pathways.context import ProgramContext
 from pathways.devices import VirtualDevice, VirtualDeviceSet, VirtualSlice, make_virtual_device_set
 from pathways.functions import SliceFunction, jit, pmap
@@ -32,6 +33,7 @@ from pathways_wire.errors import (
 )
 
 __all__ = [
+    "Array",
     "ClientTraffic",
     "ExecutionError",
     "ProgramContext",
@@ -49,6 +51,7 @@ __all__ = [
     "VirtualSlice",
     "connect",
     "default_runtime",
+    "fetch",
     "jit",
     "launch",
     "make_virtual_device_set",

@@ -52,6 +52,9 @@ class ControllerStub:
     FinishCall: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ReleaseCall, _pathways_pb2.CallStatus]
     """The client has what it needs: free the call's buffers on every host."""
     Describe: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ClusterInfoRequest, _pathways_pb2.ClusterInfo]
+    DropObjects: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.DropObjectsRequest, _pathways_pb2.DropObjectsReply]
+    """The client dropped its last handle to these objects: free them on every host."""
+    KeepAlive: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.KeepAliveRequest, _pathways_pb2.KeepAliveReply]
 
 @_typing.type_check_only
 class ControllerAsyncStub(ControllerStub):
@@ -64,6 +67,9 @@ class ControllerAsyncStub(ControllerStub):
     FinishCall: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ReleaseCall, _pathways_pb2.CallStatus]  # type: ignore[assignment]
     """The client has what it needs: free the call's buffers on every host."""
     Describe: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ClusterInfoRequest, _pathways_pb2.ClusterInfo]  # type: ignore[assignment]
+    DropObjects: _aio.UnaryUnaryMultiCallable[_pathways_pb2.DropObjectsRequest, _pathways_pb2.DropObjectsReply]  # type: ignore[assignment]
+    """The client dropped its last handle to these objects: free them on every host."""
+    KeepAlive: _aio.UnaryUnaryMultiCallable[_pathways_pb2.KeepAliveRequest, _pathways_pb2.KeepAliveReply]  # type: ignore[assignment]
 
 class ControllerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -115,6 +121,21 @@ class ControllerServicer(metaclass=_abc_1.ABCMeta):
         request: _pathways_pb2.ClusterInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pathways_pb2.ClusterInfo, _abc.Awaitable[_pathways_pb2.ClusterInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def DropObjects(
+        self,
+        request: _pathways_pb2.DropObjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.DropObjectsReply, _abc.Awaitable[_pathways_pb2.DropObjectsReply]]:
+        """The client dropped its last handle to these objects: free them on every host."""
+
+    @_abc_1.abstractmethod
+    def KeepAlive(
+        self,
+        request: _pathways_pb2.KeepAliveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.KeepAliveReply, _abc.Awaitable[_pathways_pb2.KeepAliveReply]]: ...
 
 def add_ControllerServicer_to_server(servicer: ControllerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
