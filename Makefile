@@ -7,7 +7,8 @@ export KPW_CACHE ?= $(HOME)/.cache/kube-pathways
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: all venv demo test lint typecheck unit integration cluster controlplane helm proto sync-crds \
-        bench bench-quick soak fault-loop kind-up kind-load helm-install kind-demo clean
+        bench bench-quick soak fault-loop dev-cluster dev-cluster-down kind-up kind-load helm-install \
+        kind-demo clean
 
 HELM_VERSION := v3.22.0
 HELM         := $(KPW_CACHE)/helm-$(HELM_VERSION)/bin/helm
@@ -41,7 +42,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict client/pathways client/pathways_wire operator/pathways_operator worker/pathways_worker
+	$(VENV)/bin/mypy --strict client/pathways client/pathways_wire client/pathways_devcluster operator/pathways_operator worker/pathways_worker
 
 unit: $(STAMP)
 	$(PYTEST) tests/unit -q
@@ -70,6 +71,15 @@ controlplane:
 ## helm, built through the Go module proxy into $(KPW_CACHE)
 helm:
 	bash tests/cluster/toolchain/build_helm.sh
+
+## make dev-cluster: the control plane, a node agent (not a kubelet) of two islands and the
+## operator installed with helm, in the background; prints `export KUBECONFIG=...`.
+## State and logs in $(KPW_CACHE)/dev-cluster; make dev-cluster-down stops it and removes them.
+dev-cluster: $(STAMP) controlplane helm
+	@$(PY) -m pathways_devcluster up
+
+dev-cluster-down: $(STAMP)
+	@$(PY) -m pathways_devcluster down
 
 ## keep the chart's CRDs identical to crds/
 sync-crds:

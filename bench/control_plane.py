@@ -149,7 +149,7 @@ def _not_run(hosts: Sequence[int], why: str) -> list[Figure]:
 def _missing_harness() -> str | None:
     """Why the cluster half cannot start here, or None."""
     try:
-        from tests.cluster.binaries import MissingBinariesError, find_binaries
+        from pathways_devcluster.binaries import MissingBinariesError, find_binaries
     except ImportError as err:  # pytest or the kubernetes client missing
         return f"the cluster harness does not import ({err})"
     try:
@@ -260,9 +260,9 @@ class _Bench:
 @contextmanager
 def _bench_cluster() -> Iterator[_Bench]:
     """Control plane + one node agent (island-bench, 4 × 4 devices) + CRDs + the operator."""
-    from tests.cluster.controlplane import REPO_ROOT, ControlPlane
+    from pathways_devcluster.controlplane import REPO_ROOT, ControlPlane
     from tests.cluster.harness import CRDS, Cluster, OperatorProcess
-    from tests.cluster.kubelet import NodeAgentProcess, NodeSpec
+    from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec
 
     run_dir = Path(tempfile.mkdtemp(prefix="kpw-bench-"))
     try:

@@ -2,9 +2,9 @@
 
 ``cluster`` (session): start-up (about 10 s) happens once per session: etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler from the binaries ``make
-controlplane`` builds (see ``controlplane``), then one node agent process (see
-``kubelet``) serving two islands of two 4-device nodes each (``DEFAULT_NODES``). The tier
-never skips: missing binaries or kubectl fail every test with a message saying what to
+controlplane`` builds, then one node agent process serving two islands of two 4-device
+nodes each (``DEFAULT_NODES``); both come from ``pathways_devcluster``, the tool behind
+``make dev-cluster``, so the tier exercises what developers run. The tier never skips: missing binaries or kubectl fail every test with a message saying what to
 install or run.
 
 ``namespace``: a fresh namespace per test. ``crds`` applies ``crds/`` and waits until the
@@ -24,10 +24,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.binaries import MissingBinariesError, find_binaries
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane
+from pathways_devcluster.binaries import MissingBinariesError, find_binaries
+from pathways_devcluster.controlplane import REPO_ROOT, ControlPlane
 from tests.cluster.harness import CRDS, Cluster, Objects, OperatorProcess
-from tests.cluster.kubelet import NodeAgentProcess, NodeSpec
+from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec
 
 __all__ = ["Cluster"]  # test modules that predate ``harness`` import it from here
 

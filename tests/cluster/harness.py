@@ -42,11 +42,11 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from tests.cluster import processes
+from pathways_devcluster import processes
 from tests.cluster.builders import GROUP, VERSION, Manifest
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane
-from tests.cluster.kubelet import NodeAgentProcess, NodeSpec, container_log_path
-from tests.cluster.ports import ReservedPort, reserve_port
+from pathways_devcluster.controlplane import REPO_ROOT, ControlPlane
+from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec, container_log_path
+from pathways_devcluster.ports import ReservedPort, reserve_port
 
 T = TypeVar("T")
 CRDS = ("virtualslices.pathways.dev", "pathwaysprograms.pathways.dev")

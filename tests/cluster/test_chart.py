@@ -38,23 +38,16 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.cluster import processes
-from tests.cluster.binaries import cache_dir
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster import processes
+from pathways_devcluster.binaries import MissingBinariesError, find_helm, pinned_helm_version
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Cluster
-from tests.cluster.kubelet.pod_env import expand
-from tests.cluster.ports import reserve_port
+from pathways_devcluster.node_agent.pod_env import expand
+from pathways_devcluster.ports import reserve_port
 
 CHART = REPO_ROOT / "helm" / "kube-pathways"
-BUILD_HELM = REPO_ROOT / "tests" / "cluster" / "toolchain" / "build_helm.sh"
 LABEL_NODES = REPO_ROOT / "helm" / "label-nodes.sh"
 Manifest = dict[str, Any]
-
-
-def pinned_helm_version() -> str:
-    match = re.search(r"^HELM_VERSION=(v[0-9.]+)$", BUILD_HELM.read_text(), re.M)
-    assert match, f"{BUILD_HELM} pins no HELM_VERSION"
-    return match.group(1)
 
 
 @dataclass(frozen=True)
@@ -81,16 +74,10 @@ class Helm:
 
 @pytest.fixture(scope="module")
 def helm() -> Helm:
-    version = pinned_helm_version()
-    binary = cache_dir() / f"helm-{version}" / "bin" / "helm"
-    if not os.access(binary, os.X_OK):
-        pytest.fail(
-            f"the chart tests need helm {version} at {binary}: build it once with `make helm` "
-            f"(runs {BUILD_HELM.relative_to(REPO_ROOT)}: `go install helm.sh/helm/v3/cmd/helm@{version}` "
-            "through the Go module proxy, ~3 minutes cold; needs Go >= 1.26)",
-            pytrace=False,
-        )
-    return Helm(binary)
+    try:
+        return Helm(find_helm())
+    except MissingBinariesError as e:
+        pytest.fail(f"the chart tests need helm: {e}", pytrace=False)
 
 
 def apply(cluster: Cluster, docs: list[Manifest], *flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,7 @@ from pathways.cli.watch_streams import follow
 from pathways.kube import Kube, ResourceVersionGone
 from tests.cluster.builders import container, pod
 from tests.cluster.conftest import Cluster
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.program_files import double_inc_program
 
 GROUP, VERSION = "pathways.dev", "v1alpha1"

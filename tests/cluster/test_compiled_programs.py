@@ -23,7 +23,7 @@ from pathways.cli import EXIT_OK, compile_program_file, main
 from pathways_wire.compiled_program import ARTIFACT_SUFFIX, INPUTS_KEY, PROGRAM_KEY
 from pathways_wire import pathways_pb2 as pb
 from tests.cluster.builders import Manifest, virtual_slice
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
 from tests.cluster.program_files import double_inc_program
 

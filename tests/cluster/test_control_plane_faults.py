@@ -21,7 +21,7 @@ import pytest
 
 from tests.cluster.builders import inline_slice, program, virtual_slice
 from tests.cluster.harness import Objects, OperatorProcess, condition
-from tests.cluster.kubelet import NodeSpec
+from pathways_devcluster.node_agent import NodeSpec
 
 PROGRAM_DONE_S = 180.0
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kubelet.pod_env import (
+from pathways_devcluster.node_agent.pod_env import (
     ContainerConfigError,
     PodNetwork,
     container_argv,
@@ -15,7 +15,13 @@ from tests.cluster.kubelet.pod_env import (
     expand,
     field_ref,
 )
-from tests.cluster.kubelet.pod_volumes import Mount, MountPoints, apply_mounts, mount_env_name
+from pathways_devcluster.node_agent.pod_volumes import (
+    Mount,
+    MountPoints,
+    apply_mounts,
+    mount_env_name,
+    mount_order,
+)
 
 NET = PodNetwork("127.0.0.12", "127.0.0.1", "127.0.0.1", 6443)
 POD: dict[str, Any] = {
@@ -90,3 +96,12 @@ def test_rewrite_mode_points_paths_at_the_volume_directory() -> None:
     assert env["CONF"] == "/state/v/config"
     assert env[mount_env_name("/etc/config")] == "/state/v/config"
     assert mount_env_name("/etc/config") == "KPW_MOUNT_ETC_CONFIG"
+
+
+def test_a_mount_over_the_directory_holding_other_volumes_is_bound_last() -> None:
+    volumes = Path("/tmp/agent/volumes/uid")
+    tmp = Mount(volumes / "tmp", "/tmp", False)
+    token = Mount(volumes / "token", "/var/run/secrets/kubernetes.io/serviceaccount", True)
+    data = Mount(volumes / "data", "/data", False)
+    nested = Mount(volumes / "nested", "/data/nested", False)
+    assert mount_order([tmp, nested, token, data]) == [data, nested, token, tmp]

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
 
 FAULTY = "tests.cluster.faulty_programs"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.cluster.builders import Manifest, inline_slice, program, ref_slice, virtual_slice
-from tests.cluster.controlplane import REPO_ROOT
+from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Cluster, Objects, OperatorProcess, condition
 
 VERDICT_S = 60.0

@@ -6,7 +6,7 @@ import dataclasses
 
 from pathways_operator.core.placement import HostResources, Machine
 from pathways_operator.k8s.gang_pods import PodView
-from pathways_operator.k8s.inventory import Reservation, ReservationLedger, machines
+from pathways_operator.k8s.inventory import Reservation, ReservationLedger, machines, unreachable
 from tests.unit.k8s_builders import node, placement, pod
 
 NODES = [node("a-0", "island-a", 4), node("a-1", "island-a", 4), node("b-0", "island-b", 8)]
@@ -24,6 +24,18 @@ def test_only_labelled_nodes_with_devices_are_machines() -> None:
 def test_not_ready_and_cordoned_nodes_are_unschedulable() -> None:
     found = machines([node("a-0", "island-a", 4, ready=False), node("a-1", "island-a", 4, cordoned=True)], [], [])
     assert [m.schedulable for m in found] == [False, False]
+
+
+def test_only_the_node_lifecycle_no_execute_taint_marks_a_node_unreachable() -> None:
+    def tainted(*taints: tuple[str, str]) -> dict[str, object]:
+        found = node("a-0", "island-a", 4, ready=False)
+        found["spec"] = {"taints": [{"key": key, "effect": effect} for key, effect in taints]}
+        return found
+
+    assert unreachable(tainted(("node.kubernetes.io/unreachable", "NoExecute")))
+    assert not unreachable(tainted(("node.kubernetes.io/unreachable", "NoSchedule")))
+    assert not unreachable(tainted(("node.kubernetes.io/not-ready", "NoExecute")))
+    assert not unreachable(node("a-0", "island-a", 4))
 
 
 def test_live_bound_pods_hold_devices_finished_and_unbound_ones_do_not() -> None:

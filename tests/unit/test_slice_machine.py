@@ -201,6 +201,22 @@ def test_pods_on_a_deleted_node_are_deleted_at_once() -> None:
     assert machine.decision().events[0].message.startswith("Gang recreated: node m1 of pod train-1 was deleted")
 
 
+def test_evicted_pod_on_an_unreachable_node_is_deleted_at_once_and_the_gang_recreated() -> None:
+    evicted = {0: serving(0), 1: dataclasses.replace(serving(1), deleting=True)}
+    machine = SliceMachine(ready_look(current=evicted, unreachable_nodes=frozenset({"m1"})))
+    machine.start()
+    delete = next(a for a in machine.take_actions() if isinstance(a, DeletePods))
+    assert delete.at_once == frozenset({"train-1"})
+    assert machine.decision().events[0].message.startswith("Gang recreated: pod train-1 was deleted")
+
+
+def test_pod_on_an_unreachable_node_is_left_to_eviction_while_not_deleted() -> None:
+    machine = SliceMachine(look(strays=(serving(1),), unreachable_nodes=frozenset({"m1"})))
+    machine.start()
+    delete = next(a for a in machine.take_actions() if isinstance(a, DeletePods))
+    assert delete.pods == (serving(1),) and delete.at_once == frozenset()
+
+
 def test_lost_host_after_max_restarts_fails_the_slice_for_good() -> None:
     broken = {0: serving(0), 1: dataclasses.replace(serving(1), deleting=True)}
     machine = SliceMachine(ready_look(current=broken, restarts=3, max_restarts=3))

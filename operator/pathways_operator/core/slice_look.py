@@ -79,7 +79,12 @@ class ReleaseGang:
 
 @dataclasses.dataclass(frozen=True)
 class DeletePods:
-    """Delete these pods; those in ``at_once`` (their Node is gone: no kubelet will confirm) with grace 0."""
+    """Delete these pods; those in ``at_once`` with grace 0: no kubelet will confirm their end.
+
+    That is every pod whose Node is gone, and every pod already being deleted (evicted, or
+    deleted by this operator) on a Node whose kubelet stopped reporting: such a pod would
+    stay Terminating until the Node came back, holding up the gang's re-placement.
+    """
 
     pods: tuple[GangPod, ...]
     at_once: frozenset[str] = frozenset()
@@ -201,6 +206,9 @@ class SliceLook:
     """Why a slice of higher priority evicts this one, if it does."""
     missing_nodes: frozenset[str] = frozenset()
     """Nodes the slice's pods are bound to that no longer exist."""
+    unreachable_nodes: frozenset[str] = frozenset()
+    """Nodes the slice's pods are bound to whose kubelet stopped reporting (the node
+    lifecycle controller's ``node.kubernetes.io/unreachable`` taint)."""
     seen: frozenset[int] = frozenset()
     """Host indices whose pods this operator has seen for the current placement."""
     in_the_way: InTheWay | None = None

@@ -191,8 +191,10 @@ class SliceMachine:
         return Next.ADMIT
 
     def _delete(self, pods: Sequence[GangPod]) -> DeletePods:
-        gone = self.look.missing_nodes
-        return DeletePods(tuple(pods), frozenset(p.name for p in pods if p.node and p.node in gone))
+        gone, unreachable = self.look.missing_nodes, self.look.unreachable_nodes
+        return DeletePods(tuple(pods), frozenset(
+            p.name for p in pods if p.node in gone or (p.deleting and p.node in unreachable)
+        ))
 
     def _loss(self) -> str:
         """Why the placed gang is broken ("pod x-1 failed: ..."), or "" while it is whole or still growing.

@@ -62,9 +62,13 @@ def _decode(response: Any) -> Json:
     return data
 
 
-def _precondition(uid: str) -> kclient.V1DeleteOptions:
-    """DeleteOptions that make the API server refuse (409) if the name now holds another object."""
-    return kclient.V1DeleteOptions(preconditions=kclient.V1Preconditions(uid=uid))
+def _precondition(uid: str, grace_seconds: int | None = None) -> kclient.V1DeleteOptions:
+    """DeleteOptions that make the API server refuse (409) if the name now holds another object.
+
+    The grace period goes in the body too: with a body, the API server reads no query parameters.
+    """
+    return kclient.V1DeleteOptions(preconditions=kclient.V1Preconditions(uid=uid),
+                                   grace_period_seconds=grace_seconds)
 
 
 def now_rfc3339() -> str:
@@ -172,7 +176,7 @@ class ClusterApi:
         Gone already, or replaced by another object of the same name: nothing is deleted.
         """
         self._delete_if_same(f"deleting pod {namespace}/{name}", lambda: self.core.delete_namespaced_pod(
-            name, namespace, grace_period_seconds=grace_seconds, body=_precondition(uid), _preload_content=False,
+            name, namespace, body=_precondition(uid, grace_seconds), _preload_content=False,
         ))
 
     # ------------------------------------------------------------ custom resources

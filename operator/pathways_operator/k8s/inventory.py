@@ -92,6 +92,16 @@ def _allocatable(node: Mapping[str, Any], resource: str, scale: int) -> int:
         return 0
 
 
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+"""The node lifecycle controller's taint for a Node whose kubelet stopped reporting."""
+
+
+def unreachable(node: Mapping[str, Any]) -> bool:
+    """Whether the Node's kubelet stopped reporting: its pods' deletions will not be confirmed."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(t.get("key") == UNREACHABLE_TAINT and t.get("effect") == "NoExecute" for t in taints)
+
+
 def _schedulable(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False

@@ -48,7 +48,7 @@ from pathways_operator.k8s.cluster_api import ClusterApi, now_rfc3339
 from pathways_operator.k8s.gang_actions import PodInTheWay, PodRefused, SliceSecret
 from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults
 from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegistry
-from pathways_operator.k8s.inventory import Reservation
+from pathways_operator.k8s.inventory import Reservation, unreachable
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_wire.kube_names import SIDECAR_PORT, SLICE_LABEL
 from pathways_operator.k8s.status_writer import StatusWriter
@@ -162,6 +162,7 @@ class SliceReconciler:
         }
         strays = tuple(p for p in pods if p.host_index not in current or current[p.host_index] is not p)
         seen_for, seen = self._seen.get(key, (None, frozenset[int]()))
+        missing_nodes, unreachable_nodes = self._lost_nodes(pods)
         look = SliceLook(
             key=key,
             name=vslice.name,
@@ -179,7 +180,8 @@ class SliceReconciler:
             registered=self._gangs.generation(key) == generation,
             preempted=self._queue.drained(key) == generation,
             evicting=self._queue.evicting(key),
-            missing_nodes=self._missing_nodes(pods),
+            missing_nodes=missing_nodes,
+            unreachable_nodes=unreachable_nodes,
             seen=seen if seen_for is reservation else frozenset(),
             in_the_way=secret if isinstance(secret, InTheWay) else self._pod_in_the_way(vslice),
             refusals=self._queue.refusals(key),
@@ -297,13 +299,14 @@ class SliceReconciler:
             return None
         return gang_actions.foreign_pod(vslice, name, found)
 
-    def _missing_nodes(self, pods: Sequence[PodView]) -> frozenset[str]:
-        """Nodes the pods are bound to that no longer exist (no kubelet will ever report on them)."""
+    def _lost_nodes(self, pods: Sequence[PodView]) -> tuple[frozenset[str], frozenset[str]]:
+        """Nodes the pods are bound to that no longer exist, and those whose kubelet stopped reporting."""
         bound = {p.node for p in pods if p.node}
         if not bound:
-            return frozenset()
-        existing = {str(n["metadata"]["name"]) for n in self._api.list_nodes()}
-        return frozenset(bound - existing)
+            return frozenset(), frozenset()
+        nodes = {str(n["metadata"]["name"]): n for n in self._api.list_nodes()}
+        return (frozenset(bound - nodes.keys()),
+                frozenset(name for name in bound & nodes.keys() if unreachable(nodes[name])))
 
     def _write_status(self, vslice: VirtualSliceObject, decision: SliceDecision) -> None:
         new = SliceStatus(

@@ -1,6 +1,6 @@
-"""``python -m tests.cluster.kubelet --kubeconfig K --node a-0:island-a:4 --state-dir D``.
+"""``python -m pathways_devcluster.node_agent --kubeconfig K --node a-0:island-a:4 --state-dir D``.
 
-Runs the test node agent (a stand-in for the kubelet, not a kubelet) in the foreground
+Runs the node agent (a stand-in for the kubelet, not a kubelet) in the foreground
 until SIGTERM or SIGINT, then kills every container it started and exits, leaving the
 API objects as they are.
 """
@@ -12,14 +12,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from tests.cluster import kubelet
-from tests.cluster.kubelet.agent import AgentOptions, NodeAgent
+from pathways_devcluster import node_agent
+from pathways_devcluster.node_agent.agent import AgentOptions, NodeAgent
 
-log = logging.getLogger("tests.cluster.kubelet")
+log = logging.getLogger("pathways_devcluster.node_agent")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = AgentOptions.parse(argv, description=(kubelet.__doc__ or "").split("\n\n")[0])
+    options = AgentOptions.parse(argv, description=(node_agent.__doc__ or "").split("\n\n")[0])
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.components import ControlPlaneError
+from pathways_devcluster.components import ControlPlaneError
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -1,6 +1,6 @@
 """A pod's containers as local processes: start, reap, restart, probe, kill.
 
-The test node agent is a stand-in for the kubelet, not a kubelet: it has no container
+The node agent is a stand-in for the kubelet, not a kubelet: it has no container
 runtime and no images. A container here is a process in its own session, started from
 ``command`` + ``args`` (the image is ignored; ``python``/``python3`` is this interpreter,
 so the repository's virtualenv is used; the working directory is the repository root
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.cluster import processes
-from tests.cluster.kubelet import probes
-from tests.cluster.kubelet.api import now
-from tests.cluster.kubelet.pod_env import (
+from pathways_devcluster import processes
+from pathways_devcluster.node_agent import probes
+from pathways_devcluster.node_agent.api import now
+from pathways_devcluster.node_agent.pod_env import (
     ContainerConfigError,
     ObjectSource,
     Pod,
@@ -42,7 +42,7 @@ from tests.cluster.kubelet.pod_env import (
     container_argv,
     container_environment,
 )
-from tests.cluster.kubelet.pod_volumes import (
+from pathways_devcluster.node_agent.pod_volumes import (
     Mount,
     MountMode,
     MountPoints,

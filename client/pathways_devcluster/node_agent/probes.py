@@ -1,6 +1,6 @@
-"""Container probes as the test node agent runs them, with the kubelet's thresholds.
+"""Container probes as the node agent runs them, with the kubelet's thresholds.
 
-The agent is a test stand-in for the kubelet, not a kubelet, but readiness, liveness and
+The agent is a stand-in for the kubelet, not a kubelet, but readiness, liveness and
 startup probes decide what the operator sees (a host pod is Ready, or restarted), so they
 follow the kubelet's rules: ``initialDelaySeconds`` before the first run, one run every
 ``periodSeconds``, ``successThreshold`` successes in a row to pass and

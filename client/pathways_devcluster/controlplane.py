@@ -10,16 +10,24 @@ builds through the Go module proxy and caches outside the repository:
    static token file authenticates the admin (group ``system:masters``), the
    controller-manager and the scheduler, and authorization is ``RBAC,Node`` -- so RBAC
    rules shipped by the project are enforced exactly as in a real cluster;
-3. kube-controller-manager (all controllers but node IPAM and node lifecycle, which need a
-   real kubelet and cloud; one service account per controller; the CA published as
-   ``kube-root-ca.crt`` so in-cluster clients can verify the API server);
+3. kube-controller-manager, with every controller but node IPAM (pods get loopback
+   addresses from the node agent, not from a Node's podCIDR): one service account per
+   controller; the CA published as ``kube-root-ca.crt`` so in-cluster clients can verify
+   the API server; node lifecycle on, so a Node whose Lease and status stop being renewed
+   goes NotReady, is tainted ``node.kubernetes.io/unreachable`` and its pods are evicted;
 4. kube-scheduler.
+
+Node failure is quicker here than in a default cluster, so that tests see it in seconds:
+a Node is NotReady ``node_grace_seconds`` (default 20 s; Kubernetes' is 50 s) after its
+last heartbeat, checked every 2 s, and the API server gives pods the default
+tolerations for ``not-ready`` and ``unreachable`` of ``toleration_seconds`` (default
+10 s; Kubernetes' is 300 s), after which the taint manager evicts them.
 
 The API server, the controller-manager and the scheduler cannot bind port 0 and report
 it; their ports are reserved outside the kernel's ephemeral range (see ``ports``).
 Each is started only after the previous one answers its health endpoint; a component
 that dies or does not become healthy in time raises ``ControlPlaneError`` carrying the
-tail of its log. The kubelet is the one piece that is not real: see ``kubelet``.
+tail of its log. The kubelet is the one piece that is not real: see ``node_agent``.
 
 Processes run in their own sessions and die with their parent (see ``processes``);
 ``stop`` (or leaving the ``with`` block) terminates them in reverse order.
@@ -39,11 +47,11 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster import processes
-from tests.cluster.binaries import COMPONENTS, find_binaries
-from tests.cluster.components import Component, ControlPlaneError
-from tests.cluster.pki import write_kubeconfig, write_pki
-from tests.cluster.ports import ReservedPort, reserve_port
+from pathways_devcluster import processes
+from pathways_devcluster.binaries import COMPONENTS, find_binaries
+from pathways_devcluster.components import Component, ControlPlaneError
+from pathways_devcluster.pki import write_kubeconfig, write_pki
+from pathways_devcluster.ports import ReservedPort, reserve_port
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -51,6 +59,10 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+NODE_GRACE_SECONDS = 20
+"""Seconds without a heartbeat before a Node is NotReady (``--node-monitor-grace-period``)."""
+TOLERATION_SECONDS = 10
+"""Default ``tolerationSeconds`` of pods for the not-ready and unreachable taints."""
 ETCD_CLIENT_PORT = re.compile(
     r'"msg":"serving client traffic insecurely[^\n]*"address":"127\.0\.0\.1:(\d+)"'
 )
@@ -71,8 +83,12 @@ class ControlPlane:
         *,
         bin_dir: Path | None = None,
         start_timeout: float = 60.0,
+        node_grace_seconds: int = NODE_GRACE_SECONDS,
+        toleration_seconds: int = TOLERATION_SECONDS,
     ) -> None:
         self._binaries = find_binaries(bin_dir)
+        self.node_grace_seconds = node_grace_seconds
+        self.toleration_seconds = toleration_seconds
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="kpw-cp-"))
         self.start_timeout = start_timeout
@@ -153,6 +169,10 @@ class ControlPlane:
             comp.argv = self._etcd(comp.port).argv
         comp.start()
         comp.wait_healthy(self.start_timeout)
+
+    def pids(self) -> dict[str, int]:
+        """The PIDs of the components that run, by name."""
+        return {name: c.popen.pid for name, c in self._components.items() if c.popen is not None}
 
     def alive(self) -> dict[str, bool]:
         return {
@@ -284,7 +304,9 @@ class ControlPlane:
             return self._apiserver(self._components["etcd"].port)
         if name == "kube-controller-manager":
             return self._secondary(name, [
-                "--controllers=*,-nodeipam,-nodelifecycle",
+                "--controllers=*,-nodeipam",
+                "--node-monitor-period=2s",
+                f"--node-monitor-grace-period={self.node_grace_seconds}s",
                 "--use-service-account-credentials",
                 "--leader-elect=false",
                 f"--service-account-private-key-file={self.pki_dir / 'sa.key'}",
@@ -341,6 +363,8 @@ class ControlPlane:
                 # `kubernetes` Service, which Endpoints validation rejects (loopback).
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
+                f"--default-not-ready-toleration-seconds={self.toleration_seconds}",
+                f"--default-unreachable-toleration-seconds={self.toleration_seconds}",
                 "--profiling=false",
                 f"--cert-dir={self.run_dir / 'apiserver-certs'}",
             ],
@@ -382,7 +406,7 @@ class ControlPlane:
 
 
 def main() -> None:
-    """``python -m tests.cluster.controlplane``: start, print the kubeconfig path, wait for ^C."""
+    """``python -m pathways_devcluster.controlplane``: start, print the kubeconfig path, wait for ^C."""
     import signal
 
     cp = ControlPlane(Path(tempfile.mkdtemp(prefix="kpw-cp-")))

@@ -1,6 +1,6 @@
-"""Pod IPs for the test node agent: one loopback /24 per agent, one address per pod.
+"""Pod IPs for the node agent: one loopback /24 per agent, one address per pod.
 
-The agent is a test stand-in for the kubelet, not a kubelet, and has no CNI: each pod
+The agent is a stand-in for the kubelet, not a kubelet, and has no CNI: each pod
 it runs gets a loopback address ``<subnet>.N`` (N from 10, the lowest free first, reused
 once the pod is gone), and its containers bind that address as they would a pod IP.
 Linux routes all of 127/8 to ``lo``, so nothing needs configuring.

@@ -1,8 +1,8 @@
 """Pod volumes for containers that are plain local processes.
 
-The test node agent, a stand-in for the kubelet and not a kubelet, materializes each
+The node agent, a stand-in for the kubelet and not a kubelet, materializes each
 volume of a pod as a directory of its own:
-``emptyDir`` (on ``/dev/shm`` when ``medium: Memory``, so shared-memory transport between
+``emptyDir`` (under ``/dev/shm``, see ``shm_root``, when ``medium: Memory``, so shared-memory transport between
 a pod's containers behaves as on a node), ``secret``, ``configMap``, ``downwardAPI`` and
 ``projected`` (including the bound ``serviceAccountToken`` that every pod gets through the
 ServiceAccount admission plugin, so in-cluster clients authenticate for real) are written
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.cluster.kubelet.pod_env import (
+from pathways_devcluster.node_agent.pod_env import (
     ContainerConfigError,
     ObjectSource,
     Pod,
@@ -51,6 +51,15 @@ from tests.cluster.kubelet.pod_env import (
 MountMode = Literal["namespace", "rewrite"]
 
 _SHM = Path("/dev/shm")
+
+
+def shm_root(pod_subnet: str) -> Path:
+    """Where an agent keeps ``medium: Memory`` emptyDirs: ``/dev/shm/kpw-<pod subnet>``.
+
+    The subnet is the agent's own while it runs (``ip_pool``), so whoever stops or
+    kills an agent, or claims its subnet next, may remove what an agent left there.
+    """
+    return _SHM / f"kpw-{pod_subnet}"
 
 
 def detect_mount_mode(scratch: Path) -> MountMode:
@@ -114,12 +123,14 @@ def _write_file(path: Path, data: bytes, mode: int | None) -> None:
 class PodVolumes:
     """The materialized volumes of one pod (by uid), under ``root/<uid>/<volume>``."""
 
-    def __init__(self, pod: Pod, root: Path, source: ObjectSource, net: PodNetwork) -> None:
+    def __init__(
+        self, pod: Pod, root: Path, source: ObjectSource, net: PodNetwork, memory_root: Path
+    ) -> None:
         self._pod = pod
         self._uid = str(pod["metadata"]["uid"])
         self._namespace = str(pod["metadata"]["namespace"])
         self._root = root / self._uid
-        self._shm_root = _SHM / f"kpw-{self._uid}"
+        self._shm_root = memory_root / self._uid
         self._source = source
         self._net = net
         self.paths: dict[str, Path] = {}
@@ -158,7 +169,7 @@ class PodVolumes:
         else:
             kinds = sorted(k for k in volume if k != "name")
             raise ContainerConfigError(
-                f"volume {name!r}: type {kinds} is not supported by the test node agent "
+                f"volume {name!r}: type {kinds} is not supported by the node agent "
                 "(emptyDir, secret, configMap, downwardAPI, projected, hostPath are)"
             )
         return path
@@ -232,7 +243,7 @@ class PodVolumes:
             _write_file(path / spec["path"], token.encode(), mode if mode is not None else 0o600)
         else:
             raise ContainerConfigError(
-                f"projected source {sorted(projection)} is not supported by the test node agent"
+                f"projected source {sorted(projection)} is not supported by the node agent"
             )
 
     def mounts_for(self, container: Mapping[str, Any]) -> list[Mount]:
@@ -299,6 +310,26 @@ def _rewrite(value: str, mounts: Sequence[Mount]) -> str:
     return value
 
 
+def _under(path: str | Path, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    text = str(path)
+    return root == "/" or text == root or text.startswith(root + "/")
+
+
+def mount_order(mounts: Sequence[Mount]) -> list[Mount]:
+    """The order to bind ``mounts`` in, so that no mount hides what a later one needs.
+
+    A mount whose target covers another mount's source (an emptyDir on ``/tmp`` while
+    the agent keeps volumes under ``/tmp``) goes after it; otherwise parents go before
+    the targets nested in them.
+    """
+
+    def covers_a_source(m: Mount) -> bool:
+        return any(o is not m and _under(o.source, m.target) for o in mounts)
+
+    return sorted(mounts, key=lambda m: (covers_a_source(m), len(Path(m.target).parts)))
+
+
 def apply_mounts(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -312,7 +343,7 @@ def apply_mounts(
     if mode == "namespace":
         wrapped = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
         wrapped += [_NAMESPACE_SCRIPT, "kpw-mount"]
-        for m in mounts:
+        for m in mount_order(mounts):
             mount_points.ensure(m)
             wrapped += [str(m.source), m.target, "ro" if m.read_only else "rw"]
         return wrapped + ["--", *argv], dict(env)

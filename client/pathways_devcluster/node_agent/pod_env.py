@@ -1,6 +1,6 @@
 """What a container sees of its pod: environment, ``$(VAR)`` expansion, downward API.
 
-The test node agent is a stand-in for the kubelet, not a kubelet: it runs containers as
+The node agent is a stand-in for the kubelet, not a kubelet: it runs containers as
 local processes, so it must build their environment the way the kubelet does, or code
 that works here would break on a real node (and the other way round):
 
@@ -231,7 +231,7 @@ def container_environment(
                 )
         else:
             raise ContainerConfigError(
-                f"env {name}: valueFrom {sorted(value_from)} is not supported by the test node agent"
+                f"env {name}: valueFrom {sorted(value_from)} is not supported by the node agent"
             )
     return env
 
@@ -242,7 +242,7 @@ def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list
     args = [expand(str(a), env) for a in container.get("args") or []]
     if not command:
         raise ContainerConfigError(
-            f"container {container.get('name')!r} has no command; the test node agent runs "
+            f"container {container.get('name')!r} has no command; the node agent runs "
             "processes, not images, so every container needs an explicit command"
         )
     return command + args

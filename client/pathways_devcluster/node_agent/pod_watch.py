@@ -1,6 +1,6 @@
-"""The pods bound to one Node, listed and then watched, as the test node agent sees them.
+"""The pods bound to one Node, listed and then watched, as the node agent sees them.
 
-The agent is a test stand-in for the kubelet, not a kubelet; like one, it learns of its
+The agent is a stand-in for the kubelet, not a kubelet; like one, it learns of its
 pods from a list+watch on ``spec.nodeName=<node>``. The list gives the full set
 (``PodEvents.sync``: pods missing from it have vanished) and a ``resourceVersion``;
 ``kubernetes.watch.Watch`` then streams what changed after it. Each watch request lasts
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from kubernetes import watch
 
-from tests.cluster.kubelet.api import KubeApi
-from tests.cluster.kubelet.pod_env import Pod
+from pathways_devcluster.node_agent.api import KubeApi
+from pathways_devcluster.node_agent.pod_env import Pod
 
 log = logging.getLogger(__name__)
 

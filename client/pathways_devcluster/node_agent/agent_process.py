@@ -1,34 +1,38 @@
-"""The test node agent as a child process of the test session: ``NodeAgentProcess``.
+"""The node agent as a child process of the dev cluster or a test session: ``NodeAgentProcess``.
 
-The agent is a test stand-in for the kubelet, not a kubelet; tests run it as its own
-process (``python -m tests.cluster.kubelet``), as a kubelet runs beside the control
+The agent is a stand-in for the kubelet, not a kubelet; it runs as its own
+process (``python -m pathways_devcluster.node_agent``), as a kubelet runs beside the control
 plane, so that killing or restarting it is a real fault. ``NodeAgentProcess`` starts it
 with ``AgentOptions``, waits until its Nodes are Ready and schedulable (failing with the
 tail of the agent's log if it exits or times out), reads back the pod subnet it claimed,
 and on ``stop`` ends it and, by default, deletes its Nodes so that nothing is scheduled
-onto a Node that no agent serves.
+onto a Node that no agent serves. ``kill`` is a machine dying instead: what the cluster
+tier's node-failure test does.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tests.cluster import processes
-from tests.cluster.kubelet.agent import AgentOptions
-from tests.cluster.kubelet.api import KubeApi
-from tests.cluster.kubelet.containers import REPO_ROOT
-from tests.cluster.kubelet.node_registrar import NodeSpec, node_is_ready
+from pathways_devcluster import processes
+from pathways_devcluster.node_agent.agent import AgentOptions
+from pathways_devcluster.node_agent.api import KubeApi
+from pathways_devcluster.node_agent.containers import REPO_ROOT
+from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeSpec, node_is_ready
+from pathways_devcluster.node_agent.pod_volumes import shm_root
 
-MODULE = "tests.cluster.kubelet"
+MODULE = "pathways_devcluster.node_agent"
 
 
 class NodeAgentProcess:
-    """Runs ``python -m tests.cluster.kubelet`` as a child process, for tests.
+    """Runs ``python -m pathways_devcluster.node_agent`` as a child process.
 
     ``with NodeAgentProcess(kubeconfig, [NodeSpec("c-0", "island-c", 4)], state_dir) as agent:``
     starts it and waits until its Nodes are Ready; leaving the block stops it and, with
@@ -44,7 +48,7 @@ class NodeAgentProcess:
         pod_subnet: str = "auto",
         log_file: Path | None = None,
         delete_nodes: bool = True,
-        heartbeat_seconds: float = 10.0,
+        heartbeat_seconds: float = HEARTBEAT_SECONDS,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.options = AgentOptions(
@@ -109,10 +113,22 @@ class NodeAgentProcess:
                     f"{processes.log_tail(self.log_file)}"
                 )
 
+    def kill(self) -> None:
+        """The machine dies: the agent is SIGKILLed and its containers with it.
+
+        Its Nodes and pods stay in the API as they were and nobody renews the Nodes'
+        Leases or status: what the control plane makes of that is node lifecycle's to say.
+        """
+        if self.popen is not None:
+            processes.signal_group(self.popen, signal.SIGKILL)
+            self.popen.wait(10.0)
+
     def stop(self, grace_seconds: float = 20.0) -> None:
         if self.popen is not None:
             processes.stop(self.popen, grace_seconds)
             self.popen = None
+        if self.pod_subnet != "auto":  # what a killed agent's memory volumes left
+            shutil.rmtree(shm_root(self.pod_subnet), ignore_errors=True)
         if self.delete_nodes:
             api = KubeApi(self.kubeconfig)
             for node in self.nodes:

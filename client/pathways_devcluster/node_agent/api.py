@@ -1,6 +1,6 @@
-"""The test node agent's view of the API server: JSON in, JSON out.
+"""The node agent's view of the API server: JSON in, JSON out.
 
-The agent is a test stand-in for the kubelet, not a kubelet; it talks to the real API
+The agent is a stand-in for the kubelet, not a kubelet; it talks to the real API
 server through the ``kubernetes`` client but asks for raw JSON (``_preload_content=False``)
 instead of the client's model classes. That keeps it independent of the models and lets
 it read fields they do not know. Every call is bounded by ``API_TIMEOUT``; a failed call
@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.kubelet.pod_env import ContainerConfigError, TokenRequest
+from pathways_devcluster.node_agent.pod_env import ContainerConfigError, TokenRequest
 
 API_TIMEOUT = (5.0, 15.0)
 """Connect and read timeouts of one API call, in seconds."""

@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster import processes
+from pathways_devcluster import processes
 
 
 class ControlPlaneError(RuntimeError):

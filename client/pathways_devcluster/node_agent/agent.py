@@ -1,6 +1,6 @@
-"""The test node agent itself: its options, and the table of the pods it runs.
+"""The node agent itself: its options, and the table of the pods it runs.
 
-The agent is a test stand-in for the kubelet, not a kubelet. ``NodeAgent`` ties the
+The agent is a stand-in for the kubelet, not a kubelet. ``NodeAgent`` ties the
 pieces together: a ``NodeRegistrar`` thread keeps its Nodes registered and Ready, one
 ``PodWatch`` thread per Node reports the pods bound there, and each new pod gets a
 loopback IP from the agent's /24 (``ip_pool``) and a ``PodWorker`` thread that runs it to
@@ -8,7 +8,7 @@ the end. The table makes sure a pod is started at most once: a pod already finis
 deleted before it ever ran, is only given its final delete (``_finalize_unstarted``),
 and a pod missing from a re-list is told it has vanished.
 
-``AgentOptions`` is the agent's command line, parsed (``python -m tests.cluster.kubelet``)
+``AgentOptions`` is the agent's command line, parsed (``python -m pathways_devcluster.node_agent``)
 and written back (``NodeAgentProcess``) in one place.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -23,17 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from tests.cluster.kubelet.api import KubeApi
-from tests.cluster.kubelet.ip_pool import IpAllocator, claim_subnet
-from tests.cluster.kubelet.node_registrar import NodeRegistrar, NodeSpec
-from tests.cluster.kubelet.pod_env import Pod
-from tests.cluster.kubelet.pod_volumes import MountMode, MountPoints, detect_mount_mode
-from tests.cluster.kubelet.pod_watch import PodWatch
-from tests.cluster.kubelet.pod_worker import PodWorker
+from pathways_devcluster.node_agent.api import KubeApi
+from pathways_devcluster.node_agent.ip_pool import IpAllocator, claim_subnet
+from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeRegistrar, NodeSpec
+from pathways_devcluster.node_agent.pod_env import Pod
+from pathways_devcluster.node_agent.pod_volumes import (
+    MountMode,
+    MountPoints,
+    detect_mount_mode,
+    shm_root,
+)
+from pathways_devcluster.node_agent.pod_watch import PodWatch
+from pathways_devcluster.node_agent.pod_worker import PodWorker
 
 log = logging.getLogger(__name__)
 
-PROG = "python -m tests.cluster.kubelet"
+PROG = "python -m pathways_devcluster.node_agent"
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class AgentOptions:
     nodes: tuple[NodeSpec, ...]
     state_dir: Path
     pod_subnet: str = "auto"
-    heartbeat_seconds: float = 10.0
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
 
     @classmethod
     def parse(cls, argv: Sequence[str] | None = None, description: str = "") -> AgentOptions:
@@ -63,7 +69,7 @@ class AgentOptions:
             default="auto",
             help="pod IPs are <subnet>.10 .. <subnet>.254; auto: first free 127.0.K",
         )
-        parser.add_argument("--heartbeat-seconds", type=float, default=10.0)
+        parser.add_argument("--heartbeat-seconds", type=float, default=HEARTBEAT_SECONDS)
         args = parser.parse_args(argv)
         return cls(
             args.kubeconfig, tuple(args.node), args.state_dir, args.pod_subnet,
@@ -103,6 +109,8 @@ class NodeAgent:
         self.mount_points = MountPoints()
         self.pod_subnet, self._subnet_lock = claim_subnet(options.pod_subnet)
         (state_dir / "pod-subnet").write_text(self.pod_subnet)
+        self.shm_root = shm_root(self.pod_subnet)
+        shutil.rmtree(self.shm_root, ignore_errors=True)  # a killed agent's, of this subnet
         self.ips = IpAllocator(self.pod_subnet)
         self.registrar = NodeRegistrar(self.api, self.nodes, options.heartbeat_seconds)
         self.stop_event = threading.Event()
@@ -143,6 +151,7 @@ class NodeAgent:
         for w in workers:
             w.join(max(0.0, deadline - time.monotonic()))
         self.mount_points.remove_created()
+        shutil.rmtree(self.shm_root, ignore_errors=True)
 
     def forget(self, worker: PodWorker) -> None:
         with self._lock:

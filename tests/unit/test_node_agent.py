@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.kubelet.agent import AgentOptions
-from tests.cluster.kubelet.containers import Container
-from tests.cluster.kubelet.ip_pool import IpAllocator
-from tests.cluster.kubelet.node_registrar import NodeSpec, node_is_ready
-from tests.cluster.kubelet.pod_status import PodState, PodStatusBuilder
-from tests.cluster.kubelet.probes import Probe, container_port
+from pathways_devcluster.node_agent.agent import AgentOptions
+from pathways_devcluster.node_agent.containers import Container
+from pathways_devcluster.node_agent.ip_pool import IpAllocator
+from pathways_devcluster.node_agent.node_registrar import NodeSpec, node_is_ready
+from pathways_devcluster.node_agent.pod_status import PodState, PodStatusBuilder
+from pathways_devcluster.node_agent.probes import Probe, container_port
 
 
 def test_pod_ips_are_the_lowest_free_and_reused_once_released() -> None:

@@ -1,6 +1,6 @@
-"""One pod, from binding to deletion, as the test node agent runs it.
+"""One pod, from binding to deletion, as the node agent runs it.
 
-The agent is a test stand-in for the kubelet, not a kubelet; a ``PodWorker`` thread does
+The agent is a stand-in for the kubelet, not a kubelet; a ``PodWorker`` thread does
 for one pod what the kubelet's pod worker does. In order: it writes a first status, materializes
 the pod's volumes (retrying while a Secret or ConfigMap is missing, with the kubelet's
 ``MountVolume.SetUp failed`` message), runs the init containers one after another
@@ -13,7 +13,9 @@ Three things stop it. A ``deletionTimestamp`` (``observe``): every process group
 SIGTERM, then SIGKILL after the grace period (capped at ``MAX_GRACE_SECONDS``), the final
 status is written and the pod deleted with grace 0, the kubelet's last word. The pod
 object disappearing (``vanish``): everything is killed within 2 s and nothing written.
-The agent stopping (``shutdown``): the same, leaving the API object as it is.
+The agent stopping (``shutdown``): the same, leaving the API object as it is. In every
+case the pod's volumes are removed (``/dev/shm`` ones included), so a stopped agent
+leaves no files behind.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster import processes
-from tests.cluster.kubelet.api import ApiError
-from tests.cluster.kubelet.containers import Container, ContainerRunner, PodSandbox
-from tests.cluster.kubelet.node_registrar import HOST_IP
-from tests.cluster.kubelet.pod_env import ContainerConfigError, Pod, PodNetwork
-from tests.cluster.kubelet.pod_status import PodState, PodStatusBuilder
-from tests.cluster.kubelet.pod_volumes import PodVolumes
+from pathways_devcluster import processes
+from pathways_devcluster.node_agent.api import ApiError
+from pathways_devcluster.node_agent.containers import Container, ContainerRunner, PodSandbox
+from pathways_devcluster.node_agent.node_registrar import HOST_IP
+from pathways_devcluster.node_agent.pod_env import ContainerConfigError, Pod, PodNetwork
+from pathways_devcluster.node_agent.pod_status import PodState, PodStatusBuilder
+from pathways_devcluster.node_agent.pod_volumes import PodVolumes
 
 if TYPE_CHECKING:
-    from tests.cluster.kubelet.agent import NodeAgent
+    from pathways_devcluster.node_agent.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class PodWorker(threading.Thread):
             namespace=str(meta["namespace"]),
             name=str(meta["name"]),
             net=net,
-            volumes=PodVolumes(pod, agent.state_dir / "volumes", agent.api, net),
+            volumes=PodVolumes(pod, agent.state_dir / "volumes", agent.api, net, agent.shm_root),
             source=agent.api,
             mount_mode=agent.mount_mode,
             mount_points=agent.mount_points,
@@ -257,8 +259,7 @@ class PodWorker(threading.Thread):
                 c.ready = False
             self._publish()
             self._final_delete()
-        if not self._shutdown:
-            self.sandbox.volumes.cleanup()
+        self.sandbox.volumes.cleanup()
         self.agent.forget(self)
 
     def _final_delete(self) -> None:

@@ -1,14 +1,17 @@
-"""The test node agent: a stand-in for the kubelet that runs pods' containers as local processes.
+"""The node agent: a stand-in for the kubelet that runs pods' containers as local processes.
 
-It is not a kubelet. Everything in the cluster tier is real Kubernetes except this piece
-(there is no container runtime here); the agent does the kubelet's job for one or more
+It is not a kubelet. Everything in ``make dev-cluster`` and the cluster tier is real
+Kubernetes except this piece (there is no container runtime here: no images, cgroups or
+network namespaces; a container's ``python`` is the agent's own interpreter, this
+checkout's environment, whatever the image says); the agent does the kubelet's job for one or more
 Nodes, against the real API server, keeping the kubelet's contract as far as the
 operator, kubectl and the controllers can see:
 
 * Nodes (``node_registrar``): each ``--node NAME:ISLAND:DEVICES`` is registered with its
   island label and ``pathways.dev/device`` capacity, kept Ready, its not-ready taint
-  removed, its Lease in ``kube-node-lease`` renewed; a Node deleted behind the agent's
-  back is registered again.
+  removed, its status and its Lease in ``kube-node-lease`` renewed every 5 s, so that
+  node lifecycle sees it alive (and a killed agent's Nodes go NotReady); a Node deleted
+  behind the agent's back is registered again.
 * Pods (``pod_watch``, ``agent``): one list+watch per Node with ``kubernetes.watch``,
   resumed from its ``resourceVersion`` and re-listed on ``410 Gone`` or an error, with a
   bounded back-off, so an API server restart is ridden out. Each new pod gets a loopback
@@ -24,12 +27,12 @@ operator, kubectl and the controllers can see:
 Logs: ``<state-dir>/pods/<namespace>_<pod>/<container>.log`` for a container's first run,
 ``.log.N`` for restart N (``container_log_path``).
 
-Run it as ``python -m tests.cluster.kubelet --kubeconfig K --node a-0:island-a:4
---state-dir D``; ``NodeAgentProcess`` does that for tests.
+Run it as ``python -m pathways_devcluster.node_agent --kubeconfig K --node a-0:island-a:4
+--state-dir D``; ``NodeAgentProcess`` does that for the dev cluster and for tests.
 """
 
-from tests.cluster.kubelet.agent_process import NodeAgentProcess
-from tests.cluster.kubelet.containers import container_log_path
-from tests.cluster.kubelet.node_registrar import NodeSpec
+from pathways_devcluster.node_agent.agent_process import NodeAgentProcess
+from pathways_devcluster.node_agent.containers import container_log_path
+from pathways_devcluster.node_agent.node_registrar import NodeSpec
 
 __all__ = ["NodeAgentProcess", "NodeSpec", "container_log_path"]

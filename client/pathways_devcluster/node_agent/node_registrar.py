@@ -1,13 +1,15 @@
-"""The test node agent's Nodes: registered, kept Ready, their Leases renewed.
+"""The node agent's Nodes: registered, kept Ready, their Leases renewed.
 
-The agent is a test stand-in for the kubelet, not a kubelet, but a Node must look to the
+The agent is a stand-in for the kubelet, not a kubelet, but a Node must look to the
 scheduler and the controllers exactly as a kubelet would keep it. Each ``NodeSpec``
 (``--node NAME:ISLAND:DEVICES``) is registered with the labels ``pathways.dev/island``
 and ``kubernetes.io/hostname``; its status carries capacity and allocatable ``cpu``,
 ``memory``, ``pods`` and the extended resource ``pathways.dev/device``, the Ready
 condition and InternalIP 127.0.0.1; the ``node.kubernetes.io/not-ready`` taint that
 admission puts on a new Node is removed; and a Lease in ``kube-node-lease`` is renewed
-with every heartbeat. A Node deleted behind the agent's back is registered again at the
+with every heartbeat (``HEARTBEAT_SECONDS``). With node lifecycle on, a Node the agent stops
+serving (the agent killed, as a machine dies) goes NotReady once the controller-manager's
+grace period passes, and its pods are evicted. A Node deleted behind the agent's back is registered again at the
 next heartbeat; while the API server is away the registrar retries with a bounded
 back-off.
 """
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.cluster.kubelet.api import ApiError, KubeApi, now, now_micro
+from pathways_devcluster.node_agent.api import ApiError, KubeApi, now, now_micro
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,9 @@ DEVICE_RESOURCE = "pathways.dev/device"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 HOST_IP = "127.0.0.1"
 KUBELET_VERSION = "v1.34.4"
+HEARTBEAT_SECONDS = 5.0
+"""Between two status and Lease renewals: a quarter of the control plane's 20 s grace
+period, as the kubelet's 10 s is a quarter of a default cluster's 40 s Lease."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ class NodeRegistrar:
                 "type": kind,
                 "status": value,
                 "reason": reason,
-                "message": "posted by the kube-pathways test node agent",
+                "message": "posted by the kube-pathways node agent",
                 "lastHeartbeatTime": stamp,
                 "lastTransitionTime": since,
             }

@@ -1,6 +1,6 @@
-"""A pod's ``status`` as the test node agent reports it, shaped as a kubelet shapes it.
+"""A pod's ``status`` as the node agent reports it, shaped as a kubelet shapes it.
 
-The agent is a test stand-in for the kubelet, not a kubelet, yet the operator and
+The agent is a stand-in for the kubelet, not a kubelet, yet the operator and
 kubectl read what it writes exactly as they would read a kubelet's: the phase, host and
 pod IPs, ``startTime``, the conditions ``PodReadyToStartContainers``, ``Initialized``,
 ``ContainersReady`` and ``Ready`` (plus ``PodScheduled`` when the scheduler has not
@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.cluster.kubelet.api import now
-from tests.cluster.kubelet.containers import Container
+from pathways_devcluster.node_agent.api import now
+from pathways_devcluster.node_agent.containers import Container
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

@@ -1,0 +1,80 @@
+"""A Node whose machine dies: NotReady by node lifecycle, its pods evicted by the taint manager.
+
+Two extra node agents serve one Node each of ``island-f``; a one-host slice is placed on
+one of them, and that agent is SIGKILLed, as a machine dies: its containers die with it
+and nobody renews the Node's Lease or status any more. Kubernetes alone then marks the
+Node NotReady (Ready Unknown), taints it ``node.kubernetes.io/unreachable:NoExecute`` and,
+once the pod's default toleration runs out, evicts the pod (``TaintManagerEviction``).
+No kubelet will ever confirm that pod's end, so the operator deletes it at once and
+places the gang again on the island's other Node.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from pathways_devcluster.node_agent import NodeSpec
+
+from tests.cluster.builders import virtual_slice
+from tests.cluster.harness import Objects, OperatorProcess
+
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+def ready_status(cluster: Any, node: str) -> str:
+    conditions = cluster.core.read_node(node).status.conditions or []
+    return next((c.status for c in conditions if c.type == "Ready"), "")
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_dead_node_goes_not_ready_its_pod_is_evicted_and_the_slice_re_placed(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    agents = {name: objects.cluster.start_agent([NodeSpec(name, "island-f", 4)])
+              for name in ("f-0", "f-1")}
+    cluster = objects.cluster
+    try:
+        objects.apply(virtual_slice("survivor", 4, island="island-f"))
+        first = objects.wait_slice("survivor", "Ready", 120, operator)["status"]
+        (host,) = first["hosts"]
+        dead, other = host["node"], ({"f-0", "f-1"} - {host["node"]}).pop()
+        (pod,) = objects.pods("pathways.dev/slice=survivor")
+
+        agents[dead].kill()
+        last_renewal = cluster.coordination.read_namespaced_lease(dead, "kube-node-lease").spec.renew_time
+        cluster.poll(lambda: ready_status(cluster, dead) == "Unknown", timeout=90, interval=0.5,
+                     what=f"Node {dead} NotReady (Ready Unknown) once its agent died")
+        not_ready = time.monotonic()
+        lease = cluster.coordination.read_namespaced_lease(dead, "kube-node-lease")
+        assert lease.spec.renew_time == last_renewal, "nobody renews a dead Node's Lease"
+
+        def tainted() -> bool:
+            taints = cluster.core.read_node(dead).spec.taints or []
+            return any(t.key == UNREACHABLE and t.effect == "NoExecute" for t in taints)
+
+        cluster.poll(tainted, timeout=60, interval=0.5,
+                     what=f"Node {dead} tainted {UNREACHABLE}:NoExecute by node lifecycle")
+
+        objects.wait_event(pod.metadata.name, "TaintManagerEviction", timeout=90)
+
+        def re_placed() -> Any:
+            status = objects.slice("survivor").get("status") or {}
+            hosts = status.get("hosts") or []
+            moved = status.get("phase") == "Ready" and [h["node"] for h in hosts] == [other]
+            return status if moved else None
+
+        moved = cluster.poll(re_placed, timeout=120, interval=0.5,
+                             what=f"slice 'survivor' Ready again on {other}")
+        re_placed_at = time.monotonic()
+        assert moved["restarts"] == 1, moved
+        assert moved["island"] == "island-f", moved
+        left = [p.metadata.name for p in objects.pods("pathways.dev/slice=survivor")
+                if p.spec.node_name == dead]
+        assert not left, f"pods still bound to the dead Node {dead}: {left}"
+        print(f"\nnode {dead} died: NotReady -> slice re-placed on {other} in "
+              f"{re_placed_at - not_ready:.1f} s")
+    finally:
+        for agent in agents.values():
+            agent.stop()
