@@ -135,7 +135,6 @@ class Runtime:
         self._bindings: dict[str, dict[str, str]] = {}
         """Program id -> its virtual slice ids' physical slice ids."""
         self._outstanding = threading.BoundedSemaphore(MAX_OUTSTANDING_CALLS)
-        self._waiters = ThreadPoolExecutor(max_workers=MAX_OUTSTANDING_CALLS, thread_name_prefix="pw-wait")
         self._kept: dict[str, CallFuture] = {}
         """Calls that left objects some handle still holds."""
         self._gone: queue.SimpleQueue[tuple[CallFuture, ir.ValueRef] | None] = queue.SimpleQueue()
@@ -270,7 +269,8 @@ class Runtime:
             raise
         outputs = self._handles(program, program_id, reply, call, inputs)
         self._ensure_lease()
-        self._waiters.submit(self._await_call, call)
+        # A daemon thread: the process may exit while a call it no longer needs runs.
+        threading.Thread(target=self._await_call, args=(call,), name="pw-wait", daemon=True).start()
         return outputs
 
     def _in_place(self, program: ir.Program, program_id: str, index: int, given: Array) -> bool:
@@ -603,7 +603,6 @@ class Runtime:
     def close(self) -> None:
         self._closing = True
         try:
-            self._waiters.shutdown(wait=True)
             self._finisher.shutdown(wait=True)
             self._gone.put(None)
             self._drop_thread.join(timeout=EXIT_RPC_TIMEOUT_S)
