@@ -73,6 +73,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         hosts: tuple[str, ...] = (),
         slice_id: str = "",
         slice_name: str = "",
+        generation: int = 0,
         fetch: Callable[[Array], np.ndarray] | None = None,
     ) -> None:
         self.shape = tuple(int(d) for d in spec.shape)
@@ -81,6 +82,8 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         self.slice_id = slice_id
         self.slice = slice_name
         """The name of the virtual slice whose hosts hold the value ("" if carried along)."""
+        self.generation = generation
+        """The launch of the slice's gang that holds it: a relaunched gang lost it."""
         self.call = call
         self.ref = ref
         self._value = value
@@ -187,16 +190,16 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
 
     def _check_live(self) -> None:
         if self._deleted:
-            raise ExecutionError(f"{self._label()} was deleted; it cannot be used any more")
+            raise ExecutionError(f"{self.label()} was deleted; it cannot be used any more")
 
     # ------------------------------------------------------------ words
 
-    def _label(self) -> str:
+    def label(self) -> str:
         shape = ",".join(str(d) for d in self.shape)
         return f"pw.Array({self.dtype.name}[{shape}])"
 
     def __repr__(self) -> str:
-        label = self._label()[:-1]
+        label = self.label()[:-1]
         if self._deleted:
             return f"{label}, deleted)"
         if self.call is None:

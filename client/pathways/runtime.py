@@ -73,6 +73,7 @@ from pathways.array import Array, CallFuture
 from pathways.embedded import LocalCluster, start_local_cluster
 from pathways_wire.errors import (
     ExecutionError,
+    PathwaysError,
     PlacementError,
     RuntimeUnavailableError,
 )
@@ -331,6 +332,7 @@ class Runtime:
                     hosts=tuple(reply.outputs[j].hosts),
                     slice_id=bindings.get(vslice, ""),
                     slice_name=names.get(vslice, vslice),
+                    generation=reply.outputs[j].generation,
                     fetch=self._fetch_object,
                 )
                 call.live[ref] = 1
@@ -403,7 +405,31 @@ class Runtime:
         assert handle.call is not None and handle.ref is not None
         handle.call.wait()
         spec = ir.TensorSpec.of(handle.shape, handle.dtype)
-        return self._fetch(list(handle.hosts), handle.call.call_id, handle.ref, spec, release=False)
+        try:
+            return self._fetch(list(handle.hosts), handle.call.call_id, handle.ref, spec, release=False)
+        except PathwaysError:
+            lost = self._lost(handle)
+            if lost:
+                raise ExecutionError(lost) from None
+            raise
+
+    def _lost(self, handle: Array) -> str:
+        """Why a handle's value is gone with its gang, if it is ("" if not)."""
+        try:
+            slices = {s.slice_id: s for s in self.describe().slices}
+        except PathwaysError:
+            return ""
+        now = slices.get(handle.slice_id)
+        if now is None:
+            why = "the slice was released"
+        elif now.generation != handle.generation:
+            why = f"its gang was relaunched (generation {handle.generation} -> {now.generation})"
+        else:
+            return ""
+        return (
+            f"{handle.label()} of program '{handle.call.program if handle.call else ''}' on slice "
+            f"'{handle.slice}' was lost: {why} since it was made; compute it again"
+        )
 
     def _drop_kept(self) -> None:
         """The client closes: every object a handle still holds goes."""

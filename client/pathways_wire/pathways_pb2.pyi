@@ -701,6 +701,9 @@ class OutputLocation(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOSTS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """of the gang those hosts belong to"""
     @_builtins.property
     def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """sidecar addresses holding pieces of it"""
@@ -709,10 +712,11 @@ class OutputLocation(_message.Message):
         self,
         *,
         hosts: _abc.Iterable[_builtins.str] | None = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "hosts", b"hosts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from tests.integration.host_processes import worker_pids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -56,22 +56,6 @@ def test_computation_failing_on_a_worker_names_program_computation_and_host(
     np.testing.assert_allclose(broken(np.ones(4, np.float32)), [4.0] * 4)
 
 
-def _worker_pids(address_ip: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"pathways_worker.worker" in cmd and any(
-            arg.startswith(address_ip.encode() + b":") for arg in cmd
-        ):
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_host_killed_mid_call_fails_fast_and_slice_relaunches(runtime: pw.Runtime) -> None:
     vslice = pw.make_virtual_device_set().add_slice(devices=8)
 
@@ -106,7 +90,7 @@ def test_host_killed_mid_call_fails_fast_and_slice_relaunches(runtime: pw.Runtim
         slices = [s for s in runtime.describe().slices if s.slice_id not in before and s.devices == 8]
         if slices and len(slices[0].hosts) == 2:
             ip = slices[0].hosts[1].address.split(":")[0]
-            victim = _worker_pids(ip)
+            victim = worker_pids(ip)
         time.sleep(0.2)
     assert victim, "the 2-host slice never came up"
     time.sleep(2.0)  # let the call start running

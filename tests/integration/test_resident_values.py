@@ -28,6 +28,7 @@ import pathways as pw
 from bench import mlp
 from pathways.runtime import INLINE_BYTES
 from pathways_wire import pathways_pb2 as pb
+from tests.integration.host_processes import worker_pids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -133,14 +134,20 @@ def test_an_error_surfaces_at_the_first_use_of_a_handle_naming_program_computati
         y.block_until_ready()
 
 
-def test_dropping_the_last_handle_frees_the_value_on_its_hosts(runtime: pw.Runtime) -> None:
-    vslice = pw.make_virtual_device_set().add_slice(devices=1, name="drops")
+def plus_one_on(name: str, devices: int) -> pw.ProgramFunction:
+    """A program adding one on a new slice called `name`."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=devices, name=name)
     plus = pw.jit(lambda x: x + 1.0, slice=vslice)
 
-    @pw.program(name="drops")
+    @pw.program(name=name)
     def plus_one(x: Any) -> Any:
         return plus(x)
 
+    return plus_one
+
+
+def test_dropping_the_last_handle_frees_the_value_on_its_hosts(runtime: pw.Runtime) -> None:
+    plus_one = plus_one_on("drops", devices=1)
     kept = plus_one(np.zeros(BIG, np.float32))
     hosts = kept.hosts
     held = plus_one(kept)
@@ -198,3 +205,26 @@ def test_a_killed_clients_objects_are_freed_within_its_lease(runtime: pw.Runtime
         if child.poll() is None:
             child.kill()
             child.wait(timeout=30)
+
+
+def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtime) -> None:
+    plus_one = plus_one_on("lost", devices=4)
+    held = plus_one(np.zeros(BIG, np.float32)).block_until_ready()
+    (before,) = [s for s in runtime.describe().slices if s.name == "lost"]
+    victims = worker_pids(held.hosts[0].split(":")[0])
+    assert victims, "the slice's worker runs"
+    os.kill(victims[0], signal.SIGKILL)
+    with pytest.raises(pw.PathwaysError):  # the host's death shows in the next call
+        np.asarray(plus_one(np.zeros(BIG, np.float32)))
+
+    def relaunched() -> bool:
+        now = [s for s in runtime.describe().slices if s.name == "lost"]
+        return bool(now) and now[0].generation > before.generation
+    wait_until("the gang relaunched", relaunched, 120)
+
+    with pytest.raises(pw.ExecutionError) as used:
+        plus_one(held)
+    assert "slice 'lost'" in str(used.value) and "lost" in str(used.value), str(used.value)
+    with pytest.raises(pw.PathwaysError) as fetched:
+        np.asarray(held)
+    assert "slice 'lost'" in str(fetched.value), str(fetched.value)
