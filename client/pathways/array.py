@@ -144,6 +144,8 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         self._check_live()
         with self._lock:
             if self._value is None:
+                if self.call is not None:
+                    self.call.wait()  # the call's error surfaces here
                 assert self._fetch is not None
                 self._value = self._fetch(self)
             return self._value
