@@ -228,3 +228,16 @@ def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtim
     with pytest.raises(pw.PathwaysError) as fetched:
         np.asarray(held)
     assert "slice 'lost'" in str(fetched.value), str(fetched.value)
+
+
+def test_a_handle_consumed_on_another_slice_gives_the_right_values(runtime: pw.Runtime) -> None:
+    """Not in place: today its bytes pass through the client (host to host is still to come)."""
+    first = plus_one_on("here", devices=1)
+    second = plus_one_on("there", devices=4)
+
+    made = first(np.zeros(BIG, np.float32))
+    before = runtime.traffic
+    moved = second(made)
+
+    np.testing.assert_allclose(np.asarray(moved), np.full(BIG, 2.0))
+    assert (runtime.traffic - before).received >= made.nbytes
