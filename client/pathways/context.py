@@ -155,6 +155,11 @@ class ProgramContext:
         self._slices[name] = found
         return found
 
+    @property
+    def restored_step(self) -> int | None:
+        """The step of the snapshot ``restore`` returns (``start_step``), or None without one."""
+        return None if self._restored is None else self._restored[0]
+
     def restore(self, default: Any = None) -> Any:
         """The state of the latest snapshot (the one ``start_step`` continues), else ``default``."""
         if self._restored is None or self._restored[1] is None:

@@ -39,6 +39,11 @@ Command line (all written by the operator)::
     [--checkpoint-dir D]      orbax snapshots of ctx's state; start from the newest one
     [--checkpoint-every N]    snapshot every N steps (and always before a suspend)
 
+Before the entrypoint runs, the driver prints where the run starts, and from which snapshot
+(:class:`pathways_wire.driver_protocol.RunStart`)::
+
+    pathways.driver: starting at step 6 (restored the snapshot of step 6)
+
 SIGUSR1 asks for a suspend: the current step finishes, ``ctx.step_done`` snapshots the
 state and unwinds, and the results file says ``{"suspended": true, "stepsCompleted": N}``
 (exit status 0).
@@ -81,6 +86,7 @@ from pathways_wire.driver_protocol import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_RETRYABLE,
+    RunStart,
     steps_completed,
 )
 
@@ -315,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
             every_steps=args.checkpoint_every,
             suspend_event=_SUSPEND,
         )
+        print(RunStart(ctx.start_step, ctx.restored_step).line, flush=True)
         try:
             results = results_json(pw.fetch(fn(ctx)))  # a failed call raises here, as itself
         except SystemExit as err:

@@ -2,13 +2,18 @@
 
 The driver (``python -m pathways.driver``) runs a user's program and reports through its
 exit status, a progress file and a results file; the operator, or ``pw.launch`` in the
-embedded runtime, reads them. Both sides take the numbers and names from here, so a
+embedded runtime, reads them. Each run also says where it starts, in its log before the
+entrypoint runs (:class:`RunStart`): a resumed program names the step it continues
+from and the snapshot it restored, so ``pathways logs program`` (and a test) can tell a
+resume from a rerun from step 0, which deterministic programs would not show. Both sides take the numbers and names from here, so a
 status the driver means as "run me again" is never read as a failure.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 EXIT_OK = 0
@@ -45,3 +50,36 @@ def steps_completed(progress_file: Path) -> int:
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             done = max(done, step + 1)
     return done
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where one run of a driver began: its first step, and the snapshot it restored.
+
+    ``snapshot`` is the step of the orbax snapshot the run restored (the number of
+    steps done when it was written), or None when it restored none and starts from
+    the steps its progress file records.
+    """
+
+    step: int
+    snapshot: int | None
+
+    @property
+    def line(self) -> str:
+        how = "no snapshot restored" if self.snapshot is None else f"restored the snapshot of step {self.snapshot}"
+        return f"pathways.driver: starting at step {self.step} ({how})"
+
+
+_RUN_START = re.compile(
+    r"^pathways\.driver: starting at step (\d+) "
+    r"\((?:no snapshot restored|restored the snapshot of step (\d+))\)$",
+    re.MULTILINE,
+)
+
+
+def run_starts(log_text: str) -> list[RunStart]:
+    """Every run's start in a driver log, oldest first."""
+    return [
+        RunStart(int(m.group(1)), None if m.group(2) is None else int(m.group(2)))
+        for m in _RUN_START.finditer(log_text)
+    ]

@@ -35,6 +35,7 @@ from pathways_operator.controller import GRPC_OPTIONS, Controller, ControllerSer
 from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
 from pathways_operator.k8s.drivers import DriverSupervisor
+from pathways_operator.core.program_look import DEFAULT_SUSPEND_GRACE_S
 from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
 from pathways_operator.k8s.metrics import OperatorMetrics
@@ -71,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
                help="where PersistentVolumeClaims named by spec.checkpoint.volume are mounted: "
                "snapshots go to ROOT/<namespace>/<claim>/<program>-<uid>/ "
                "(PATHWAYS_CHECKPOINT_ROOT; default <state-dir>/checkpoints)")
+    env_option(parser, "--suspend-grace-seconds", variable="PATHWAYS_SUSPEND_GRACE_SECONDS", env=os.environ,
+               type=_positive_seconds, default=DEFAULT_SUSPEND_GRACE_S,
+               help="how long a suspended program's driver may take to reach a step boundary "
+               "(ctx.step_done) before it is stopped; it then resumes from its last periodic "
+               "snapshot (PATHWAYS_SUSPEND_GRACE_SECONDS)")
     env_option(parser, "--worker-image", variable="PATHWAYS_WORKER_IMAGE", env=os.environ,
                default=WorkerDefaults.image,
                help="image of worker pods when a VirtualSlice gives none (PATHWAYS_WORKER_IMAGE)")
@@ -114,6 +120,16 @@ def _metrics_port(text: str) -> int:
     if word.isdigit() and int(word) <= 65535:
         return int(word)
     raise argparse.ArgumentTypeError(f"expected a port number, 0 (off) or any, got {text!r}")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return seconds
 
 
 def _json_object(text: str) -> dict[str, object]:
@@ -170,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     address = _local_address(args.controller_listen, port)
     log.info("controller listening on %s (drivers use %s)", args.controller_listen, address)
 
-    metrics = OperatorMetrics(lambda: controller.computations_dispatched)
+    metrics = OperatorMetrics(lambda: controller.computations_dispatched, controller.contended_grants)
     if args.metrics_port:
         bound = metrics.serve(0 if args.metrics_port == ANY_PORT else args.metrics_port)
         log.info("serving /metrics on port %d", bound)
@@ -192,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     programs = ProgramReconciler(
         api, drivers, allowed_entrypoints=allowed, metrics=metrics,
         checkpoint_root=args.checkpoint_root or args.state_dir / "checkpoints",
+        suspend_grace_s=args.suspend_grace_seconds,
     )
 
     registry = kopf.OperatorRegistry()

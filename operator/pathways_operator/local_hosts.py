@@ -8,6 +8,12 @@ does on Kubernetes, never on a command line others can see. A monitor thread not
 and reports it, so the controller can fail the calls on its slice and relaunch
 the whole gang.
 
+Every host server binds port 0 on its host's address and prints the address it got
+as its first line (``pathways-worker listening on HOST:PORT``); the launcher reads
+it from the process's log, within the start-up bound, and hands the worker's to the
+sidecar. Only the coordination service of a multi-host slice gets a port held for it
+(`pathways_operator.coordinator_port`), because JAX cannot report one.
+
 No host outlives its controller: each process gets the controller's parent
 link (`pathways_wire.process_tree`) and exits when the controller is gone, even
 after a SIGKILL. A host's shared-memory directory (`/dev/shm/pathways-<controller
@@ -25,7 +31,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +46,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
 from pathways_operator.controller import Host, HostRequest
+from pathways_operator.coordinator_port import HeldPort
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,10 @@ HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "12
 STOP_GRACE_S = 5.0
 SHM_ROOT = Path("/dev/shm")
 _SHM_NAME = re.compile(r"pathways-(\d+)-127\.0\.0\.\d+")
+_LISTENING = {  # a whole line: a port cut short by a read mid-write is never taken
+    "worker": re.compile(rb"pathways-worker listening on (\S+)\n"),
+    "dataflow": re.compile(rb"pathways-sidecar listening on (\S+)\n"),
+}
 
 
 def shm_dir_name(ip: str) -> str:
@@ -71,28 +81,32 @@ def remove_stale_shm_dirs(root: Path = SHM_ROOT) -> list[Path]:
     return removed
 
 
+def host_run_dir(state_dir: Path, slice_id: str, index: int, ip: str) -> Path:
+    """Where a host's logs go, and, while it runs, ``worker.pid`` and ``dataflow.pid``: the
+    PIDs of its processes as started, which fault tests signal (never a search by name)."""
+    return state_dir / "hosts" / f"{slice_id}-h{index}-{ip}"
+
+
 @dataclass
 class LocalHost:
     request: HostRequest
     ip: str
-    sidecar_address: str
-    worker_address: str
+    sidecar_address: str = ""
+    worker_address: str = ""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     stopping: bool = False
     run_dir: Path | None = None
     shm_dir: Path | None = None
     shm_hold: int = -1
     """The controller's lock on ``shm_dir``."""
+    coordinator: HeldPort | None = None
+    """Host 0's coordination service port, held while the host lives."""
+    log_offsets: dict[str, int] = field(default_factory=dict)
+    """Where each process's log stood when it was started: its address line comes after."""
 
     @property
     def name(self) -> str:
         return f"{self.request.slice_name}/host-{self.request.index}"
-
-
-def _free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalHostLauncher:
@@ -122,93 +136,124 @@ class LocalHostLauncher:
 
     def launch(self, requests: Sequence[HostRequest]) -> Sequence[Host]:
         """Start every host of one gang and wait until all are ready (or fail all)."""
-        hosts: list[LocalHost] = []
-        coordinator = ""
-        for req in requests:
-            ip = self._allocate_ip()
-            host = LocalHost(
-                request=req,
-                ip=ip,
-                sidecar_address=f"{ip}:{_free_port(ip)}",
-                worker_address=f"{ip}:{_free_port(ip)}",
-            )
-            if req.index == 0:
-                coordinator = f"{ip}:{_free_port(ip)}"
-            hosts.append(host)
+        hosts = [LocalHost(request=req, ip=self._allocate_ip()) for req in requests]
         try:
+            coordinator = ""
+            if len(hosts) > 1:
+                hosts[0].coordinator = HeldPort(hosts[0].ip)
+                coordinator = hosts[0].coordinator.address
+            deadline = time.monotonic() + HOST_START_TIMEOUT_S
             for host in hosts:
-                self._start(host, coordinator)
+                self._prepare(host)
+                self._spawn(host, "worker", self._worker_command(host, coordinator))
             with self._lock:
                 self._hosts.extend(hosts)
-            self._wait_ready(hosts)
+            for host in hosts:
+                host.worker_address = self._listening(host, "worker", deadline, hosts)
+                self._spawn(host, "dataflow", self._sidecar_command(host))
+            for host in hosts:
+                host.sidecar_address = self._listening(host, "dataflow", deadline, hosts)
+            self._wait_ready(hosts, deadline)
         except Exception:
             self.stop(hosts)
             raise
         return hosts
 
-    def _start(self, host: LocalHost, coordinator: str) -> None:
+    def _prepare(self, host: LocalHost) -> None:
         req = host.request
-        run_dir = self.state_dir / "hosts" / f"{req.slice_id}-h{req.index}-{host.ip}"
+        run_dir = host_run_dir(self.state_dir, req.slice_id, req.index, host.ip)
         run_dir.mkdir(parents=True, exist_ok=True)
         shm = SHM_ROOT if SHM_ROOT.is_dir() else run_dir
         shm_dir = shm / shm_dir_name(host.ip)
         shm_dir.mkdir(parents=True, exist_ok=True)
         host.run_dir, host.shm_dir = run_dir, shm_dir
         host.shm_hold = process_tree.hold_dir(shm_dir)
-        label = f"{host.name} ({host.ip})"
-        common = ["--shm-dir", str(shm_dir), "--host-name", label]
         if req.token:
-            token_file = run_dir / "slice-token"
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(run_dir / "slice-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(req.token)
-            common += ["--slice-token-file", str(token_file)]
+
+    def _common_flags(self, host: LocalHost) -> list[str]:
+        assert host.run_dir is not None and host.shm_dir is not None
+        flags = ["--shm-dir", str(host.shm_dir), "--host-name", f"{host.name} ({host.ip})"]
+        if host.request.token:
+            flags += ["--slice-token-file", str(host.run_dir / "slice-token")]
+        return flags
+
+    def _worker_command(self, host: LocalHost, coordinator: str) -> list[str]:
+        req = host.request
+        return [
+            sys.executable, "-m", "pathways_worker.worker",
+            "--listen", f"{host.ip}:0",
+            "--host-index", str(req.index),
+            "--num-hosts", str(req.num_hosts),
+            "--coordinator", coordinator,
+            "--devices", str(req.devices),
+            *self._common_flags(host),
+        ]
+
+    def _sidecar_command(self, host: LocalHost) -> list[str]:
+        return [
+            sys.executable, "-m", "pathways_worker.sidecar",
+            "--listen", f"{host.ip}:0",
+            "--worker", host.worker_address,
+            *self._common_flags(host),
+        ]
+
+    def _spawn(self, host: LocalHost, role: str, cmd: list[str]) -> None:
+        assert host.run_dir is not None
         env = dict(os.environ)
         env.pop("XLA_FLAGS", None)
         env.pop(ENV_TOKEN, None)
         env.pop(ENV_TOKEN_FILE, None)
         link_env, link_fds = process_tree.parent_link_env()
         env.update(link_env)
-        worker = [
-            sys.executable, "-m", "pathways_worker.worker",
-            "--listen", host.worker_address,
-            "--host-index", str(req.index),
-            "--num-hosts", str(req.num_hosts),
-            "--coordinator", coordinator,
-            "--devices", str(req.devices),
-            *common,
-        ]
-        sidecar = [
-            sys.executable, "-m", "pathways_worker.sidecar",
-            "--listen", host.sidecar_address,
-            "--worker", host.worker_address,
-            *common,
-        ]
-        for name, cmd in (("worker", worker), ("dataflow", sidecar)):
-            with open(run_dir / f"{name}.log", "ab") as out:
-                process = subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True, pass_fds=link_fds,
-                )
-            host.processes.append(process)
-            (run_dir / f"{name}.pid").write_text(f"{process.pid}\n")
+        log_path = host.run_dir / f"{role}.log"
+        with open(log_path, "ab") as out:
+            host.log_offsets[role] = out.tell()
+            process = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True, pass_fds=link_fds,
+            )
+        host.processes.append(process)
+        (host.run_dir / f"{role}.pid").write_text(f"{process.pid}\n")
 
-    def _wait_ready(self, hosts: list[LocalHost]) -> None:
-        deadline = time.monotonic() + HOST_START_TIMEOUT_S
+    def _listening(self, host: LocalHost, role: str, deadline: float, gang: Sequence[LocalHost]) -> str:
+        """The address ``role`` printed once it served, read from its log (this start's part).
+
+        A worker serves only once the whole gang formed its JAX job, so a process of any
+        host of the gang that exits meanwhile ends the wait, named."""
+        assert host.run_dir is not None
+        log_path = host.run_dir / f"{role}.log"
+        while True:
+            for member in gang:
+                self._raise_if_exited(member)
+            with open(log_path, "rb") as log_file:
+                log_file.seek(host.log_offsets[role])
+                found = _LISTENING[role].search(log_file.read())
+            if found is not None:
+                return found.group(1).decode()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"host {host.name} ({host.ip}): its {role} process did not report its "
+                    f"address within {HOST_START_TIMEOUT_S:.0f} s; see {log_path}"
+                )
+            time.sleep(0.05)
+
+    def _raise_if_exited(self, host: LocalHost) -> None:
+        for proc, role in zip(host.processes, ("worker", "dataflow")):
+            if proc.poll() is not None:
+                tail = process_tree.log_tail(host.run_dir / f"{role}.log") if host.run_dir else ""
+                raise RuntimeError(
+                    f"host {host.name} ({host.ip}): its {role} process exited during "
+                    f"start-up with code {proc.returncode}; its log ends:\n{tail}"
+                )
+
+    def _wait_ready(self, hosts: list[LocalHost], deadline: float) -> None:
         pending = list(hosts)
         while pending:
             for host in list(pending):
-                dead = [
-                    (p, role) for p, role in zip(host.processes, ("worker", "dataflow"))
-                    if p.poll() is not None
-                ]
-                if dead:
-                    proc, role = dead[0]
-                    tail = process_tree.log_tail(host.run_dir / f"{role}.log") if host.run_dir else ""
-                    raise RuntimeError(
-                        f"host {host.name} ({host.ip}): its {role} process exited during "
-                        f"start-up with code {proc.returncode}; its log ends:\n{tail}"
-                    )
+                self._raise_if_exited(host)
                 with grpc.insecure_channel(host.sidecar_address) as channel:  # Health: open
                     try:
                         reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=1)
@@ -246,8 +291,11 @@ class LocalHostLauncher:
                 shutil.rmtree(host.shm_dir, ignore_errors=True)
             with self._lock:
                 hold, host.shm_hold = host.shm_hold, -1
+                coordinator, host.coordinator = host.coordinator, None
             if hold >= 0:
                 os.close(hold)
+            if coordinator is not None:
+                coordinator.release()
             if host.run_dir is not None:  # the logs stay until the controller exits
                 for name in ("slice-token", "worker.pid", "dataflow.pid"):
                     (host.run_dir / name).unlink(missing_ok=True)

@@ -95,12 +95,18 @@ def crds(cluster: Cluster) -> None:
 
 
 @pytest.fixture(scope="module")
+def operator_args() -> tuple[str, ...]:
+    """Flags of the module's operator besides the harness's; a module overrides this fixture."""
+    return ()
+
+
+@pytest.fixture(scope="module")
 def operator(
-    cluster: Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory, operator_args: tuple[str, ...]
 ) -> Iterator[OperatorProcess]:
     """One operator per test module that asks: never two serving the cluster at once."""
     run_dir = tmp_path_factory.mktemp("operator")
-    proc = OperatorProcess(cluster.kubeconfig, run_dir).start()
+    proc = OperatorProcess(cluster.kubeconfig, run_dir, *operator_args).start()
     try:
         yield proc
     finally:

@@ -2,7 +2,8 @@
 
 The test operator allows ``tests.cluster.faulty_programs:`` besides ``examples.``
 (``harness.ALLOWED_ENTRYPOINTS``), and its drivers import this module from the repository root.
-None of them needs its slice: each fails, or misuses results, logs or time, on its own.
+None of them needs its slice: each fails, or misuses results, logs or time, on its own --
+but `chains`, which keeps its slice busy, so that programs sharing one compete for it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,22 @@ def sleeps(ctx: ProgramContext) -> dict[str, Any]:
     return {"slept": 1.0}
 
 
+def stalls_once(ctx: ProgramContext) -> dict[str, Any]:
+    """Counts its steps in its state; on a fresh start (no snapshot restored) it hangs inside
+    step ``args.stall_at`` (default 4) for ``args.seconds`` (default 600), as a program stuck
+    in a long computation never reaches ``ctx.step_done``. Returns ``steps``, the count."""
+    import numpy as np
+
+    state = ctx.restore(default={"steps": np.zeros((), np.int32)})
+    stall_at = int(ctx.args.get("stall_at", 4))
+    for step in range(ctx.start_step, ctx.steps):
+        if step == stall_at and ctx.restored_step is None:
+            time.sleep(float(ctx.args.get("seconds", 600)))
+        state = {"steps": np.asarray(state["steps"] + 1, np.int32)}
+        ctx.step_done(step, state=state)
+    return {"steps": state["steps"]}
+
+
 def loses_host(ctx: ProgramContext) -> dict[str, Any]:
     """Fails the way a lost host does (the controller is unavailable), every run."""
     from pathways_wire.errors import RuntimeUnavailableError
@@ -82,3 +99,39 @@ def prints(ctx: ProgramContext) -> dict[str, Any]:
         print(f"{i:08d} {line}")
     print("the end", flush=True)
     return {"lines": float(int(ctx.args.get("mib", 20)) * 1024)}
+
+
+def chains(ctx: ProgramContext) -> dict[str, Any]:
+    """Each step one call: ``args.length`` (default 320) computations in a chain on the slice.
+
+    A call longer than the island scheduler's window (256 grants ahead per slice) keeps
+    work queued there, so two such programs on one slice make the scheduler choose
+    between them; each computation is ``args.work`` (default 50) rounds of a small loop.
+    The result ``v`` is ``steps * length`` on every device.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pathways as pw
+
+    devices = ctx.slice(ctx.slice_names[0]).devices
+    length, work = int(ctx.args.get("length", 320)), int(ctx.args.get("work", 50))
+
+    def inc(x: Any) -> Any:
+        busy = jax.lax.fori_loop(0, work, lambda _, m: jnp.tanh(m) * 0.5, jnp.ones((32, 32)))
+        return x + 1.0 + 0.0 * busy[0, 0]
+
+    step_fn = pw.pmap(inc, devices=devices)
+
+    @pw.program(name="chains", weight=ctx.weight)
+    def chain(v: Any) -> Any:
+        for _ in range(length):
+            v = step_fn(v)
+        return v
+
+    v: Any = np.zeros(len(devices), np.float32)
+    for step in range(ctx.start_step, ctx.steps):
+        v = chain(v)
+        ctx.step_done(step)
+    return {"v": np.asarray(v)}

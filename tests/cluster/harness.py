@@ -43,10 +43,11 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from pathways_devcluster import processes
-from tests.cluster.builders import GROUP, VERSION, Manifest
 from pathways_devcluster.controlplane import REPO_ROOT, ControlPlane
-from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec, container_log_path
+from pathways_devcluster.node_agent import NodeAgentProcess, NodeSpec, container_log_path, container_pid_path
 from pathways_devcluster.ports import ReservedPort, reserve_port
+from pathways_wire.driver_protocol import DRIVER_LOG_KEY, RunStart, driver_log_config_map, run_starts
+from tests.cluster.builders import GROUP, VERSION, Manifest
 
 T = TypeVar("T")
 CRDS = ("virtualslices.pathways.dev", "pathwaysprograms.pathways.dev")
@@ -109,6 +110,10 @@ class Cluster:
 
     def container_log(self, namespace: str, pod: str, container: str, restart: int = 0) -> Path:
         return container_log_path(self.state_dir, namespace, pod, container, restart)
+
+    def container_pid(self, namespace: str, pod: str, container: str) -> int:
+        """The PID the default agent recorded when it started the container's current run."""
+        return int(container_pid_path(self.state_dir, namespace, pod, container).read_text())
 
     def poll(
         self,
@@ -329,6 +334,22 @@ class Objects:
 
     def configmap(self, name: str) -> dict[str, str]:
         return dict(self.core.read_namespaced_config_map(name, self.namespace).data or {})
+
+    def driver_starts(self, program: str, timeout: float = 30.0) -> list[RunStart]:
+        """Where each run of a finished program's driver started, read from the driver log the
+        operator keeps in ConfigMap ``<program>-driver-log`` (waited for: it is written as the
+        program ends, after its status)."""
+
+        def kept() -> str | None:
+            try:
+                return self.configmap(driver_log_config_map(program)).get(DRIVER_LOG_KEY)
+            except client.ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+
+        log = self.cluster.poll(kept, timeout=timeout, interval=0.5, what=f"the driver log of {program}")
+        return run_starts(log)
 
     def cleanup(self, timeout: float = 90.0) -> None:
         """Delete the namespace's programs and slices and wait until their pods are gone.

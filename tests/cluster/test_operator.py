@@ -10,11 +10,13 @@ island, so an 8-device slice is a gang of 2 hosts that takes a whole island.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 import yaml
 
+from pathways_wire.driver_protocol import RunStart
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Cluster, Objects, OperatorProcess, condition
@@ -29,6 +31,21 @@ def results(objects: Objects, done: dict[str, object]) -> dict[str, object]:
     data = objects.configmap(where["configMap"])
     assert sorted(data) == sorted(where["keys"])
     return {k: json.loads(v) for k, v in data.items()}
+
+
+def slice_looks(operator: OperatorProcess, result: str) -> float:
+    """``pathways_reconciles_total`` of VirtualSlices with ``result`` (wrote or unchanged)."""
+    line = f'pathways_reconciles_total{{kind="VirtualSlice",result="{result}"}} '
+    found = [float(x.split()[-1]) for x in operator.metrics().splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
+def assert_continued(starts: list[RunStart], *, at_least: int) -> None:
+    """A program without snapshots ran first from step 0, then again from the steps its
+    progress file recorded: at least ``at_least``, never from the start."""
+    assert starts[0] == RunStart(0, None), starts
+    assert len(starts) >= 2, f"the driver never started again: {starts}"
+    assert all(s.snapshot is None and s.step >= at_least for s in starts[1:]), starts
 
 
 # -- the resource manager ----------------------------------------------------------------------
@@ -69,7 +86,9 @@ def test_slice_becomes_a_gang_of_pods_on_one_island(objects: Objects, operator: 
     annotations = objects.slice("gang")["metadata"].get("annotations") or {}
     assert "pathways.dev/last-handled-configuration" in annotations
     version = objects.slice("gang")["metadata"]["resourceVersion"]
-    time.sleep(5)
+    quiet = slice_looks(operator, "unchanged")
+    objects.cluster.poll(lambda: slice_looks(operator, "unchanged") > quiet, timeout=60, interval=0.5,
+                         what="the operator looking at the steady slice again")
     assert objects.slice("gang")["metadata"]["resourceVersion"] == version
 
 
@@ -89,7 +108,7 @@ def test_competing_gangs_are_admitted_all_or_nothing(objects: Objects, operator:
     assert (admitted["status"], admitted["reason"]) == ("False", "InsufficientDevices")
     assert "needs 8 devices on island island-a" in admitted["message"]
     assert "0 free" in admitted["message"]
-    time.sleep(3)
+    # the look that queued it is the one that would have created its pods
     assert objects.pods("pathways.dev/slice=second") == [], "a queued gang holds no pods"
     assert objects.slice("first")["status"]["phase"] == "Ready"
 
@@ -217,21 +236,43 @@ def test_program_survives_gang_recreation(objects: Objects, operator: OperatorPr
     v = [float(i) for i in range(1, 9)]
     assert results(objects, done) == {"y": [2 * x + 1 for x in v], "z": [2 * x for x in v]}
     assert done["status"]["stepsCompleted"] == 12
+    assert_continued(objects.driver_starts("steady"), at_least=2)
 
 
-@pytest.mark.timeout(300, func_only=True)
+def contended_grants(operator: OperatorProcess) -> dict[str, float]:
+    """``pathways_contended_grants_total`` by weight, as the operator's /metrics shows it now."""
+    found = {}
+    for line in operator.metrics().splitlines():
+        matched = re.fullmatch(r'pathways_contended_grants_total\{weight="([^"]+)"\} (\S+)', line)
+        if matched:
+            found[matched.group(1)] = float(matched.group(2))
+    return found
+
+
+@pytest.mark.timeout(400, func_only=True)
 def test_programs_share_a_slice_by_weight(objects: Objects, operator: OperatorProcess) -> None:
-    objects.apply(virtual_slice("pool", 8))
+    """Two programs keep one slice busy; while both wait for it, the island scheduler grants
+    their computations 1:2, as their weights say (counted by the scheduler, not timed)."""
+    objects.apply(virtual_slice("pool", 4))
     objects.wait_slice("pool", "Ready", SLICE_READY_S, operator)
+    before = contended_grants(operator)
+    steps, length = 6, 320  # calls longer than the scheduler's window (256): they queue, and compete
     for name, weight in (("light", 1), ("heavy", 2)):
-        manifest = program(name, "examples.programs:paper_example", ref_slice("main", "pool"), steps=3)
+        manifest = program(name, "tests.cluster.faulty_programs:chains", ref_slice("main", "pool"),
+                           steps=steps, args={"length": length})
         manifest["spec"]["weight"] = weight
         objects.apply(manifest)
     for name in ("light", "heavy"):
-        done = objects.wait_program(name, {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+        done = objects.wait_program(name, {"Succeeded", "Failed"}, PROGRAM_DONE_S * 2, operator)
         assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
-        assert results(objects, done)["z"] == [2.0 * i for i in range(1, 9)]
+        assert results(objects, done)["v"] == [float(steps * length)] * 4
     assert objects.get("virtualslices", "pool") is not None, "a referenced slice outlives its programs"
+    after = contended_grants(operator)
+    light = after.get("1", 0.0) - before.get("1", 0.0)
+    heavy = after.get("2", 0.0) - before.get("2", 0.0)
+    print(f"\ngrants while both waited for the slice: weight 1 {light:.0f}, weight 2 {heavy:.0f}")
+    assert light >= 100, f"the programs hardly competed for the slice (weight 1: {light:.0f} grants)"
+    assert abs(heavy / light - 2.0) <= 0.2, f"weight 2 got {heavy / light:.2f}x the grants of weight 1"
 
 
 @pytest.mark.timeout(400, func_only=True)
@@ -242,15 +283,21 @@ def test_operator_restart_mid_program_changes_nothing(objects: Objects, operator
     objects.wait_steps("durable", 2, PROGRAM_DONE_S, what="program mid-run")
     pods_before = objects.pod_uids("pathways.dev/slice=durable-main")
     assert len(pods_before) == 2
+    at_restart = objects.program("durable")["status"]["stepsCompleted"]
 
     operator.restart(kill=True)
-    time.sleep(5)
+    # the new operator's driver needs the slice Ready: two steps on, it has looked at the gang
+    objects.wait_steps("durable", at_restart + 2, PROGRAM_DONE_S, interval=0.2,
+                       what="two steps run under the new operator")
     assert objects.pod_uids("pathways.dev/slice=durable-main") == pods_before, "no pod created or lost"
 
     done = objects.wait_program("durable", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     assert results(objects, done)["y"] == [2.0 * i + 1 for i in range(1, 9)]
     assert operator.starts >= 2
+    # its driver went with the killed operator; the new operator's driver went on from
+    # the steps recorded, not from step 0
+    assert_continued(objects.driver_starts("durable"), at_least=2)
 
 
 @pytest.mark.timeout(300, func_only=True)
@@ -311,27 +358,10 @@ def test_invalid_programs_fail_naming_the_field(
     assert failed["status"]["message"] == message
 
 
-def _container_pid(pod_ip: str, module: str) -> int | None:
-    """The node agent's process for one container: ``python -m <module>`` with the pod's IP in its env."""
-    from pathlib import Path
-
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if module.encode() not in (entry / "cmdline").read_bytes():
-                continue
-            if f"{pod_ip}:".encode() in (entry / "environ").read_bytes():
-                return int(entry.name)
-        except OSError:
-            continue
-    return None
-
-
 @pytest.mark.timeout(400, func_only=True)
-@pytest.mark.parametrize("module", ["pathways_worker.sidecar", "pathways_worker.worker"])
+@pytest.mark.parametrize("container", ["dataflow", "worker"])
 def test_program_survives_a_killed_host_process(
-    objects: Objects, operator: OperatorProcess, module: str
+    objects: Objects, operator: OperatorProcess, container: str
 ) -> None:
     import os
     import signal
@@ -343,8 +373,7 @@ def test_program_survives_a_killed_host_process(
 
     objects.wait_steps("enduring", 2, PROGRAM_DONE_S, what="program mid-run")
     host = objects.slice("victim")["status"]["hosts"][1]
-    pid = _container_pid(host["podIP"], module)
-    assert pid is not None, f"no {module} process for {host['pod']}"
+    pid = objects.cluster.container_pid(objects.namespace, host["pod"], container)
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
 
@@ -353,9 +382,10 @@ def test_program_survives_a_killed_host_process(
         return status.get("phase") == "Ready" and status.get("restarts") == 1
 
     objects.cluster.poll(recovered, timeout=SLICE_READY_S, interval=0.5, what="gang recreated")
-    print(f"\n{module} killed: slice Ready again after {time.monotonic() - killed:.1f} s")
+    print(f"\n{container} killed: slice Ready again after {time.monotonic() - killed:.1f} s")
     done = objects.wait_program("enduring", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     assert done["status"]["stepsCompleted"] == 8
     v = [float(i) for i in range(1, 9)]
     assert results(objects, done) == {"y": [2 * x + 1 for x in v], "z": [2 * x for x in v]}
+    assert_continued(objects.driver_starts("enduring"), at_least=2)

@@ -73,3 +73,14 @@ def test_orbax_reads_a_snapshot_directly(runtime: pw.Runtime, tmp_path: Path) ->
     assert restored["meta"]["step"] == 6
     assert len(restored["state"]["losses"]) == 6
     manager.close()
+
+
+def test_only_the_newest_two_snapshots_are_kept(runtime: pw.Runtime, tmp_path: Path) -> None:
+    run = pw.launch(
+        ENTRYPOINT, args=ARGS, steps=9, slices={"main": 4}, checkpoint_dir=tmp_path / "ckpt",
+        every_steps=2, name="retained",
+    )
+    run.result(timeout=180)
+    assert run.contexts[0].checkpoint_stats.steps == [2, 4, 6, 8], "every 2 steps a snapshot was written"
+    on_disk = sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit())
+    assert on_disk == [6, 8]

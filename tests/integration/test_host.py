@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from pathways_wire import process_tree, transfer
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG
+from pathways_operator.coordinator_port import HeldPort
 
 START_TIMEOUT_S = 90.0
 RPC_TIMEOUT_S = 30.0
@@ -52,12 +54,6 @@ A_INPUT_TIMEOUT_S = 8
 # ---------------------------------------------------------------- processes
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class HostProcs:
     name: str
@@ -66,6 +62,7 @@ class HostProcs:
     address: str = ""  # the sidecar
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    coordinator: HeldPort | None = None  # host 0's, held while it lives
 
 
 def _spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -99,8 +96,9 @@ def start_slice(
 ) -> list[HostProcs]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     wenv = {**env, "PATHWAYS_INPUT_TIMEOUT_S": "30", **(worker_env or {})}
-    coordinator = f"{ips[0]}:{_free_port(ips[0])}"
     hosts = [HostProcs(f"{slice_name}/host-{i} ({ip})", ip) for i, ip in enumerate(ips)]
+    hosts[0].coordinator = HeldPort(ips[0])
+    coordinator = hosts[0].coordinator.address
     # these loopback hosts are reached only by this test; a slice token in the
     # environment (test_host_security) is demanded instead
     unchecked = [] if env.get(ENV_TOKEN) or env.get(ENV_TOKEN_FILE) else [INSECURE_FLAG]
@@ -153,6 +151,8 @@ def stop_hosts(hosts: Sequence[HostProcs]) -> None:
             process_tree.stop_group(proc, max(0.1, deadline - time.monotonic()))
             if proc.stdout is not None:
                 proc.stdout.close()
+        if host.coordinator is not None:
+            host.coordinator.release()
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def host_processes(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fix
         slices["b"] = start_slice("slice-b", ["127.0.0.22", "127.0.0.23"], 4, log_dir)
         slices["a"] = start_slice(
             "slice-a", ["127.0.0.21"], 2, log_dir,
-            sidecar_flags=["--store-limit-bytes", str(A_STORE_LIMIT), "--put-wait-s", "3"],
+            sidecar_flags=["--store-limit-bytes", str(A_STORE_LIMIT), "--put-wait-s", "3", "--metrics-port", "0"],
             worker_env={
                 "PATHWAYS_STORE_LIMIT_BYTES": str(A_WORKER_STORE_LIMIT),
                 "PATHWAYS_INPUT_TIMEOUT_S": str(A_INPUT_TIMEOUT_S),
@@ -345,6 +345,36 @@ def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 10.0) -> N
         time.sleep(0.05)
 
 
+def metrics_url(host: HostProcs, timeout_s: float = 30.0) -> str:
+    """The ``/metrics`` URL a sidecar started with ``--metrics-port 0`` logged once it served."""
+    found: list[str] = []
+
+    def logged() -> bool:
+        found[:] = re.findall(r"metrics on (http://\S+/metrics)", host.logs[1].read_text())
+        return bool(found)
+
+    wait_for(f"{host.name}'s sidecar to log its metrics address", logged, timeout_s)
+    return found[-1]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``name{labels}`` -> value, labels without ``host`` (sorted as the client writes them)."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            samples[re.sub(r'host="[^"]*",?', "", key).replace("{}", "")] = float(value)
+    return samples
+
+
+def backpressure_waits(url: str) -> float:
+    """Puts that have started waiting for store room (counted when the wait begins)."""
+    return scrape(url)["pathways_sidecar_backpressure_waits_total"]
+
+
 X = (16, 4)
 F32 = jnp.float32
 
@@ -513,11 +543,9 @@ def test_failures_propagate_without_hanging(host_processes: dict[str, list[HostP
     controls[a].send(load=pb.HostProgram(program_id="chain-f", program=chain_program("chain-f"), slice="a"))
     controls[a].send(launch=launch("f3", "chain-f", outputs=[(2, 0)]))
     controls[a].send(grants=grants("f3", [(8, 0), (9, 1), (10, 2)]))
-    time.sleep(0.3)
-    started = time.monotonic()
     controls[a].send(fail=pb.FailCall(call_id="f3", message="host 9 died"))
-    done3 = controls[a].wait("f3", 3, timeout_s=5)
-    assert time.monotonic() - started < 3
+    done3 = controls[a].wait("f3", 3, timeout_s=A_INPUT_TIMEOUT_S + 20)
+    # not the input timeout's error: FailCall ended the wait
     assert all(not c.ok and "host 9 died" in c.error for c in done3), done3
     for call in ["f1", "f2", "f3"]:
         for addr in [a, *b]:
@@ -531,22 +559,23 @@ def test_put_waits_for_space_until_a_release(host_processes: dict[str, list[Host
     wait_for("empty store", lambda: health(a).store_bytes == 0)
     put(a, "bp1", (-1, 0), big)
     assert health(a).store_bytes == big.nbytes
+    url = metrics_url(host_processes["a"][0])
+    waits = backpressure_waits(url)
     result: list[Any] = []
     waiter = threading.Thread(target=lambda: result.append(put(a, "bp2", (-1, 0), big)))
     waiter.start()
-    time.sleep(1.0)
+    wait_for("the Put waiting for room", lambda: backpressure_waits(url) == waits + 1)
     assert waiter.is_alive() and not result  # held back: no room
     controls[a].send(release=pb.ReleaseCall(call_id="bp1"))
     waiter.join(10)
     assert result == [1]
     assert health(a).store_bytes == big.nbytes
 
-    started = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         put(a, "bp3", (-1, 0), big)  # nobody releases: bounded wait (3 s), then an error
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert 2.5 < time.monotonic() - started < 10
     details = err.value.details() or ""
+    assert "after waiting 3 s" in details, details
     assert f"needs {big.nbytes} B" in details and f"limit {A_STORE_LIMIT} B" in details, details
 
     with pytest.raises(grpc.RpcError) as err:
@@ -595,8 +624,9 @@ def test_malformed_puts_are_rejected_and_the_sidecar_keeps_serving(host_processe
 
 
 @pytest.mark.timeout(120)
-def test_chain_dispatch_cost(host_processes: dict[str, list[HostProcs]], controls: dict[str, ControlStream]) -> None:
-    """A long chain of one cached executable: the per-computation cost inside the host."""
+def test_a_chain_of_200_computations_runs_in_grant_order(host_processes: dict[str, list[HostProcs]], controls: dict[str, ControlStream]) -> None:
+    """A long chain of one cached executable, each step feeding the next (its per-computation
+    cost is a figure for bench/, not something this test asserts)."""
     a = host_processes["a"][0].address
     n = 200
     t = ((64,), F32, P())
@@ -618,16 +648,12 @@ def test_chain_dispatch_cost(host_processes: dict[str, list[HostProcs]], control
     assert all(c.ok for c in ctl.wait("warm", n))
     ctl.send(launch=launch("timed", "long", outputs=[(n - 1, 0)]))
     put(a, "timed", (-1, 0), np.zeros(64, np.float32))
-    started = time.perf_counter()
     ctl.send(grants=grants("timed", [(2000 + i, i) for i in range(n)]))
     assert all(c.ok for c in ctl.wait("timed", n))
-    per = (time.perf_counter() - started) / n
-    print(f"\nchain of {n}: {per * 1e6:.0f} us per computation (grants in, completions out)")
     expected = np.zeros(64, np.float32)
     for _ in range(n):
         expected = expected * 0.5 + 1.0
     np.testing.assert_allclose(fetch([a], "timed", (n - 1, 0)), expected, rtol=1e-6)
-    assert per < 5e-3
     for call in ["warm", "timed"]:
         ctl.send(release=pb.ReleaseCall(call_id=call))
 
@@ -652,8 +678,8 @@ def test_worker_store_back_pressure(host_processes: dict[str, list[HostProcs]], 
     ctl.send(launch=launch("h2", "blob", outputs=[(0, 0)]))
     ctl.send(grants=grants("h2", [(2, 0)]))
     put(a, "h2", (-1, 0), x)  # input 100 KiB + h1's 100 KiB held: no room for 100 KiB more
-    time.sleep(1.0)
-    assert not [c for c in ctl.completions if c.call_id == "h2"]
+    wait_for("h2's input in the worker store", lambda: health(a).worker_store_bytes == 2 * x.nbytes)
+    assert not [c for c in ctl.completions if c.call_id == "h2"]  # held until h1's release
     ctl.send(release=pb.ReleaseCall(call_id="h1"))
     assert ctl.wait("h2", 1)[0].ok
     np.testing.assert_array_equal(fetch([a], "h2", (0, 0)), x * 2.0)
@@ -671,10 +697,8 @@ def test_missing_input_times_out_naming_its_source(host_processes: dict[str, lis
     ctl = controls[a]
     ctl.send(load=pb.HostProgram(program_id="orphan", program=prog, slice="a"))
     ctl.send(launch=launch("o1", "orphan", expects={(5, 0): 2}, outputs=[(0, 0)]))
-    started = time.monotonic()
     ctl.send(grants=grants("o1", [(1, 0)]))
     (done,) = ctl.wait("o1", 1, timeout_s=A_INPUT_TIMEOUT_S + 20)
-    assert A_INPUT_TIMEOUT_S - 1 < time.monotonic() - started < A_INPUT_TIMEOUT_S + 15
     assert not done.ok
     for text in ["computation 'consume' (index 0)", "call o1", f"timed out after {A_INPUT_TIMEOUT_S} s",
                  "output 0 of computation 5", "slice 'b' (2 sender host(s))"]:

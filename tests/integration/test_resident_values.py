@@ -28,7 +28,7 @@ import pathways as pw
 from bench import mlp
 from pathways.runtime import INLINE_BYTES
 from pathways_wire import pathways_pb2 as pb
-from tests.integration.host_processes import worker_pids
+from tests.integration.host_pids import host_pid
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -211,9 +211,9 @@ def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtim
     plus_one = plus_one_on("lost", devices=4)
     held = plus_one(np.zeros(BIG, np.float32)).block_until_ready()
     (before,) = [s for s in runtime.describe().slices if s.name == "lost"]
-    victims = worker_pids(held.hosts[0].split(":")[0])
-    assert victims, "the slice's worker runs"
-    os.kill(victims[0], signal.SIGKILL)
+    victim = host_pid(runtime, before, 0, "worker")
+    assert victim is not None, "the slice's worker runs"
+    os.kill(victim, signal.SIGKILL)
     with pytest.raises(pw.PathwaysError):  # the host's death shows in the next call
         np.asarray(plus_one(np.zeros(BIG, np.float32)))
 

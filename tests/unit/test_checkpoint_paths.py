@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path
+from pathways_operator.core.checkpoint_paths import CheckpointPathError, checkpoint_path, newest_snapshot
 
 ROOT = PurePosixPath("/var/lib/pathways/checkpoints")
 UID = "0123456789abcdef"
@@ -33,3 +33,10 @@ def test_volume_that_is_a_path_is_refused_naming_the_field(volume: str) -> None:
     message = str(refused.value)
     assert message.startswith(f"spec.checkpoint.volume {volume!r} is not the name of a PersistentVolumeClaim")
     assert f"{ROOT}/team-a/" in message and "give the name of a claim in namespace team-a" in message
+
+
+def test_the_newest_snapshot_is_the_highest_committed_step() -> None:
+    assert newest_snapshot(["2", "4", "6.orbax-checkpoint-tmp-1700000000", "meta.json"]) == 4
+    assert newest_snapshot(["10", "8"]) == 10
+    assert newest_snapshot(["2.orbax-checkpoint-tmp-1"]) is None
+    assert newest_snapshot([]) is None

@@ -75,6 +75,17 @@ def test_weights_one_to_three_share_one_slice_in_proportion() -> None:
     assert Counter(order) == {"light": 100, "heavy": 300}
 
 
+def test_contended_grants_count_by_weight_only_while_calls_compete() -> None:
+    sched = IslandScheduler(window=2)
+    sched.submit("light", 1.0, chain("shared", 100))
+    sched.submit("heavy", 2.0, chain("shared", 100))
+    sched.submit("alone", 5.0, chain("own", 30))
+    drain_in_order(sched)
+    # heavy's 100 grants came while light waited too; light got 50 meanwhile, and its
+    # other 50 alone, as did the call alone on its own slice: those take no one's share.
+    assert sched.contended_grants == {2.0: 100, 1.0: 50}
+
+
 def test_weights_apply_over_many_calls_sharing_a_slice() -> None:
     sched = IslandScheduler(window=3)
     weights = {"w1": 1.0, "w2": 2.0, "w5": 5.0}

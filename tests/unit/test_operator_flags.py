@@ -41,3 +41,16 @@ def test_metrics_port_any_asks_for_a_free_port_and_a_bad_one_is_named(
     with pytest.raises(SystemExit):
         _parser().parse_args(["--metrics-port", "http"])
     assert "--metrics-port: expected a port number, 0 (off) or any, got 'http'" in capsys.readouterr().err
+
+
+def test_suspend_grace_defaults_to_60_seconds_and_a_bad_one_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PATHWAYS_SUSPEND_GRACE_SECONDS", raising=False)
+    assert _parser().parse_args([]).suspend_grace_seconds == 60.0
+    assert _parser().parse_args(["--suspend-grace-seconds", "2.5"]).suspend_grace_seconds == 2.5
+    monkeypatch.setenv("PATHWAYS_SUSPEND_GRACE_SECONDS", "4")
+    assert _parser().parse_args([]).suspend_grace_seconds == 4.0
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--suspend-grace-seconds", "0"])
+    assert "--suspend-grace-seconds: expected a number of seconds above 0, got '0'" in capsys.readouterr().err

@@ -9,10 +9,10 @@ import pytest
 from pathways_operator.core.phases import InvalidTransition, ProgramPhase, SlicePhase
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, Reported
 from pathways_operator.core.program_look import (
-    Attempt, CreateInlineSlice, Next, Order, ProgramDecision, ProgramLook, ProgramReport, ProgramSliceFact,
-    StartDriver, StoreResults, epoch,
+    DEFAULT_SUSPEND_GRACE_S, Attempt, CreateInlineSlice, Next, Order, ProgramDecision, ProgramLook, ProgramReport,
+    ProgramSliceFact, StartDriver, StoreResults, epoch,
 )
-from pathways_operator.core.program_machine import SUSPEND_GRACE_S, ProgramMachine
+from pathways_operator.core.program_machine import ProgramMachine
 from pathways_operator.core.reasons import Condition, Reason
 
 NOW = "2026-01-01T00:10:00Z"
@@ -112,6 +112,18 @@ def test_ready_slices_start_the_driver_and_run() -> None:
     assert decision.status.phase is ProgramPhase.RUNNING
     assert decision.status.start_time == NOW
     assert decision.events[0].message == "Started driver for examples.programs:train (10 steps)"
+
+
+def test_a_driver_started_again_says_where_it_resumes() -> None:
+    restarted = ProgramMachine(after(running(), done=5))
+    restarted.start()
+    assert restarted.decision().events[0].message.startswith("Restarted from step 5: driver for")
+    resumed = ProgramMachine(after(running(), done=5, checkpoint_dir="/ckpt/train", snapshot_step=4))
+    resumed.start()
+    assert isinstance(resumed.take_actions()[-1], StartDriver)
+    assert resumed.decision().events[0].message == (
+        "Resumed at step 4 from the snapshot of step 4: driver for examples.programs:train (10 steps)"
+    )
 
 
 def test_running_driver_reports_progress_without_restarting() -> None:
@@ -215,7 +227,7 @@ def test_suspend_asks_the_driver_to_stop_at_a_step_then_releases_slices() -> Non
     assert asking.decision().status.phase is ProgramPhase.RUNNING
 
     late = ProgramMachine(after(
-        running(), suspend=True, driver=DriverState.RUNNING, done=2, suspend_asked_at=1000.0 - SUSPEND_GRACE_S,
+        running(), suspend=True, driver=DriverState.RUNNING, done=2, suspend_asked_at=1000.0 - DEFAULT_SUSPEND_GRACE_S,
     ))
     late.start()
     assert late.take_actions() == [Order.FORGET_SUSPEND, Order.DISCARD_OUTCOME, Order.RELEASE_SLICES]
@@ -228,6 +240,18 @@ def test_suspend_asks_the_driver_to_stop_at_a_step_then_releases_slices() -> Non
     resumed_decision = resumed.decision()
     assert resumed_decision.status.phase is ProgramPhase.RUNNING
     assert condition(resumed_decision, "Suspended").status == "False"
+
+
+def test_the_suspend_grace_is_the_operators_setting() -> None:
+    """A driver asked 5 s ago is still waited for with the default 60 s, stopped with a 3 s grace."""
+    asked = dict(suspend=True, driver=DriverState.RUNNING, done=2, suspend_asked_at=1000.0 - 5)
+    waiting = ProgramMachine(after(running(), **asked))
+    waiting.start()
+    assert waiting.take_actions() == [Order.ASK_SUSPEND]
+    impatient = ProgramMachine(after(running(), **asked, suspend_grace_s=3.0))
+    impatient.start()
+    assert impatient.take_actions() == [Order.FORGET_SUSPEND, Order.DISCARD_OUTCOME, Order.RELEASE_SLICES]
+    assert impatient.decision().status.phase is ProgramPhase.SUSPENDED
 
 
 def test_suspended_program_creates_no_slices() -> None:

@@ -25,14 +25,15 @@ operator, kubectl and the controllers can see:
   leaving the API objects as they are.
 
 Logs: ``<state-dir>/pods/<namespace>_<pod>/<container>.log`` for a container's first run,
-``.log.N`` for restart N (``container_log_path``).
+``.log.N`` for restart N (``container_log_path``); the PID of its current run in
+``<container>.pid`` beside it (``container_pid_path``).
 
 Run it as ``python -m pathways_devcluster.node_agent --kubeconfig K --node a-0:island-a:4
 --state-dir D``; ``NodeAgentProcess`` does that for the dev cluster and for tests.
 """
 
 from pathways_devcluster.node_agent.agent_process import NodeAgentProcess
-from pathways_devcluster.node_agent.containers import container_log_path
+from pathways_devcluster.node_agent.containers import container_log_path, container_pid_path
 from pathways_devcluster.node_agent.node_registrar import NodeSpec
 
-__all__ = ["NodeAgentProcess", "NodeSpec", "container_log_path"]
+__all__ = ["NodeAgentProcess", "NodeSpec", "container_log_path", "container_pid_path"]

@@ -6,7 +6,9 @@ runtime and no images. A container here is a process in its own session, started
 so the repository's virtualenv is used; the working directory is the repository root
 unless ``workingDir`` says otherwise), with the environment a kubelet would give it (see
 ``pod_env``) and its volumes mounted or rewritten (see ``pod_volumes``). Its stdout and
-stderr go to ``container_log_path``: ``.log`` for the first run, ``.log.N`` for restart N.
+stderr go to ``container_log_path``: ``.log`` for the first run, ``.log.N`` for restart N;
+the PID of its current run is in ``container_pid_path``, so fault tests signal exactly
+that process.
 
 ``ContainerRunner`` does for one pod what the kubelet's container manager does: it
 starts a container, reaps it when its process exits and records the exit the way the
@@ -64,6 +66,11 @@ def container_log_path(
     """Where the agent writes a container's stdout+stderr (``restart`` N: ``.log.N``)."""
     suffix = f".log.{restart}" if restart else ".log"
     return Path(state_dir) / "pods" / f"{namespace}_{pod}" / f"{container}{suffix}"
+
+
+def container_pid_path(state_dir: Path | str, namespace: str, pod: str, container: str) -> Path:
+    """Where the agent records the PID of a container's current run."""
+    return Path(state_dir) / "pods" / f"{namespace}_{pod}" / f"{container}.pid"
 
 
 @dataclass
@@ -220,6 +227,7 @@ class ContainerRunner:
         c.ready = False
         c.probes = probes.container_probes(c.spec, c.started_mono)
         c.started = "startup" not in c.probes
+        container_pid_path(box.state_dir, box.namespace, box.name, c.name).write_text(f"{c.popen.pid}\n")
         log.info("pod %s: started %s (pid %d)", box, c.name, c.popen.pid)
         return True
 

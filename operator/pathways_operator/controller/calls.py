@@ -89,6 +89,11 @@ class Calls:
         self._seen: dict[str, float] = {}
         """Clients holding a lease -> when they last said KeepAlive (monotonic)."""
 
+    def contended_grants(self) -> dict[float, int]:
+        """Grants made on slices other calls were waiting for, by weight (the shares between programs)."""
+        with self._slices.lock:
+            return self._scheduler.contended_grants
+
     def run(
         self,
         program_id: str,

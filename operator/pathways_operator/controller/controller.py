@@ -98,6 +98,9 @@ class Controller(Generic[G_co]):
     def computations_dispatched(self) -> int:
         return self.calls.dispatched
 
+    def contended_grants(self) -> dict[float, int]:
+        return self.calls.contended_grants()
+
     def create_slice(
         self, decl: ir.SliceDecl, client: str, timeout_s: float, namespace: str = ""
     ) -> pb.SliceInfo:

@@ -49,6 +49,11 @@ skipped for now; it does not bank credit while blocked (its pass is brought up
 to the global pass when it next runs), so it cannot monopolise a slice after.
 Ties go to the call submitted first.
 
+Shares are observable: `contended_grants` counts, by the weight of the call that got
+it, every grant made on a slice that another call was also waiting for. Grants a call
+gets alone on a slice take nothing from anyone, so only these follow the weights
+(the operator exports them as ``pathways_contended_grants_total{weight}``).
+
 Everything here is plain in-memory state driven by calls; no clocks, no I/O.
 """
 
@@ -114,6 +119,7 @@ class UnknownGrant(KeyError):
 @dataclasses.dataclass
 class _Call:
     call_id: str
+    weight: float
     stride: float
     pass_: float
     order: int
@@ -143,6 +149,7 @@ class IslandScheduler:
         self._calls: dict[str, _Call] = {}
         self._granted: dict[str, dict[int, tuple[str, int]]] = {}
         """slice -> seq -> (call, node) of grants not yet completed."""
+        self._contended: dict[float, int] = {}
 
     @property
     def window(self) -> int:
@@ -151,6 +158,11 @@ class IslandScheduler:
     @property
     def shared_window(self) -> int:
         return self._shared_window
+
+    @property
+    def contended_grants(self) -> dict[float, int]:
+        """Weight -> grants made on a slice another call was waiting for (see the module docstring)."""
+        return dict(self._contended)
 
     def submit(
         self, call_id: str, weight: float, computations: Sequence[ScheduledComputation]
@@ -191,6 +203,7 @@ class IslandScheduler:
             return
         self._calls[call_id] = _Call(
             call_id=call_id,
+            weight=float(weight),
             stride=STRIDE / weight,
             pass_=self._global_pass,
             order=self._submissions,
@@ -204,6 +217,7 @@ class IslandScheduler:
         ready = [(c.pass_, c.order, c.call_id) for c in self._calls.values() if c.todo]
         heapq.heapify(ready)
         limit = self._limits()
+        wanting = self._wanting()
         issued: list[Grant] = []
         while ready:
             _, _, call_id = heapq.heappop(ready)
@@ -214,6 +228,11 @@ class IslandScheduler:
                 continue  # skipped until complete() frees room on that slice
             self._count_calm(comp.slice_id)
             call.todo.popleft()
+            if wanting.get(comp.slice_id, 0) > 1:
+                self._contended[call.weight] = self._contended.get(call.weight, 0) + 1
+            if not call.todo:
+                for slice_id in call.slices:
+                    wanting[slice_id] -= 1
             seq = self._next_seq
             self._next_seq += 1
             on_slice[seq] = (call_id, comp.node)
@@ -229,15 +248,19 @@ class IslandScheduler:
         """The window of each slice that is, or lately was, contended."""
         if self._shared_window == self._window:
             return {}
+        for slice_id, n in self._wanting().items():
+            if n > 1:
+                self._calm[slice_id] = 0
+        return {s: self._shared_window for s in self._calm}
+
+    def _wanting(self) -> dict[str, int]:
+        """Slice -> calls with ungranted work that touch it."""
         wanting: dict[str, int] = {}
         for call in self._calls.values():
             if call.todo:
                 for slice_id in call.slices:
                     wanting[slice_id] = wanting.get(slice_id, 0) + 1
-        for slice_id, n in wanting.items():
-            if n > 1:
-                self._calm[slice_id] = 0
-        return {s: self._shared_window for s in self._calm}
+        return wanting
 
     def _count_calm(self, slice_id: str) -> None:
         calm = self._calm.get(slice_id)

@@ -122,6 +122,10 @@ class Next(enum.Enum):
     """Carry out :class:`StoreResults`, then tell the machine how it went."""
 
 
+DEFAULT_SUSPEND_GRACE_S = 60.0
+"""The operator's default ``--suspend-grace-seconds``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ProgramLook:
     """What one look at a program read: the object, its slices, its driver, the times."""
@@ -162,7 +166,12 @@ class ProgramLook:
     """What the driver returned, when it returned results."""
     attempt: Attempt | None = None
     suspend_asked_at: float | None = None
+    suspend_grace_s: float = DEFAULT_SUSPEND_GRACE_S
+    """How long a driver asked to suspend may take to reach a step boundary before it is
+    stopped (``--suspend-grace-seconds``)."""
     checkpoint_dir: str = ""
+    snapshot_step: int | None = None
+    """The newest committed snapshot in ``checkpoint_dir``: where a driver started now begins."""
     results_owner_problem: str | None = None
     """Why ``<program>-results`` may not be written (one exists the program does not own)."""
 

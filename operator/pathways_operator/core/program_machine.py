@@ -46,8 +46,6 @@ from pathways_operator.core.status_report import Report
 
 SOON = 1.0
 IDLE = 15.0
-SUSPEND_GRACE_S = 60.0
-"""How long a driver asked to suspend may take to reach a step boundary before it is stopped."""
 
 _P = ProgramPhase
 _C = ProgramConditionType
@@ -138,7 +136,10 @@ class ProgramMachine:
                 {s.name: (s.virtual_slice, s.devices) for s in look.slices if s.exists},
                 Attempt(number, {s.name: s.restarts for s in look.slices if s.exists}),
             ))
-            what = "Started" if done == 0 else f"Restarted from step {done}:"
+            if look.snapshot_step is not None:
+                what = f"Resumed at step {look.snapshot_step} from the snapshot of step {look.snapshot_step}:"
+            else:
+                what = "Started" if done == 0 else f"Restarted from step {done}:"
             source = look.entrypoint or f"ConfigMap {look.config_map}"
             r.event(event_type(Reason.STEPS_RUNNING), Reason.STEPS_RUNNING,
                     f"{what} driver for {source} ({plural(look.steps, 'step')})")
@@ -192,13 +193,13 @@ class ProgramMachine:
         """spec.suspend: let the driver finish its step and snapshot, then release the slices.
 
         The driver gets SIGUSR1 and stops at its next ``ctx.step_done`` (after writing a
-        checkpoint); one that does not get there within SUSPEND_GRACE_S is stopped, and
+        checkpoint); one that does not get there within ``look.suspend_grace_s`` is stopped, and
         resumes from its last snapshot.
         """
         look, r = self.look, self.report
         if look.driver is DriverState.RUNNING:
             asked = look.monotonic_now if look.suspend_asked_at is None else look.suspend_asked_at
-            if look.monotonic_now - asked < SUSPEND_GRACE_S:
+            if look.monotonic_now - asked < look.suspend_grace_s:
                 r.act(Order.ASK_SUSPEND)
                 message = (f"suspending: the driver finishes its current step (after {done}) "
                            "and writes its state, then the program's slices are released")

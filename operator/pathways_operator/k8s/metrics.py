@@ -12,8 +12,15 @@ What an operator of a shared accelerator pool wants on a dashboard:
     admission;
 ``pathways_computations_dispatched_total``
     computations the island scheduler has granted;
+``pathways_contended_grants_total{weight}``
+    those granted on a slice that another program's call was also waiting for, by
+    the weight of the program that got them: on a shared slice they follow the weights;
 ``pathways_program_step_seconds``
-    wall time per completed program step, as the drivers report them.
+    wall time per completed program step, as the drivers report them;
+``pathways_reconciles_total{kind,result}``
+    looks at VirtualSlices and PathwaysPrograms, ``result`` ``wrote`` when the look
+    patched status and ``unchanged`` when it found nothing to write: a steady object
+    keeps being looked at without being rewritten.
 
 The reconcilers report into :class:`OperatorMetrics`; gauges are rendered at
 scrape time from those reports, so a metric never disagrees with the last status
@@ -27,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import Counter as PrometheusCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -37,13 +45,18 @@ _STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 class OperatorMetrics(Collector):
     """Everything the operator exports; thread-safe, since reconciles run in parallel."""
 
-    def __init__(self, computations: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        computations: Callable[[], int] = lambda: 0,
+        contended: Callable[[], Mapping[float, int]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
         self._slice_phases: dict[str, str] = {}
         self._program_phases: dict[str, str] = {}
         self._queue: dict[str, int] = {}
         self._computations = computations
+        self._contended = contended
         self.admission_wait = Histogram(
             "pathways_admission_wait_seconds",
             "Seconds a VirtualSlice waited in the admission queue before its gang was placed.",
@@ -54,6 +67,12 @@ class OperatorMetrics(Collector):
             "pathways_program_step_seconds",
             "Wall time of one completed PathwaysProgram step.",
             buckets=_STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.reconciles = PrometheusCounter(
+            "pathways_reconciles",
+            "Looks at an object, by kind and whether the look wrote its status.",
+            labelnames=["kind", "result"],
             registry=self.registry,
         )
         self.registry.register(self)
@@ -71,6 +90,9 @@ class OperatorMetrics(Collector):
                 phases.pop(key, None)
             else:
                 phases[key] = phase
+
+    def looked(self, kind: str, wrote: bool) -> None:
+        self.reconciles.labels(kind=kind, result="wrote" if wrote else "unchanged").inc()
 
     def queue(self, waiting_by_island: Mapping[str, int]) -> None:
         with self._lock:
@@ -101,6 +123,14 @@ class OperatorMetrics(Collector):
             "Computations granted by the island scheduler.",
             value=self._computations(),
         )
+        shares = CounterMetricFamily(
+            "pathways_contended_grants",
+            "Computations granted on a slice another program's call was also waiting for, by weight.",
+            labels=["weight"],
+        )
+        for weight, count in sorted(self._contended().items()):
+            shares.add_metric([f"{weight:g}"], count)
+        yield shares
 
     def serve(self, port: int) -> int:
         """Serve ``/metrics`` on ``port`` (all interfaces; 0: any free port) from a background

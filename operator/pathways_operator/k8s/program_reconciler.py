@@ -20,15 +20,18 @@ created from templates; a deleted program's checkpoint directory is deleted too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pathways_operator.core.checkpoint_paths import newest_snapshot
 from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, is_permanent_refusal
 from pathways_operator.core.program_look import (
+    DEFAULT_SUSPEND_GRACE_S,
     Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramReport,
     StartDriver, StoreResults, results_config_map,
 )
@@ -40,6 +43,7 @@ from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
 from pathways_operator.k8s.program_checks import CompiledPrograms, InvalidProgram, ProgramSlices
 from pathways_operator.k8s.status_writer import StatusWriter
+from pathways_wire.kube_names import PROGRAM_KIND
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +66,10 @@ class ProgramReconciler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         checkpoint_root: Path | None = None,
+        suspend_grace_s: float = DEFAULT_SUSPEND_GRACE_S,
     ) -> None:
         self._api = api
+        self._suspend_grace_s = suspend_grace_s
         self._drivers = drivers
         self._checkpoint_root = checkpoint_root
         self._suspending: dict[str, float] = {}
@@ -71,7 +77,8 @@ class ProgramReconciler:
         self._allowed = tuple(allowed_entrypoints)
         self._attempts: dict[str, Attempt] = {}
         self._metrics = metrics or OperatorMetrics()
-        self._status = StatusWriter(api, api.patch_program_status, self._metrics.program_phase)
+        self._status = StatusWriter(api, api.patch_program_status, self._metrics.program_phase,
+                                    functools.partial(self._metrics.looked, PROGRAM_KIND))
         self._clock = clock
         self._wall_clock = wall_clock
         """Seconds since the epoch: deadlines count from API timestamps."""
@@ -195,7 +202,9 @@ class ProgramReconciler:
             results=driver.results,
             attempt=self._attempts.get(program.key),
             suspend_asked_at=self._suspending.get(program.key),
+            suspend_grace_s=self._suspend_grace_s,
             checkpoint_dir=str(where) if where else "",
+            snapshot_step=_newest_snapshot(where),
             results_owner_problem=results_problem,
         )
 
@@ -280,3 +289,12 @@ class ProgramReconciler:
         )
         self._status.write(program.key, program.reference(), None if new == program.status else new.to_manifest(),
                            str(s.phase), decision.events)
+
+
+def _newest_snapshot(where: Path | None) -> int | None:
+    if where is None:
+        return None
+    try:
+        return newest_snapshot(entry.name for entry in where.iterdir())
+    except OSError:
+        return None  # no snapshot written yet

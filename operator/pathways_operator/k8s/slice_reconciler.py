@@ -28,6 +28,7 @@ object.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -50,7 +51,7 @@ from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults
 from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegistry
 from pathways_operator.k8s.inventory import Reservation, unreachable
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_wire.kube_names import SIDECAR_PORT, SLICE_LABEL
+from pathways_wire.kube_names import SIDECAR_PORT, SLICE_KIND, SLICE_LABEL
 from pathways_operator.k8s.status_writer import StatusWriter
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
 
@@ -79,7 +80,8 @@ class SliceReconciler:
             allow_system_priority_classes=allow_system_priority_classes,
         )
         self._gangs = GangRegistrations(registry)
-        self._status = StatusWriter(api, api.patch_slice_status, metrics.slice_phase)
+        self._status = StatusWriter(api, api.patch_slice_status, metrics.slice_phase,
+                                    functools.partial(metrics.looked, SLICE_KIND))
         self._slice_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._secrets: dict[str, SliceSecret] = {}

@@ -2,7 +2,8 @@
 
 Both reconcilers end every look here. ``status`` is patched only when it
 differs from what was read (a quiet look writes nothing), the phase gauge is
-updated, and the Events the state machine decided are posted; an Event the API
+updated, the look is counted (``pathways_reconciles_total{kind,result}``: whether it
+wrote), and the Events the state machine decided are posted; an Event the API
 server refuses is logged, never retried: it must not undo the status written.
 """
 
@@ -25,12 +26,15 @@ class StatusWriter:
         api: ClusterApi,
         patch: Callable[[str, str, Json], None],
         gauge: Callable[[str, str | None], None],
+        looked: Callable[[bool], None] = lambda wrote: None,
     ) -> None:
         self._api = api
         self._patch = patch
         """``patch(namespace, name, status)``: the status subresource of the kind written."""
         self._gauge = gauge
         """``gauge(key, phase)``: the operator's phase metric of the kind written."""
+        self._looked = looked
+        """``looked(wrote)``: counts each look, and whether it patched status."""
 
     def write(
         self,
@@ -45,6 +49,7 @@ class StatusWriter:
             namespace, _, name = key.partition("/")
             self._patch(namespace, name, new)
         self._gauge(key, phase)
+        self._looked(new is not None)
         for event in events:
             try:
                 self._api.post_event(reference, event.type, event.reason, event.message)

@@ -1,0 +1,22 @@
+"""An embedded host's processes, by the PIDs its launcher recorded when it started them.
+
+Fault tests signal exactly these: a search of the process table by module name or
+address could find another test's host on the same machine.
+"""
+
+from __future__ import annotations
+
+import pathways as pw
+from pathways_wire import pathways_pb2 as pb
+from pathways_operator.local_hosts import host_run_dir
+
+
+def host_pid(runtime: pw.Runtime, slice_info: pb.SliceInfo, index: int, role: str) -> int | None:
+    """The PID of ``role`` ("worker" or "dataflow") of host ``index``, or None while it has none."""
+    assert runtime.cluster is not None, "fault tests run on the embedded runtime"
+    ip = slice_info.hosts[index].address.rsplit(":", 1)[0]
+    pid_file = host_run_dir(runtime.cluster.state_dir, slice_info.slice_id, index, ip) / f"{role}.pid"
+    try:
+        return int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
