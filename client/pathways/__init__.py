@@ -12,7 +12,9 @@
 `@pw.program` traces a function over virtual slices into a dataflow graph of
 compiled computations; calling it runs the graph on the hosts those slices are
 mapped to — the embedded local cluster by default, or the controller that
-`pw.connect(address)` names.
+`pw.connect(address)` names. A call returns `pw.Array` handles at once: the values stay
+on the hosts, the next call uses them there, and `np.asarray(x)` or `pw.fetch(tree)`
+brings them to the client.
 """
 
 from __future__ import annotations
