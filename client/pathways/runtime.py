@@ -48,8 +48,10 @@ Every call to the controller or a host has a deadline, and an interrupted call
 so the process never waits at exit for a call nobody wants any more; shutting
 down gives each remaining bookkeeping call `EXIT_RPC_TIMEOUT_S`.
 
-The module runs to about 550 lines because it is the one place the client speaks
-the protocol: every RPC, its deadline and the translation of its errors read here.
+The module runs to about 750 lines because it is the one place the client speaks
+the protocol: every RPC, its deadline and the translation of its errors read here,
+and so do the lifetimes of the calls and objects the client owns (which could move
+to a module of their own).
 """
 
 from __future__ import annotations
