@@ -78,16 +78,14 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
     ) -> None:
         self.shape = tuple(int(d) for d in spec.shape)
         self.dtype = np.dtype(spec.dtype)
-        self.hosts = hosts
-        self.slice_id = slice_id
+        self.call, self.ref = call, ref
+        """The call that makes the value and which of its values it is (None if carried along)."""
+        self.hosts, self.slice_id = hosts, slice_id
         self.slice = slice_name
         """The name of the virtual slice whose hosts hold the value ("" if carried along)."""
         self.generation = generation
         """The launch of the slice's gang that holds it: a relaunched gang lost it."""
-        self.call = call
-        self.ref = ref
-        self._value = value
-        self._fetch = fetch
+        self._value, self._fetch = value, fetch
         self.on_delete: Callable[[], Any] | None = None
         """Frees the object (once): run by `delete`, or when the last reference goes."""
         self._deleted = False
