@@ -75,6 +75,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         slice_name: str = "",
         generation: int = 0,
         fetch: Callable[[Array], np.ndarray] | None = None,
+        sharding: Callable[[], str] | None = None,
     ) -> None:
         self.shape = tuple(int(d) for d in spec.shape)
         self.dtype = np.dtype(spec.dtype)
@@ -86,6 +87,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         self.generation = generation
         """The launch of the slice's gang that holds it: a relaunched gang lost it."""
         self._value, self._fetch = value, fetch
+        self._sharding = sharding
         self.on_delete: Callable[[], Any] | None = None
         """Frees the object (once): run by `delete`, or when the last reference goes."""
         self._deleted = False
@@ -102,6 +104,12 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
     def on_hosts(self) -> bool:
         """Whether the value is an object in the hosts' stores (not carried along)."""
         return self.call is not None and not self._deleted
+
+    @property
+    def sharding(self) -> str:
+        """How the value is laid out over its slice's devices, as the computation that made
+        it declared (XLA's HloSharding text; "replicated" when it declared none)."""
+        return self._sharding() if self._sharding is not None else "replicated"
 
     @property
     def ndim(self) -> int:

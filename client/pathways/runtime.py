@@ -57,6 +57,7 @@ to a module of their own).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import queue
 import threading
@@ -336,6 +337,7 @@ class Runtime:
                     slice_name=names.get(vslice, vslice),
                     generation=reply.outputs[j].generation,
                     fetch=self._fetch_object,
+                    sharding=functools.partial(_output_sharding, program.computations[ref.node], ref.index),
                 )
                 call.live[ref] = 1
                 handle.on_delete = weakref.finalize(handle, self._handle_gone, call, ref)
@@ -644,6 +646,15 @@ class Runtime:
             self._channel.close()
             if self.cluster is not None:
                 self.cluster.stop()
+
+
+@functools.lru_cache(maxsize=256)
+def _output_sharding(computation: ir.Computation, index: int) -> str:
+    """What the exported computation says of output `index`'s layout (read on first ask)."""
+    import jax
+
+    hlo = jax.export.deserialize(bytearray(computation.artifact)).out_shardings_hlo[index]
+    return "replicated" if hlo is None else str(hlo)
 
 
 class _PresentToken(

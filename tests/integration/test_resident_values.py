@@ -102,6 +102,7 @@ def test_a_training_loop_sends_only_its_batches_after_the_first_step(
     assert used.sent == 4 * hosts * mlp.batch_bytes(), "no parameter bytes go to the hosts"
     assert used.received == 0, "nothing comes back until the client asks"
     assert all(isinstance(p, pw.Array) for p in jax.tree_util.tree_leaves(params))
+    assert params["w1"].sharding in ("replicated", "{replicated}"), params["w1"].sharding
     np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
     got = pw.fetch(params)
     for name in ("w1", "b1", "w2", "b2"):
