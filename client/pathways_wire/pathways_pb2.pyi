@@ -1616,10 +1616,15 @@ class Arrival(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    SPARE_DIR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     path: _builtins.str
     """file under the shared-memory dir; "" with error"""
     error: _builtins.str
+    spare_dir: _builtins.str
+    """Where the file goes as a spare once the value is dropped: the directory of
+    the host on this machine whose file it was (handed over whole); "" for here.
+    """
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
     @_builtins.property
@@ -1632,10 +1637,11 @@ class Arrival(_message.Message):
         spec: Global___TensorSpec | None = ...,
         path: _builtins.str = ...,
         error: _builtins.str = ...,
+        spare_dir: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "path", b"path", "spec", b"spec", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "path", b"path", "spare_dir", b"spare_dir", "spec", b"spec", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

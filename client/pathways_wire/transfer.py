@@ -193,6 +193,33 @@ def value_pieces(value: np.ndarray | ShardedLike) -> list[Piece]:
     return pieces
 
 
+def piece_runs(shape: Shape, bounds: Sequence[tuple[Shape, Shape]]) -> list[list[int]]:
+    """Groups pieces (by index into `bounds`) into runs that are each one block
+    of the value and one contiguous run of its C-order bytes, so a run can be
+    written as one file that is, byte for byte, that block.
+
+    Pieces join a run when they span every dimension but the first whole and
+    follow each other along the first (the shards of a value split by rows);
+    any other piece is a run of its own. Runs come in order of their start."""
+    order = sorted(range(len(bounds)), key=lambda i: bounds[i][0])
+    runs: list[list[int]] = []
+    end: Shape | None = None
+    for i in order:
+        start, stop = bounds[i]
+        rows = len(shape) > 0 and start[1:] == (0,) * (len(shape) - 1) and stop[1:] == shape[1:]
+        if rows and runs and end is not None and start[0] == end[0]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+        end = stop if rows else None
+    return runs
+
+
+def run_block(bounds: Sequence[tuple[Shape, Shape]], run: Sequence[int]) -> tuple[Shape, Shape]:
+    """The block a run of pieces covers: the first piece's start, the last one's stop."""
+    return bounds[run[0]][0], bounds[run[-1]][1]
+
+
 def piece_header(
     call_id: str,
     value: pb.ValueRef,
@@ -393,15 +420,21 @@ class PieceAssembler:
     """
 
     def __init__(
-        self, target: np.ndarray, write_at: Callable[[int, bytes | memoryview], None] | None = None
+        self,
+        target: np.ndarray,
+        write_at: Callable[[int, bytes | memoryview], None] | None = None,
+        fill_in_place: bool = False,
     ) -> None:
         """`write_at(byte_offset, data)`, if given, receives contiguous runs instead
         of the target's memory (e.g. `os.pwrite` to the file behind a memmap, about
-        twice as fast as faulting the mapping's pages in)."""
+        twice as fast as faulting the mapping's pages in). `fill_in_place`: the
+        target's pages are mapped already (a populated mapping of a warm file), so
+        `PieceWriter.fill` reads straight into them rather than through `write_at`."""
         if not target.flags.c_contiguous:
             raise ValueError("PieceAssembler needs a C-contiguous target")
         self.target = target
         self.write_at = write_at
+        self.fill_in_place = fill_in_place
         self.shape: Shape = tuple(target.shape)
         self.dtype: np.dtype[Any] = target.dtype
         self.size = math.prod(self.shape)
@@ -499,13 +532,15 @@ class PieceWriter:
         0 means the source ended early. With the assembler's `write_at` and a
         `bounce` buffer, runs land in the buffer and go on by `write_at` (into a
         fresh shared-memory file that is about twice as fast as faulting in the
-        pages of its mapping); otherwise straight into the target's memory."""
-        if self._offset >= 0 and self.assembler.write_at is not None and bounce is not None:
+        pages of its mapping); otherwise (or with `fill_in_place`) straight into
+        the target's memory."""
+        write_at = None if self.assembler.fill_in_place else self.assembler.write_at
+        if self._offset >= 0 and write_at is not None and bounce is not None:
             while self.received < self.info.nbytes:
                 n = read_into(bounce[: min(len(bounce), self.info.nbytes - self.received)])
                 if n <= 0:
                     raise self._short()
-                self.assembler.write_at(self._offset + self.received, bounce[:n])
+                write_at(self._offset + self.received, bounce[:n])
                 self.received += n
             self._finish()
             return

@@ -283,3 +283,43 @@ def test_placed_counts_a_run_written_by_other_means() -> None:
     assert writer.file_offset is None
     with pytest.raises(transfer.TransferError, match="header.path"):
         writer.placed()
+
+
+# ---------------------------------------------------------------- runs of pieces
+
+
+def test_row_shards_of_one_host_form_one_run_covering_the_value() -> None:
+    shape = (8, 4)
+    bounds = [((4, 0), (6, 4)), ((0, 0), (2, 4)), ((6, 0), (8, 4)), ((2, 0), (4, 4))]
+    runs = transfer.piece_runs(shape, bounds)
+    assert runs == [[1, 3, 0, 2]]
+    assert transfer.run_block(bounds, runs[0]) == ((0, 0), (8, 4))
+
+
+def test_row_shards_with_a_gap_form_two_runs() -> None:
+    shape = (8, 4)
+    bounds = [((0, 0), (2, 4)), ((4, 0), (6, 4)), ((6, 0), (8, 4))]
+    runs = transfer.piece_runs(shape, bounds)
+    assert runs == [[0], [1, 2]]
+    assert transfer.run_block(bounds, runs[1]) == ((4, 0), (8, 4))
+
+
+def test_column_shards_stay_separate_pieces() -> None:
+    shape = (4, 8)
+    bounds = [((0, 0), (4, 4)), ((0, 4), (4, 8))]
+    assert transfer.piece_runs(shape, bounds) == [[0], [1]]
+
+
+def test_a_run_written_in_order_is_byte_for_byte_its_block() -> None:
+    value = np.arange(48, dtype=np.float32).reshape(12, 4)
+    shards = [FakeShard((slice(r, r + 3), slice(None)), 0, value[r : r + 3]) for r in (6, 0, 9, 3)]
+    pieces = transfer.value_pieces(FakeSharded(value.shape, shards))
+    bounds = [(p.start, p.stop) for p in pieces]
+    (run,) = transfer.piece_runs(value.shape, bounds)
+    written = np.concatenate([pieces[i].data.reshape(-1) for i in run])
+    start, stop = transfer.run_block(bounds, run)
+    assert np.array_equal(written.reshape(value.shape), value[start[0] : stop[0]])
+
+
+def test_a_scalar_is_one_run_of_its_own() -> None:
+    assert transfer.piece_runs((), [((), ())]) == [[0]]

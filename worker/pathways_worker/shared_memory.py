@@ -2,18 +2,29 @@
 
 The worker and its sidecar mount the same directory (an `emptyDir` on
 /dev/shm in a pod). The worker writes the pieces of values leaving the host
-(one file per piece, raw C-order bytes); the sidecar writes each value arriving
-from outside as one file of the whole global array. Whoever consumes a file
-deletes it. Paths travel as absolute paths so each side may use its own
-directory name as long as both see the same filesystem.
+(one file per run of pieces, raw C-order bytes); the sidecar writes each value
+arriving from outside as one file of the whole global array. Whoever consumes a
+file deletes it, or leaves it as a spare for the next writer of its size. Paths
+travel as absolute paths so each side may use its own directory name as long as
+both see the same filesystem.
+
+Each writer draws its files from a pool of warm ones (`WarmFiles`, planned by
+`warm_pool`), whose pages were allocated off the transfer's path, and writes
+them through a mapping populated in one call: one copy at memcpy speed, where a
+fresh file costs a fault and a zeroed page per 4 KiB. Readers map files
+populated too, and JAX adopts page-aligned blocks of such a mapping as device
+buffers without copying them.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import mmap
 import os
 import shutil
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,48 +32,236 @@ import numpy as np
 
 from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, Piece, error_chunk, piece_header
 from pathways_wire import pathways_pb2 as pb
+from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan, keep_spare
+
+WARM_LIMIT_BYTES = 256 << 20
+"""Default bound on the bytes one process keeps in warm files."""
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+REFILL_NICENESS = 10
+_SPARE = "-spare-"
+CLOSE_WAIT_S = 10.0
+
+
+class WarmFiles:
+    """Warm files of a `ShmDir`, made on a thread of their own as the plan says."""
+
+    def __init__(self, shm: ShmDir, limit_bytes: int) -> None:
+        self._shm = shm
+        self._plan = WarmPlan(limit_bytes)
+        self._files: dict[int, list[str]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def take(self, nbytes: int) -> str | None:
+        """A warm file of exactly `nbytes` (now the caller's): a spare if there
+        is one, else one of the pool's; or None."""
+        spare = self._shm.claim_spare(nbytes) if nbytes >= MIN_WARM_BYTES else None
+        with self._lock:
+            if self._closed:
+                return spare
+            warm = self._plan.take(nbytes, spare=spare is not None)
+            path = spare if spare is not None else self._files[nbytes].pop() if warm else None
+            if self._thread is None and nbytes >= MIN_WARM_BYTES:
+                self._thread = threading.Thread(target=self._refill, name="warm-files", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return path
+
+    def _refill(self) -> None:
+        """Makes warm files at a lower priority: on a busy machine the transfers
+        they are for come first."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), REFILL_NICENESS)
+        except (AttributeError, OSError):
+            pass
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    for nbytes in self._plan.unwanted():
+                        remove(self._files[nbytes].pop())
+                    nbytes_next = self._plan.next_to_make()
+                if nbytes_next is None:
+                    break
+                path = self._shm.new_path("warm")
+                ok = _allocate(path, nbytes_next)
+                with self._lock:
+                    self._plan.made(nbytes_next, ok)
+                    if ok and not self._closed:
+                        self._files.setdefault(nbytes_next, []).append(path)
+                    else:
+                        remove(path)
+
+    def close(self) -> None:
+        """Stops making files (waiting for one being made) and removes the warm ones."""
+        with self._lock:
+            self._closed = True
+            paths = [p for files in self._files.values() for p in files]
+            self._files.clear()
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT_S)
+        for path in paths:
+            remove(path)
+
+
+def _allocate(path: str, nbytes: int) -> bool:
+    """A file of `nbytes` whose pages exist and are zeroed already: tmpfs
+    allocates pages on `fallocate` but zeroes each only on its first fault, so
+    a populated mapping faults them all in now, off the transfer's path."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+            mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE).close()
+        finally:
+            os.close(fd)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 class ShmDir:
     """Names, writes, maps and removes this process's shared-memory files."""
 
-    def __init__(self, path: str, prefix: str) -> None:
+    def __init__(self, path: str, prefix: str, warm_limit_bytes: int = WARM_LIMIT_BYTES) -> None:
         self.path = os.path.abspath(path)
         self.prefix = f"{prefix}{os.getpid()}"
         self._names = itertools.count()
         os.makedirs(self.path, exist_ok=True)
+        self.warm_limit = warm_limit_bytes
+        self.warm = WarmFiles(self, warm_limit_bytes)
 
     def new_path(self, what: str) -> str:
         return os.path.join(self.path, f"{self.prefix}-{next(self._names)}-{what}.bin")
 
+    def new_file(self, what: str, nbytes: int, warm: bool = True) -> str:
+        """A file of `nbytes` for a writer: a warm one renamed for `what` if the
+        pool has one, else a fresh (sparse) one."""
+        path = self.new_path(what)
+        warm_path = self.warm.take(nbytes) if warm else None
+        if warm_path is not None:
+            os.rename(warm_path, path)
+            return path
+        with open(path, "wb") as f:
+            f.truncate(nbytes)
+        return path
+
+    def write_run(self, pieces: list[Piece]) -> str:
+        """Pieces that follow each other in C order (`transfer.piece_runs`) as one file."""
+        nbytes = sum(p.data.nbytes for p in pieces)
+        path = self.new_file("piece", nbytes)
+        if nbytes == 0:
+            return path
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE) as mapped:
+                target = np.frombuffer(mapped, np.uint8)
+                offset = 0
+                for piece in pieces:
+                    n = piece.data.nbytes
+                    target[offset : offset + n] = piece.data.reshape(-1).view(np.uint8)
+                    offset += n
+                del target
+        finally:
+            os.close(fd)
+        return path
+
     def resolve(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.join(self.path, path)
 
-    def write_piece(self, piece: Piece) -> str:
-        path = self.new_path("piece")
-        with open(path, "wb") as f:
-            f.write(piece.data.reshape(-1).view(np.uint8).data)
-        return path
+    def recycle_pieces(self, exported: pb.Exported) -> None:
+        """The piece files of a value sent on: kept as spares for the next
+        writer of their size (their pages are warm), or removed."""
+        for piece in exported.pieces:
+            self.recycle(piece.path, piece.nbytes)
 
-    def create_value(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[str, np.ndarray]:
-        """A new file of the value's size, mapped writable as the global array."""
-        path = self.new_path("value")
+    def recycle(self, path: str, nbytes: int, into: str = "") -> None:
+        """A file done with: kept as a spare (in this directory, or `into`
+        another host's on this machine) if the plan says so, else removed."""
+        directory = into or self.path
+        sizes = [int(n.rsplit(_SPARE, 1)[1][: -len(".bin")]) for n in self._spares(None, directory)]
+        if keep_spare(nbytes, sizes.count(nbytes), sum(sizes), self.warm_limit):
+            name = f"{self.prefix}-{next(self._names)}{_SPARE}{nbytes}.bin"
+            try:
+                os.rename(path, os.path.join(directory, name))
+                return
+            except OSError:
+                pass
+        remove(path)
+
+    def map_arrived(
+        self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any], spare_dir: str = ""
+    ) -> np.ndarray:
+        """An arrived value mapped (`map_value`); its file is recycled once the
+        array, and every view of it that JAX adopted, is gone: as a spare of
+        the host whose file it was (`spare_dir`, on this machine), else here."""
+        value, mapping = _map(path, shape, dtype)
+        if mapping is not None and value.nbytes >= MIN_WARM_BYTES:
+            # on the mapping, not the array: numpy's views (and so JAX's) keep
+            # the mapping alive, but not the array they were sliced from
+            weakref.finalize(mapping, self.recycle, path, value.nbytes, spare_dir)
+        else:
+            remove(path)
+        return value
+
+    def claim_spare(self, nbytes: int) -> str | None:
+        """A spare of `nbytes`, renamed so no other process can claim it too."""
+        for name in self._spares(nbytes):
+            claimed = self.new_path("claimed")
+            try:
+                os.rename(os.path.join(self.path, name), claimed)
+            except FileNotFoundError:
+                continue
+            return claimed
+        return None
+
+    def _spares(self, nbytes: int | None = None, directory: str = "") -> list[str]:
+        suffix = f"{_SPARE}{nbytes}.bin" if nbytes is not None else ".bin"
+        try:
+            return [n for n in os.listdir(directory or self.path) if _SPARE in n and n.endswith(suffix)]
+        except FileNotFoundError:
+            return []
+
+    def write_piece(self, piece: Piece) -> str:
+        return self.write_run([piece])
+
+    def create_value(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], warm: bool = True
+    ) -> tuple[str, np.ndarray]:
+        """A file of the value's size, mapped writable as the global array.
+        `warm`: the bytes will be written here, so the file comes from the pool
+        and its mapping is populated at once; otherwise it is mapped lazily."""
         nbytes = math.prod(shape) * dtype.itemsize
-        with open(path, "wb") as f:
-            f.truncate(nbytes)
+        path = self.new_file("value", nbytes, warm=warm)
         if nbytes == 0:
             return path, np.zeros(shape, dtype)
-        target: np.ndarray = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
-        return path, target
+        if not warm:
+            target: np.ndarray = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+            return path, target
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+        finally:
+            os.close(fd)
+        return path, np.frombuffer(mapped, dtype).reshape(shape)
 
     def cleanup(self) -> None:
-        """Removes this process's files; the directory itself if it is empty."""
+        """Removes this process's files and the directory's spares (whoever
+        left them); the directory itself if it is empty."""
+        self.warm.close()
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return
         for name in names:
-            if name.startswith(self.prefix):
+            if name.startswith(self.prefix) or _SPARE in name:
                 remove(os.path.join(self.path, name))
         try:
             os.rmdir(self.path)
@@ -102,17 +301,29 @@ class FileWriter:
 
 
 def map_value(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """The file as a read-only array; removing the file keeps the mapping alive."""
-    if math.prod(shape) * dtype.itemsize == 0:
-        return np.zeros(shape, dtype)
-    size = os.path.getsize(path)
+    """The file as a read-only array; removing the file keeps the mapping alive.
+
+    The mapping is populated in one call (faulting 4 KiB at a time as a
+    computation reads it costs more), and it is page-aligned, so JAX on CPU
+    adopts its blocks as device buffers instead of copying them."""
+    return _map(path, shape, dtype)[0]
+
+
+def _map(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[np.ndarray, mmap.mmap | None]:
     expected = math.prod(shape) * dtype.itemsize
-    if size != expected:
-        raise ValueError(
-            f"shared-memory file {path} has {size} bytes; {dtype.name}{list(shape)} needs {expected}"
-        )
-    mapped: np.ndarray = np.memmap(path, dtype=dtype, mode="r", shape=shape)
-    return mapped
+    if expected == 0:
+        return np.zeros(shape, dtype), None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected:
+            raise ValueError(
+                f"shared-memory file {path} has {size} bytes; {dtype.name}{list(shape)} needs {expected}"
+            )
+        mapped = mmap.mmap(fd, expected, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype).reshape(shape), mapped
 
 
 def remove(path: str) -> None:

@@ -78,6 +78,7 @@ class Dataflow:
             data_channel=settings.data_channel,
             file_handover=settings.file_handover,
             transfers=self.transfers,
+            done_with=self.shm.recycle_pieces,
         )
         self._lock = threading.Lock()
         self._routes: dict[tuple[str, Ref], tuple[str, ...]] = {}

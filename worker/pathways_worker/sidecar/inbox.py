@@ -3,11 +3,12 @@
 Pieces come from Put streams: the client's whole program inputs, or the pieces
 each host of a producer slice holds of a routed value. The first piece of a
 value reserves its size in the byte budget (waiting if the store is full) and
-creates one shared-memory file of the global array; every piece is written at
-its place in it. A value is complete when its whole piece arrived, or when as
-many distinct senders as the call's Launch expects have sent their last piece.
-A Put may overtake its Launch: the value then waits, held, until the Launch
-says how many senders to count. Complete values, and values a sender reported
+creates one shared-memory file of the global array (a warm one from the pool,
+unless a file handed over on this machine will replace it); every piece is
+written at its place in it. A value is complete when its whole piece arrived,
+or when as many distinct senders as the call's Launch expects have sent their
+last piece. A Put may overtake its Launch: the value then waits, held, until
+the Launch says how many senders to count. Complete values, and values a sender reported
 as failed, go to the worker as an `Arrival`.
 """
 
@@ -114,6 +115,7 @@ class InboundValue:
     senders_done: set[str] = field(default_factory=set)
     whole_done: bool = False
     delivered: bool = False
+    spare_dir: str = ""
 
     @property
     def name(self) -> str:
@@ -150,6 +152,7 @@ class InboxPiece:
             file = self._entry.file
             if movable and self._info.nbytes == self._entry.reserved and self._entry.path:
                 os.rename(path, self._entry.path)  # replaces the empty file made for the value
+                self._entry.spare_dir = os.path.dirname(path)
                 moved = True
                 self._writer.placed()
             elif offset is not None and file is not None:
@@ -248,7 +251,8 @@ class Inbox:
                 if existing is not None:
                     return existing
                 return InboundValue(info.call_id, key[1], header.spec, delivered=True)
-            path, target = self._shm.create_value(info.shape, info.dtype)
+            replaced = bool(header.movable and header.path) and info.nbytes == nbytes
+            path, target = self._shm.create_value(info.shape, info.dtype, warm=not replaced)
             file = FileWriter(path)
             entry = InboundValue(
                 call_id=info.call_id,
@@ -257,7 +261,7 @@ class Inbox:
                 path=path,
                 target=target,
                 file=file,
-                assembler=PieceAssembler(target, file.write_at),
+                assembler=PieceAssembler(target, file.write_at, fill_in_place=not replaced),
                 reserved=nbytes,
             )
             self._values[key] = entry
@@ -306,7 +310,9 @@ class Inbox:
     def _deliver_value(self, entry: InboundValue) -> None:
         self._close(entry)
         entry.delivered = True
-        arrival = pb.Arrival(call_id=entry.call_id, spec=entry.spec, path=entry.path)
+        arrival = pb.Arrival(
+            call_id=entry.call_id, spec=entry.spec, path=entry.path, spare_dir=entry.spare_dir
+        )
         arrival.value.node, arrival.value.index = entry.ref
         self._deliver(arrival)
 

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -68,10 +68,14 @@ class PeerPusher:
         data_channel: bool = True,
         file_handover: bool = True,
         transfers: TransferStats | None = None,
+        done_with: Callable[[pb.Exported], None] = remove_pieces,
     ) -> None:
         """`shm_dir`: where the worker writes pieces (its device decides whether a
         peer can take files); `token`: presented to peers (data channel and gRPC Put);
-        `transfers`: counts the bytes pushed, by path."""
+        `transfers`: counts the bytes pushed, by path; `done_with`: what becomes of
+        a value's piece files once every destination has them (removed, or kept
+        as spares for the next writer)."""
+        self._done_with = done_with
         self.sender = sender
         self.transfers = transfers or TransferStats()
         self.token = token
@@ -129,7 +133,7 @@ class PeerPusher:
                     left[0] -= 1
                     last = left[0] == 0
                 if last:
-                    remove_pieces(exported)
+                    self._done_with(exported)
 
         for address in destinations:
             self._pool.submit(one, address)

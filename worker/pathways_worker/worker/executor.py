@@ -35,7 +35,7 @@ from jax.sharding import Sharding
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import parse_spec
-from pathways_worker.shared_memory import ShmDir, map_value, remove
+from pathways_worker.shared_memory import ShmDir
 from pathways_worker.value_ref import ref_name, ref_of
 from pathways_worker.worker import stimuli
 from pathways_worker.worker.alarm_clock import AlarmClock
@@ -169,8 +169,7 @@ class Executor:
         try:
             shape, dtype = parse_spec(arrival.spec)
             path = self._shm.resolve(arrival.path)
-            value = map_value(path, shape, dtype)
-            remove(path)
+            value = self._shm.map_arrived(path, shape, dtype, arrival.spare_dir)
         except Exception as err:
             error = f"cannot load arrived {ref_name(oid.ref)} on host {self.host_name}: {err}"
             return stimuli.ValueArrived(oid, None, 0, error)

@@ -5,6 +5,9 @@ the order they were given: for each batch it waits for the grants' outputs,
 reports their completions (with small outputs inline) in as few outbox
 messages as it can, and writes the values that leave the host — routed to
 another slice, or fetched by the client — to shared memory for the sidecar.
+A host's shards that follow each other in the value's C order (a value split
+by rows) leave as one piece, written once into one warm file; on the same
+machine that file becomes the consumer's value as it is.
 What it learns on the way (a computation failed after dispatch, a fetch that
 releases its value was written) goes back to the machine as a stimulus.
 """
@@ -21,7 +24,7 @@ import jax
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.transfer import Piece, value_pieces
+from pathways_wire.transfer import Piece, piece_runs, run_block, value_pieces
 from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
 from pathways_worker.worker.object_store import ObjectId, object_name
@@ -116,11 +119,14 @@ class Finisher:
         error = job.error
         if not error and job.value is not None:
             try:
-                for piece in self._pieces(job.value):
-                    path = self._shm.write_piece(piece)
-                    exported.pieces.append(
-                        pb.Piece(start=piece.start, stop=piece.stop, path=path, nbytes=piece.data.nbytes)
-                    )
+                pieces = self._pieces(job.value)
+                bounds = [(p.start, p.stop) for p in pieces]
+                for run in piece_runs(tuple(spec.shape), bounds):
+                    path = self._shm.write_run([pieces[i] for i in run])
+                    start, stop = run_block(bounds, run)
+                    exported.pieces.append(pb.Piece(
+                        start=start, stop=stop, path=path, nbytes=sum(pieces[i].data.nbytes for i in run),
+                    ))
             except Exception as err:
                 for p in exported.pieces:
                     remove(p.path)

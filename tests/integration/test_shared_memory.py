@@ -1,0 +1,116 @@
+"""Warm shared-memory files on a real tmpfs directory (pathways_worker.shared_memory).
+
+Checked: shards written as one run are the value's bytes in C order; a sent
+piece file stays as a spare that the next writer of its size takes (once); an
+arrived value's file is kept while any view of it lives and becomes a spare
+only once every view is gone; the pool's thread makes warm files of the sizes
+asked for; and cleanup leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.transfer import Piece
+from pathways_worker.shared_memory import ShmDir, map_value
+
+MIB = 1 << 20
+
+
+def shm_dir(tmp_path: Path, name: str) -> ShmDir:
+    root = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
+    return ShmDir(str(root / f"test-shm-{os.getpid()}-{name}"), "t")
+
+
+def spares(shm: ShmDir) -> list[str]:
+    return sorted(n for n in os.listdir(shm.path) if "-spare-" in n)
+
+
+def test_row_shards_written_as_one_run_are_the_value_in_c_order(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "run")
+    try:
+        value = np.arange(4 * 256 * 64, dtype=np.float32).reshape(4 * 256, 64)
+        pieces = [Piece((r, 0), (r + 256, 64), value[r : r + 256]) for r in range(0, 1024, 256)]
+        path = shm.write_run(pieces)
+        assert np.array_equal(map_value(path, value.shape, value.dtype), value)
+    finally:
+        shm.cleanup()
+
+
+def test_a_sent_piece_file_is_a_spare_the_next_writer_of_its_size_takes_once(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "sent")
+    try:
+        data = np.full(MIB, 7, np.uint8)
+        path = shm.write_piece(Piece((0,), (MIB,), data))
+        exported = pb.Exported(pieces=[pb.Piece(start=[0], stop=[MIB], path=path, nbytes=MIB)])
+        shm.recycle_pieces(exported)
+        assert not os.path.exists(path)
+        assert len(spares(shm)) == 1
+        taken = shm.new_file("piece", MIB)
+        assert spares(shm) == []
+        assert os.path.getsize(taken) == MIB
+        assert shm.claim_spare(MIB) is None
+    finally:
+        shm.cleanup()
+
+
+def test_an_arrived_value_file_becomes_a_spare_only_once_every_view_is_gone(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "arrived")
+    try:
+        path, target = shm.create_value((256, 1024), np.dtype(np.float32), warm=False)
+        target[:] = 3.0
+        del target
+        value = shm.map_arrived(path, (256, 1024), np.dtype(np.float32))
+        view = value[8:16]
+        del value
+        gc.collect()
+        assert os.path.exists(path)
+        assert spares(shm) == []
+        assert float(view.sum()) == 3.0 * 8 * 1024
+        del view
+        gc.collect()
+        assert not os.path.exists(path)
+        assert len(spares(shm)) == 1
+    finally:
+        shm.cleanup()
+
+
+def test_the_pool_warms_files_of_the_size_asked_for(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "pool")
+    try:
+        assert shm.warm.take(MIB) is None
+        deadline = time.monotonic() + 30.0
+        warm = None
+        while warm is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            warm = shm.warm.take(MIB)
+        assert warm is not None
+        assert os.path.getsize(warm) == MIB
+    finally:
+        shm.cleanup()
+    assert not os.path.exists(shm.path)
+
+
+def test_a_file_handed_over_whole_goes_back_as_a_spare_to_the_host_that_wrote_it(tmp_path: Path) -> None:
+    producer, consumer = shm_dir(tmp_path, "producer"), shm_dir(tmp_path, "consumer")
+    try:
+        path = producer.write_piece(Piece((0,), (MIB,), np.full(MIB, 5, np.uint8)))
+        moved = os.path.join(consumer.path, "value.bin")
+        os.rename(path, moved)
+        value = consumer.map_arrived(moved, (MIB,), np.dtype(np.uint8), spare_dir=producer.path)
+        assert int(value[-1]) == 5
+        del value
+        gc.collect()
+        assert spares(consumer) == []
+        assert len(spares(producer)) == 1
+        assert producer.claim_spare(MIB) is not None
+    finally:
+        producer.cleanup()
+        consumer.cleanup()
+    assert not os.path.exists(producer.path) and not os.path.exists(consumer.path)
