@@ -1,5 +1,6 @@
-# One image for every Kube-Pathways process: the operator, and the two containers of
-# each worker pod (the JAX `worker` and the `dataflow` sidecar).
+# One image for every Kube-Pathways process: the operator, the two containers of each
+# worker pod (the JAX `worker` and the `dataflow` sidecar), and program driver pods
+# (`python -m pathways.driver`) unless a program names an image of its own.
 #
 #   docker build -t kube-pathways:0.1.0 .
 #   docker run --rm kube-pathways:0.1.0 operator --help   # python -m pathways_operator
@@ -22,8 +23,8 @@ COPY client /src/client
 COPY operator /src/operator
 COPY worker /src/worker
 RUN pip install /src && rm -rf /src
-# Example programs, importable as `examples.<module>` (the operator's default
-# --allowed-entrypoints prefix) by the program drivers the operator starts.
+# Example programs, importable as `examples.<module>` by program drivers run from this
+# image (a driver pod's default image; users build theirs FROM it: examples/driver/Dockerfile).
 COPY examples /opt/kube-pathways/examples
 ENV PYTHONPATH=/opt/kube-pathways
 RUN printf '%s\n' \

@@ -26,7 +26,7 @@ REPEATS = MIN_REPEATS
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7,8,9")
     parser.add_argument("--title", default="")
     args = parser.parse_args()
     only = {int(x) for x in args.only.split(",")}
@@ -111,6 +111,13 @@ def main() -> int:
         return training.run(6 if quick else 12, REPEATS)
 
     attempt(8, "training", eight)
+
+    def nine() -> list[Figure]:
+        from bench import driver_pods
+
+        return driver_pods.run(3 if quick else REPEATS)
+
+    attempt(9, "driver pods", nine)
     mode = "quick" if quick else "full"
     title = args.title or f"This machine ({os.cpu_count()} cores), {mode}"
     load = f"{start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"

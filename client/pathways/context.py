@@ -20,8 +20,9 @@ once all of the program's VirtualSlices are Ready. ``ctx`` is a
     VirtualSlice's gang of worker pods. Use ``.devices`` with ``pw.pmap`` or the
     slice itself with ``pw.jit``, exactly as with ``add_slice`` locally.
 ``ctx.step_done(step, metrics, state=None)``
-    records that ``step`` finished (one JSON line in the progress file); the
-    operator turns it into ``status.stepsCompleted``. It is also where a
+    records that ``step`` finished (reported to the controller by a driver pod,
+    or one JSON line in a progress file); the operator turns it into
+    ``status.stepsCompleted``. It is also where a
     program is *suspended*: when a suspend was asked for (``spec.suspend``, a
     preemption, ``run.suspend()`` locally), ``step_done`` snapshots ``state``
     and raises :class:`ProgramSuspended`, which unwinds the entrypoint.
@@ -50,16 +51,15 @@ keep larger arrays in ``spec.checkpoint`` state or storage of your own.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pathways.devices import VirtualSlice, make_virtual_device_set
+from pathways.driver_reports import FileReporter, Reporter
 from pathways_wire.errors import InvalidProgramError
 
 if TYPE_CHECKING:
@@ -108,6 +108,7 @@ class ProgramContext:
         start_step: int,
         slices: Mapping[str, SliceBinding],
         progress_file: Path | None = None,
+        reporter: Reporter | None = None,
         weight: float = 1.0,
         checkpointer: Checkpointer | None = None,
         every_steps: int = 0,
@@ -130,7 +131,10 @@ class ProgramContext:
         self.start_step = start_step
         self.weight = weight
         self._bindings = dict(slices)
-        self._progress_file = progress_file
+        self._reporter = reporter or (
+            FileReporter(progress_file) if progress_file else None
+        )
+        """Where completed steps are recorded: a progress file, or the controller (a driver pod)."""
         self._slices: dict[str, VirtualSlice] = {}
         self._devices = make_virtual_device_set()
 
@@ -211,16 +215,8 @@ class ProgramContext:
             self._checkpointer = None
 
     def _record(self, step: int, metrics: Mapping[str, Any] | None) -> None:
-        if self._progress_file is None:
-            return
-        line = {
-            "step": int(step),
-            "metrics": {k: _scalar(v) for k, v in (metrics or {}).items()},
-            "time": time.time(),
-        }
-        with open(self._progress_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
+        if self._reporter is not None:
+            self._reporter.step(int(step), {k: _scalar(v) for k, v in (metrics or {}).items()})
 
 
 def _tree_bytes(state: Any) -> int:

@@ -1,9 +1,12 @@
 """``python -m pathways.driver``: run one PathwaysProgram against a controller.
 
-The Kubernetes operator starts this process when every slice of a
-PathwaysProgram is Ready. It is an ordinary Pathways *client* — it imports
-``pathways`` only and talks to the controller over the wire protocol, exactly
-like a notebook would — so what runs under the operator is what runs locally.
+The Kubernetes operator starts this process, in the program's driver pod
+``<program>-driver``, when every slice of a PathwaysProgram is Ready. It is an
+ordinary Pathways *client* — it imports ``pathways`` only and talks to the
+controller over the wire protocol, exactly like a notebook would — so what runs
+under the operator is what runs locally. In its pod it holds no Kubernetes API
+credential, only its program's client token, and reports its steps and outcome to
+the controller (``--report-to-controller``, :mod:`pathways.driver_reports`).
 
 Entrypoint contract (see also :mod:`pathways.context`)::
 
@@ -18,13 +21,15 @@ Entrypoint contract (see also :mod:`pathways.context`)::
 The entrypoint is ``package.module:function`` importable where the driver runs.
 
 A program compiled by ``pathways compile`` (``spec.source.configMapRef``) needs no
-Python of the user's: the operator reads its ConfigMap, checks it, and writes it as JSON
-to the program's work directory; the driver (``--compiled-program FILE``) loads it with
+Python of the user's: the operator reads its ConfigMap and checks it, and the driver pod
+mounts it (``--compiled-program DIR``; a child-process driver gets it as a JSON file); the
+driver loads it with
 :meth:`pathways_wire.compiled_program.CompiledProgram.from_config_map`, binds each IR slice to the
 VirtualSlice that ``spec.slices`` gives the same name, and runs it ``steps`` times on the
 inputs stored with it. Its results are its flat outputs, ``output_0``, ``output_1``, ...
 of the last step. The driver never talks to the API server: only the operator holds
-credentials, and the driver runs exactly the version of the ConfigMap the operator checked.
+credentials; the IR's fingerprint, checked against its artifacts as it loads, keeps a
+ConfigMap edited after the operator's check from running unnoticed.
 
 Command line (all written by the operator)::
 
@@ -35,6 +40,10 @@ Command line (all written by the operator)::
     --progress-file F         JSON lines, one per ctx.step_done
     --results-file R          written at exit: {"results": {key: nested list}} or
                               {"error": text, "retryable": bool}
+    | --report-to-controller  (a driver pod) report both through the controller's
+                              ReportProgress / ReportResult, with the program token
+    [--token-file F]          from F (default $PATHWAYS_PROGRAM_TOKEN_FILE, else the
+                              mounted Secret /var/run/pathways/driver/token)
     [--exit-with-parent]      exit when the process that started us exits
     [--checkpoint-dir D]      orbax snapshots of ctx's state; start from the newest one
     [--checkpoint-every N]    snapshot every N steps (and always before a suspend)
@@ -44,7 +53,7 @@ Before the entrypoint runs, the driver prints where the run starts, and from whi
 
     pathways.driver: starting at step 6 (restored the snapshot of step 6)
 
-SIGUSR1 asks for a suspend: the current step finishes, ``ctx.step_done`` snapshots the
+SIGUSR1, or a ``ReportProgress`` reply saying ``suspend``, asks for a suspend: the current step finishes, ``ctx.step_done`` snapshots the
 state and unwinds, and the results file says ``{"suspended": true, "stepsCompleted": N}``
 (exit status 0).
 
@@ -74,6 +83,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pathways.driver_reports import ControllerReporter, FileReporter, Reporter
 from pathways.context import (
     ProgramContext,
     ProgramSuspended,
@@ -82,10 +92,14 @@ from pathways.context import (
 )
 
 from pathways_wire.driver_protocol import (
+    DRIVER_TOKEN_DIR,
+    DRIVER_TOKEN_KEY,
+    ENV_PROGRAM_TOKEN_FILE,
     EXIT_BAD_PROGRAM,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_RETRYABLE,
+    START_LINE,
     RunStart,
     steps_completed,
 )
@@ -111,7 +125,10 @@ def load_entrypoint(text: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise DriverError(f"entrypoint {text!r}: module {module_name!r} cannot be imported: {err}") from None
+        raise DriverError(
+            f"entrypoint {text!r}: module {module_name!r} is not importable where the driver runs (install it "
+            f"in the driver's image, spec.driver.image): {err}"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise DriverError(f"entrypoint {text!r}: module {module_name!r} has no function {attr!r}")
@@ -119,12 +136,13 @@ def load_entrypoint(text: str) -> Callable[..., Any]:
 
 
 def load_compiled(path: str) -> Callable[[ProgramContext], dict[str, Any]]:
-    """A compiled program (ConfigMap JSON in ``path``) as an entrypoint, or a DriverError."""
+    """A compiled program (ConfigMap JSON in ``path``, or mounted there) as an entrypoint, or a DriverError."""
     from pathways_wire.compiled_program import CompiledProgram
     from pathways_wire.errors import InvalidProgramError
 
     try:
-        compiled = CompiledProgram.from_config_map(json.loads(Path(path).read_text()))
+        config_map = read_mounted_config_map(path) if Path(path).is_dir() else json.loads(Path(path).read_text())
+        compiled = CompiledProgram.from_config_map(config_map)
     except (OSError, ValueError, InvalidProgramError) as err:
         raise DriverError(f"compiled program {path}: {err}") from None
 
@@ -132,6 +150,27 @@ def load_compiled(path: str) -> Callable[[ProgramContext], dict[str, Any]]:
         return run_compiled(ctx, compiled)
 
     return entrypoint
+
+
+def read_mounted_config_map(directory: str) -> dict[str, Any]:
+    """A compiled program's ConfigMap mounted as a volume, as the object ``load_compiled`` reads.
+
+    A volume holds the keys only: the operator checked the ConfigMap's format annotation
+    before it mounted it, so it is restored here; every key of a compiled program is binaryData.
+    """
+    import base64
+
+    from pathways_wire.compiled_program import FORMAT, FORMAT_ANNOTATION
+
+    root = Path(directory)
+    try:
+        files = {p.name: p.read_bytes() for p in sorted(root.iterdir()) if not p.name.startswith(".") and p.is_file()}
+    except OSError as err:
+        raise DriverError(f"--compiled-program-dir {directory}: {err}") from None
+    return {
+        "metadata": {"name": root.name, "annotations": {FORMAT_ANNOTATION: FORMAT}},
+        "binaryData": {k: base64.b64encode(v).decode() for k, v in files.items()},
+    }
 
 
 def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, Any]:
@@ -222,12 +261,6 @@ def results_json(results: object) -> dict[str, Any]:
     return out
 
 
-def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
-
-
 _PARENT: list[int] = []
 """Our parent's pid, with ``--exit-with-parent``."""
 
@@ -286,9 +319,28 @@ def _retryable(err: Exception) -> bool:
     return isinstance(err, ExecutionError) and "being relaunched" in str(err)
 
 
-def run(args: argparse.Namespace) -> int:
-    results_file = Path(args.results_file)
-    progress_file = Path(args.progress_file)
+def reporter_for(args: argparse.Namespace) -> Reporter:
+    """The controller (``--report-to-controller``, a driver pod) or the progress and results files."""
+    if args.report_to_controller:
+        token_file = Path(args.token_file or os.environ.get(ENV_PROGRAM_TOKEN_FILE)
+                          or f"{DRIVER_TOKEN_DIR}/{DRIVER_TOKEN_KEY}")
+        try:
+            token = token_file.read_text().strip()
+        except OSError as err:
+            raise DriverError(f"--report-to-controller: cannot read the program token {token_file}: {err}") from None
+        if not token:
+            raise DriverError(f"--report-to-controller: the program token file {token_file} is empty")
+        from pathways.runtime import RECONNECT_S
+
+        return ControllerReporter(args.controller, token, _SUSPEND, (args.namespace, args.program),
+                                  reconnect_s=RECONNECT_S)
+    if not args.progress_file or not args.results_file:
+        raise DriverError("give --progress-file and --results-file, or --report-to-controller")
+    return FileReporter(Path(args.progress_file), Path(args.results_file))
+
+
+def run(args: argparse.Namespace, reporter: Reporter) -> int:
+    progress_file = Path(args.progress_file) if args.progress_file else None
     try:
         try:
             program_args = json.loads(args.args)
@@ -298,8 +350,15 @@ def run(args: argparse.Namespace) -> int:
             raise DriverError(f"--args must be a JSON object, got {program_args!r}")
         bindings = parse_slices(args.slices)
         fn = load_compiled(args.compiled_program) if args.compiled_program else load_entrypoint(args.entrypoint)
-        start = args.start_step if args.start_step is not None else steps_completed(progress_file)
+        if args.start_step is not None:
+            start = args.start_step
+        elif progress_file is not None:
+            start = steps_completed(progress_file)
+        else:
+            raise DriverError("--report-to-controller needs --start-step (the steps the operator recorded)")
         start = min(start, args.steps)
+        if args.report_to_controller:  # in its own pod, the driver's log is its own
+            print(START_LINE.format(step=start), flush=True)
         if args.namespace:
             os.environ["PATHWAYS_NAMESPACE"] = args.namespace
         import pathways as pw
@@ -315,13 +374,15 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             start_step=start,
             slices=bindings,
-            progress_file=progress_file,
+            reporter=reporter,
             weight=args.weight,
             checkpointer=checkpointer,
             every_steps=args.checkpoint_every,
             suspend_event=_SUSPEND,
         )
-        print(RunStart(ctx.start_step, ctx.restored_step).line, flush=True)
+        run_start = RunStart(ctx.start_step, ctx.restored_step)
+        print(run_start.line, flush=True)
+        reporter.started(run_start)
         try:
             results = results_json(pw.fetch(fn(ctx)))  # a failed call raises here, as itself
         except SystemExit as err:
@@ -334,31 +395,46 @@ def run(args: argparse.Namespace) -> int:
         finally:
             ctx.close()
     except ProgramSuspended as stop:
-        _write_json(results_file, {"suspended": True, "stepsCompleted": stop.steps_completed})
-        return EXIT_OK
+        return _report(reporter, {"suspended": True, "stepsCompleted": stop.steps_completed}, EXIT_OK)
     except DriverError as err:
         if _orphaned():
             return EXIT_RETRYABLE
-        _write_json(results_file, {"error": str(err), "retryable": False})
         print(f"pathways.driver: {err}", file=sys.stderr)
-        return err.code
+        payload = {"error": str(err), "retryable": False, "badProgram": err.code == EXIT_BAD_PROGRAM}
+        return _report(reporter, payload, err.code)
     except Exception as err:
         if _orphaned():
             return EXIT_RETRYABLE
         retry = _retryable(err)
         text = f"{type(err).__name__}: {err}"
-        _write_json(results_file, {"error": text, "retryable": retry})
-        traceback.print_exc()
-        return EXIT_RETRYABLE if retry else EXIT_FAILED
-    _write_json(results_file, {"results": results})
-    return EXIT_OK
+        tail = traceback.format_exc()
+        print(tail, file=sys.stderr, end="")
+        payload = {"error": text, "retryable": retry, "logTail": tail[-LOG_TAIL_CHARS:]}
+        return _report(reporter, payload, EXIT_RETRYABLE if retry else EXIT_FAILED)
+    return _report(reporter, {"results": results}, EXIT_OK)
+
+
+LOG_TAIL_CHARS = 1500
+"""How much of a failure's traceback the driver reports with its error."""
+
+
+def _report(reporter: Reporter, payload: Mapping[str, Any], code: int) -> int:
+    """Report the outcome and return ``code``; a controller that cannot be told makes it a retry."""
+    try:
+        reporter.outcome(payload)
+    except Exception as err:  # the controller is gone: the operator runs us again from the last step
+        print(f"pathways.driver: could not report the outcome ({err}); exiting for a retry", file=sys.stderr)
+        return EXIT_RETRYABLE
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pathways.driver", description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--entrypoint", help="package.module:function")
-    source.add_argument("--compiled-program", help="a ConfigMap written by `pathways compile`, as JSON")
+    source.add_argument("--compiled-program",
+                        help="a ConfigMap written by `pathways compile`: a JSON file, or the directory "
+                        "it is mounted at")
     parser.add_argument("--args", default="{}", help="JSON object passed as ctx.args")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--start-step", type=int, default=None,
@@ -367,8 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--controller", required=True, help="HOST:PORT of the controller")
     parser.add_argument("--namespace", default="", help="namespace of the VirtualSlices")
     parser.add_argument("--slices", required=True, help="JSON: slice name -> VirtualSlice")
-    parser.add_argument("--progress-file", required=True)
-    parser.add_argument("--results-file", required=True)
+    parser.add_argument("--progress-file", default="")
+    parser.add_argument("--results-file", default="")
+    parser.add_argument("--report-to-controller", action="store_true",
+                        help="report steps and the outcome to the controller (a driver pod) instead of files")
+    parser.add_argument("--program", default="", help="the PathwaysProgram's name (named in reports)")
+    parser.add_argument("--token-file", default="",
+                        help=f"the program token (default ${ENV_PROGRAM_TOKEN_FILE}, else "
+                        f"{DRIVER_TOKEN_DIR}/{DRIVER_TOKEN_KEY})")
     parser.add_argument("--exit-with-parent", action="store_true")
     parser.add_argument("--checkpoint-dir", default="",
                         help="orbax snapshots of the program's state (spec.checkpoint.volume)")
@@ -382,7 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with_parent:
         _PARENT.append(os.getppid())
         threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
-    code = run(args)
+    try:
+        reporter = reporter_for(args)
+    except DriverError as err:
+        print(f"pathways.driver: {err}", file=sys.stderr)
+        return err.code
+    code = run(args, reporter)
     try:
         import pathways as pw
 

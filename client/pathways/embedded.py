@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pathways_wire import process_tree
+from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
 from pathways_wire.island_config import islands_arg, local_config
 from pathways_wire.errors import RuntimeUnavailableError
 
@@ -79,6 +80,8 @@ class LocalCluster:
     hold: int = -1
     """The client's lock on ``state_dir``."""
     stopping: bool = False
+    client_token: str = ""
+    """What the controller made at start for this client to present (its ``client.token``)."""
 
     @property
     def log_path(self) -> Path:
@@ -164,7 +167,8 @@ def _start(state: Path, hold: int, islands: dict[str, int], per_host: int) -> Lo
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if ready.exists() and ready.read_text().strip():
-                cluster = LocalCluster(ready.read_text().strip(), process, state, hold)
+                token = (state / CLIENT_TOKEN_FILE).read_text().strip()
+                cluster = LocalCluster(ready.read_text().strip(), process, state, hold, client_token=token)
                 cluster.watch()
                 return cluster
             if process.poll() is not None:

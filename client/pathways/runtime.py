@@ -61,11 +61,13 @@ import functools
 import os
 import queue
 import threading
+import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -82,6 +84,12 @@ from pathways_wire.errors import (
 )
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.driver_protocol import (
+    CLIENT_TOKEN_METADATA,
+    ENV_PROGRAM,
+    ENV_PROGRAM_TOKEN_FILE,
+    PROGRAM_METADATA,
+)
 from pathways_wire.slice_token import METADATA_KEY
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
@@ -90,6 +98,12 @@ INLINE_BYTES = int(os.environ.get("PATHWAYS_INLINE_BYTES", str(64 << 10)))
 """Inputs and outputs up to this size travel in the call's own messages."""
 MAX_OUTSTANDING_CALLS = int(os.environ.get("PATHWAYS_MAX_OUTSTANDING_CALLS", "32"))
 """Calls of one client running at once, at most: past it `run` waits for one to end."""
+RECONNECT_S = float(os.environ.get("PATHWAYS_RECONNECT_S", "0"))
+"""How long a call waits for a controller that went away to come back (0: it fails at once).
+
+Driver pods set it: their operator may restart under them. A controller that comes back
+as another process (``ClusterInfo.controller_id``) knows none of this client's slices or
+programs; they are placed and loaded again and the call runs again, once."""
 EXIT_RPC_TIMEOUT_S = 5.0
 """Deadline of the calls that free buffers and slices while the client shuts down."""
 _GRPC_OPTIONS = [
@@ -123,7 +137,10 @@ class Runtime:
         self.cluster = cluster
         self.client_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
-        self.controller = pb_grpc.ControllerStub(self._channel)
+        credentials = client_credentials(cluster)
+        self.controller = pb_grpc.ControllerStub(
+            grpc.intercept_channel(self._channel, _PresentToken(lambda: credentials))
+        )
         self._hosts: dict[str, pb_grpc.DataflowStub] = {}
         self._host_channels: list[grpc.Channel] = []
         self._slices: dict[str, pb.SliceInfo] = {}
@@ -135,6 +152,8 @@ class Runtime:
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
         self._closing = False
+        self._controller_id = ""
+        """The controller process this client placed its slices with ("" until the first)."""
         self.calls = 0
         self._bindings: dict[str, dict[str, str]] = {}
         """Program id -> its virtual slice ids' physical slice ids."""
@@ -181,6 +200,8 @@ class Runtime:
             )
         except grpc.RpcError as err:
             raise _translate(err, f"placing slice '{decl.name}' ({decl.devices} devices)") from None
+        if RECONNECT_S > 0 and not self._controller_id:
+            self._controller_id = self.describe().controller_id
         with self._lock:
             self._slices[decl.id] = info
             if info.token:
@@ -225,7 +246,43 @@ class Runtime:
     def run(
         self, program: ir.Program, inputs: Sequence[np.ndarray | Array], weight: float = 1.0
     ) -> list[Array]:
-        """Start one call of `program`; returns a handle per flat output at once."""
+        """Start one call of `program`; returns a handle per flat output at once.
+
+        A call whose start loses its controller runs again, once, on the controller that replaces
+        it within ``PATHWAYS_RECONNECT_S`` (:data:`RECONNECT_S`); its inputs are the client's.
+        """
+        try:
+            return self._run(program, inputs, weight)
+        except RuntimeUnavailableError:
+            if not self._controller_replaced():
+                raise
+        return self._run(program, inputs, weight)
+
+    def _controller_replaced(self) -> bool:
+        """Wait (up to RECONNECT_S) for the controller; True when another process now serves it.
+
+        Then this client's slices and programs are forgotten, to be placed and loaded again.
+        """
+        if RECONNECT_S <= 0 or not self._controller_id:
+            return False
+        deadline = time.monotonic() + RECONNECT_S
+        while time.monotonic() < deadline:
+            try:
+                found = self.controller.Describe(pb.ClusterInfoRequest(), timeout=10).controller_id
+            except grpc.RpcError:
+                time.sleep(0.5)
+                continue
+            if found == self._controller_id:
+                return False
+            with self._lock:
+                self._slices.clear()
+                self._programs.clear()
+                self._tokens.clear()
+                self._controller_id = found
+            return True
+        return False
+
+    def _run(self, program: ir.Program, inputs: Sequence[np.ndarray | Array], weight: float) -> list[Array]:
         program_id = self.load(program)
         call_id = f"{program.name}-{uuid.uuid4().hex[:12]}"
         request = pb.RunRequest(
@@ -557,7 +614,7 @@ class Runtime:
                 channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
                 self._host_channels.append(channel)
                 stub = pb_grpc.DataflowStub(
-                    grpc.intercept_channel(channel, _PresentToken(self._tokens, address))
+                    grpc.intercept_channel(channel, _PresentToken(lambda: _slice_token(self._tokens, address)))
                 )
                 self._hosts[address] = stub
             return stub
@@ -663,18 +720,16 @@ class _PresentToken(
     grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
     grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
 ):
-    """Adds the host's slice token (looked up per call: a relaunch may change it)."""
+    """Adds credentials to every call, looked up per call (a relaunch may change a host's token)."""
 
-    def __init__(self, tokens: dict[str, str], address: str) -> None:
-        self._tokens = tokens
-        self._address = address
+    def __init__(self, credentials: Callable[[], tuple[tuple[str, str], ...]]) -> None:
+        self._credentials = credentials
 
     def _details(self, details: Any) -> Any:
-        token = self._tokens.get(self._address, "")
-        if not token:
+        extra = self._credentials()
+        if not extra:
             return details
-        metadata = [*(details.metadata or ()), (METADATA_KEY, token)]
-        return details._replace(metadata=metadata)
+        return details._replace(metadata=[*(details.metadata or ()), *extra])
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
@@ -687,6 +742,35 @@ class _PresentToken(
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(self._details(details), requests)
+
+
+def _slice_token(tokens: dict[str, str], address: str) -> tuple[tuple[str, str], ...]:
+    token = tokens.get(address, "")
+    return ((METADATA_KEY, token),) if token else ()
+
+
+def client_credentials(cluster: LocalCluster | None) -> tuple[tuple[str, str], ...]:
+    """What this client presents to its controller: its client token, and the program it runs for.
+
+    The embedded runtime's controller made a token at start (``LocalCluster.client_token``);
+    a driver pod reads its program's token from the mounted Secret
+    (``$PATHWAYS_PROGRAM_TOKEN_FILE``) and names its program (``$PATHWAYS_NAMESPACE``,
+    ``$PATHWAYS_PROGRAM``). Anything else presents no token, and the controller says so.
+    """
+    token = cluster.client_token if cluster is not None else ""
+    path = os.environ.get(ENV_PROGRAM_TOKEN_FILE, "")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as err:
+            raise RuntimeUnavailableError(
+                f"cannot read the client token {path} (${ENV_PROGRAM_TOKEN_FILE}): {err}"
+            ) from None
+    out: tuple[tuple[str, str], ...] = ((CLIENT_TOKEN_METADATA, token),) if token else ()
+    program = os.environ.get(ENV_PROGRAM, "")
+    if program:
+        out += ((PROGRAM_METADATA, f"{os.environ.get('PATHWAYS_NAMESPACE', '')}/{program}"),)
+    return out
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:

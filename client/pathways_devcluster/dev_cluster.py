@@ -114,7 +114,14 @@ class DevCluster:
 
     def _install(self) -> None:
         controller, liveness, metrics = (self._reserve() for _ in range(3))
-        state_env = [{"name": "PATHWAYS_OPERATOR_STATE_DIR", "value": "/tmp/pathways-operator"}]
+        state_env = [
+            {"name": "PATHWAYS_OPERATOR_STATE_DIR", "value": "/tmp/pathways-operator"},
+            # Driver pods dial the controller; this cluster has no DNS for the chart's Service,
+            # and every pod shares the machine's loopback.
+            {"name": "PATHWAYS_CONTROLLER_ADDRESS", "value": f"127.0.0.1:{controller}"},
+            # No PersistentVolumeClaims here: a program's checkpoint volume is a host directory.
+            {"name": "PATHWAYS_DRIVER_CHECKPOINT_VOLUMES", "value": "host-path"},
+        ]
         self._installed = True
         self._helm(
             "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",

@@ -53,7 +53,13 @@ FAILURE_ANNOTATION = "pathways.dev/failure"
 SCHEDULER_NAME = "pathways"
 """Pods with this schedulerName are bound by the operator, never by kube-scheduler."""
 
+DRIVER_LABEL = "pathways.dev/driver"
+"""On a program's driver pod: the program's name (the chart's NetworkPolicy admits these)."""
+COMPONENT_LABEL = "app.kubernetes.io/component"
+"""``driver`` on driver pods, ``worker`` on worker pods."""
+
 WORKER_CONTAINER = "worker"
+DRIVER_CONTAINER = "driver"
 SIDECAR_CONTAINER = "dataflow"
 SIDECAR_PORT = 8470
 WORKER_PORT = 8471

@@ -864,6 +864,11 @@ class ClusterInfo(_message.Message):
 
     ISLANDS_FIELD_NUMBER: _builtins.int
     SLICES_FIELD_NUMBER: _builtins.int
+    CONTROLLER_ID_FIELD_NUMBER: _builtins.int
+    controller_id: _builtins.str
+    """Random per controller process: a client that finds another one after an
+    outage knows its slices and programs must be placed and loaded again.
+    """
     @_builtins.property
     def islands(self) -> _containers.RepeatedCompositeFieldContainer[Global___IslandInfo]: ...
     @_builtins.property
@@ -873,10 +878,11 @@ class ClusterInfo(_message.Message):
         *,
         islands: _abc.Iterable[Global___IslandInfo] | None = ...,
         slices: _abc.Iterable[Global___SliceInfo] | None = ...,
+        controller_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["islands", b"islands", "slices", b"slices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller_id", b"controller_id", "islands", b"islands", "slices", b"slices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -896,6 +902,223 @@ class ReleaseSliceReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseSliceReply: _TypeAlias = ReleaseSliceReply  # noqa: Y015
+
+@_typing.final
+class ProgressReport(_message.Message):
+    """Driver reports. The program is the one the caller's client token
+    (metadata x-pathways-client-token) belongs to: a driver reports for its
+    own program only.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STEP_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """the step that completed (0-based)"""
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def program(self) -> Global___ProgramRef:
+        """The program the token is for, so that a controller that restarted can
+        check the token against that program's Secret.
+        """
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        program: Global___ProgramRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["program", b"program"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics", "program", b"program", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgressReport: _TypeAlias = ProgressReport  # noqa: Y015
+
+@_typing.final
+class ProgramRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgramRef: _TypeAlias = ProgramRef  # noqa: Y015
+
+@_typing.final
+class ProgressReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUSPEND_FIELD_NUMBER: _builtins.int
+    suspend: _builtins.bool
+    """snapshot and stop at this step boundary"""
+    def __init__(
+        self,
+        *,
+        suspend: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["suspend", b"suspend"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgressReply: _TypeAlias = ProgressReply  # noqa: Y015
+
+@_typing.final
+class ResultReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_JSON_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    SUSPENDED_AFTER_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    results_json: _builtins.str
+    """{"key": nested list, ...}: the program returned"""
+    suspended_after: _builtins.int
+    """it stopped for a suspend after this many steps"""
+    @_builtins.property
+    def error(self) -> Global___DriverError:
+        """the program failed"""
+
+    @_builtins.property
+    def program(self) -> Global___ProgramRef:
+        """as in ProgressReport"""
+
+    def __init__(
+        self,
+        *,
+        results_json: _builtins.str = ...,
+        error: Global___DriverError | None = ...,
+        suspended_after: _builtins.int = ...,
+        program: Global___ProgramRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "program", b"program", "results_json", b"results_json", "suspended_after", b"suspended_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "program", b"program", "results_json", b"results_json", "suspended_after", b"suspended_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["results_json", "error", "suspended_after"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___ResultReport: _TypeAlias = ResultReport  # noqa: Y015
+
+@_typing.final
+class DriverError(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
+    BAD_PROGRAM_FIELD_NUMBER: _builtins.int
+    LOG_TAIL_FIELD_NUMBER: _builtins.int
+    message: _builtins.str
+    retryable: _builtins.bool
+    """a host was lost: running again can help"""
+    bad_program: _builtins.bool
+    """the entrypoint or arguments are wrong"""
+    log_tail: _builtins.str
+    """the end of the driver's output (its traceback)"""
+    def __init__(
+        self,
+        *,
+        message: _builtins.str = ...,
+        retryable: _builtins.bool = ...,
+        bad_program: _builtins.bool = ...,
+        log_tail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_program", b"bad_program", "log_tail", b"log_tail", "message", b"message", "retryable", b"retryable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DriverError: _TypeAlias = DriverError  # noqa: Y015
+
+@_typing.final
+class ResultReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResultReply: _TypeAlias = ResultReply  # noqa: Y015
+
+@_typing.final
+class RunStartReport(_message.Message):
+    """Where one run of a driver starts: its first step, and the step of the
+    snapshot it restored (restored false: none). The operator keeps every run's
+    start with the program's driver log, as a child process's log would hold it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    RESTORED_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    restored: _builtins.bool
+    snapshot: _builtins.int
+    @_builtins.property
+    def program(self) -> Global___ProgramRef: ...
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        restored: _builtins.bool = ...,
+        snapshot: _builtins.int = ...,
+        program: Global___ProgramRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["program", b"program"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["program", b"program", "restored", b"restored", "snapshot", b"snapshot", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunStartReport: _TypeAlias = RunStartReport  # noqa: Y015
 
 @_typing.final
 class HostProgram(_message.Message):

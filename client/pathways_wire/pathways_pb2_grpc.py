@@ -79,6 +79,21 @@ class ControllerStub:
                 request_serializer=pathways__wire_dot_pathways__pb2.KeepAliveRequest.SerializeToString,
                 response_deserializer=pathways__wire_dot_pathways__pb2.KeepAliveReply.FromString,
                 _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/pathways.v1alpha1.Controller/ReportProgress',
+                request_serializer=pathways__wire_dot_pathways__pb2.ProgressReport.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.ProgressReply.FromString,
+                _registered_method=True)
+        self.ReportResult = channel.unary_unary(
+                '/pathways.v1alpha1.Controller/ReportResult',
+                request_serializer=pathways__wire_dot_pathways__pb2.ResultReport.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.ResultReply.FromString,
+                _registered_method=True)
+        self.ReportStart = channel.unary_unary(
+                '/pathways.v1alpha1.Controller/ReportStart',
+                request_serializer=pathways__wire_dot_pathways__pb2.RunStartReport.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.ResultReply.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -140,6 +155,28 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProgress(self, request, context):
+        """A PathwaysProgram's driver pod reports a completed step; the reply says
+        whether to stop at this step boundary (a suspend was asked for).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportResult(self, request, context):
+        """... and how it ended, just before it exits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportStart(self, request, context):
+        """... and, before the entrypoint runs, where this run starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -187,6 +224,21 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.KeepAlive,
                     request_deserializer=pathways__wire_dot_pathways__pb2.KeepAliveRequest.FromString,
                     response_serializer=pathways__wire_dot_pathways__pb2.KeepAliveReply.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.ProgressReport.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.ProgressReply.SerializeToString,
+            ),
+            'ReportResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportResult,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.ResultReport.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.ResultReply.SerializeToString,
+            ),
+            'ReportStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportStart,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.RunStartReport.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.ResultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -432,6 +484,87 @@ class Controller:
             '/pathways.v1alpha1.Controller/KeepAlive',
             pathways__wire_dot_pathways__pb2.KeepAliveRequest.SerializeToString,
             pathways__wire_dot_pathways__pb2.KeepAliveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Controller/ReportProgress',
+            pathways__wire_dot_pathways__pb2.ProgressReport.SerializeToString,
+            pathways__wire_dot_pathways__pb2.ProgressReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Controller/ReportResult',
+            pathways__wire_dot_pathways__pb2.ResultReport.SerializeToString,
+            pathways__wire_dot_pathways__pb2.ResultReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Controller/ReportStart',
+            pathways__wire_dot_pathways__pb2.RunStartReport.SerializeToString,
+            pathways__wire_dot_pathways__pb2.ResultReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,14 @@ class ControllerStub:
     DropObjects: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.DropObjectsRequest, _pathways_pb2.DropObjectsReply]
     """The client dropped its last handle to these objects: free them on every host."""
     KeepAlive: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.KeepAliveRequest, _pathways_pb2.KeepAliveReply]
+    ReportProgress: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ProgressReport, _pathways_pb2.ProgressReply]
+    """A PathwaysProgram's driver pod reports a completed step; the reply says
+    whether to stop at this step boundary (a suspend was asked for).
+    """
+    ReportResult: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ResultReport, _pathways_pb2.ResultReply]
+    """... and how it ended, just before it exits."""
+    ReportStart: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.RunStartReport, _pathways_pb2.ResultReply]
+    """... and, before the entrypoint runs, where this run starts."""
 
 @_typing.type_check_only
 class ControllerAsyncStub(ControllerStub):
@@ -70,6 +78,14 @@ class ControllerAsyncStub(ControllerStub):
     DropObjects: _aio.UnaryUnaryMultiCallable[_pathways_pb2.DropObjectsRequest, _pathways_pb2.DropObjectsReply]  # type: ignore[assignment]
     """The client dropped its last handle to these objects: free them on every host."""
     KeepAlive: _aio.UnaryUnaryMultiCallable[_pathways_pb2.KeepAliveRequest, _pathways_pb2.KeepAliveReply]  # type: ignore[assignment]
+    ReportProgress: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ProgressReport, _pathways_pb2.ProgressReply]  # type: ignore[assignment]
+    """A PathwaysProgram's driver pod reports a completed step; the reply says
+    whether to stop at this step boundary (a suspend was asked for).
+    """
+    ReportResult: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ResultReport, _pathways_pb2.ResultReply]  # type: ignore[assignment]
+    """... and how it ended, just before it exits."""
+    ReportStart: _aio.UnaryUnaryMultiCallable[_pathways_pb2.RunStartReport, _pathways_pb2.ResultReply]  # type: ignore[assignment]
+    """... and, before the entrypoint runs, where this run starts."""
 
 class ControllerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -136,6 +152,32 @@ class ControllerServicer(metaclass=_abc_1.ABCMeta):
         request: _pathways_pb2.KeepAliveRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pathways_pb2.KeepAliveReply, _abc.Awaitable[_pathways_pb2.KeepAliveReply]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportProgress(
+        self,
+        request: _pathways_pb2.ProgressReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.ProgressReply, _abc.Awaitable[_pathways_pb2.ProgressReply]]:
+        """A PathwaysProgram's driver pod reports a completed step; the reply says
+        whether to stop at this step boundary (a suspend was asked for).
+        """
+
+    @_abc_1.abstractmethod
+    def ReportResult(
+        self,
+        request: _pathways_pb2.ResultReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.ResultReply, _abc.Awaitable[_pathways_pb2.ResultReply]]:
+        """... and how it ended, just before it exits."""
+
+    @_abc_1.abstractmethod
+    def ReportStart(
+        self,
+        request: _pathways_pb2.RunStartReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.ResultReply, _abc.Awaitable[_pathways_pb2.ResultReply]]:
+        """... and, before the entrypoint runs, where this run starts."""
 
 def add_ControllerServicer_to_server(servicer: ControllerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -8,7 +8,10 @@ One process runs:
 * **kopf** (standalone, no peering) with the handlers of ``k8s.handlers``: the
   resource manager that turns VirtualSlices into gangs of worker pods and
   registers them with the controller, and the runner of PathwaysPrograms,
-  whose drivers are child processes connected to the controller on loopback.
+  whose drivers run in pods of their own (``k8s.driver_pods``), from the
+  user's image, and reach the controller at ``--controller-address``.
+  ``--driver-runtime processes`` runs them as child processes of the operator
+  instead (the earlier design, for comparisons and single-machine use).
 
 Run it out of cluster with ``KUBECONFIG`` set, or in a pod with a service
 account (see the Helm chart).
@@ -17,6 +20,7 @@ account (see the Helm chart).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -31,9 +35,12 @@ from kubernetes import config as kconfig
 
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.env_flags import env_option
-from pathways_operator.controller import GRPC_OPTIONS, Controller, ControllerService
+from pathways_operator.controller import GRPC_OPTIONS, Controller
+from pathways_operator.controller.client_gate import ClientGate
 from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
+from pathways_operator.k8s.driver_pods import DriverPods, DriverPodSettings
+from pathways_operator.k8s.driver_reports import OperatorControllerService
 from pathways_operator.k8s.drivers import DriverSupervisor
 from pathways_operator.core.program_look import DEFAULT_SUSPEND_GRACE_S
 from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
@@ -55,9 +62,26 @@ def _parser() -> argparse.ArgumentParser:
     scope.add_argument("--all-namespaces", action="store_true", help="watch every namespace (default)")
     parser.add_argument("--controller-listen", default="0.0.0.0:8470",
                         help="HOST:PORT of the controller's gRPC service (port 0: any free port)")
-    parser.add_argument("--allowed-entrypoints", default=",".join(DEFAULT_ALLOWED_ENTRYPOINTS),
+    parser.add_argument("--allowed-entrypoints", default=None,
                         help="comma-separated prefixes a PathwaysProgram's spec.source.entrypoint "
-                        "must start with")
+                        "must start with; an opt-in policy for driver pods (default: any), "
+                        f"required of child-process drivers (default {','.join(DEFAULT_ALLOWED_ENTRYPOINTS)})")
+    env_option(parser, "--driver-runtime", variable="PATHWAYS_DRIVER_RUNTIME", env=os.environ,
+               choices=("pods", "processes"), default="pods",
+               help="where program drivers run: in pods of their own (default), or as child "
+               "processes of the operator (PATHWAYS_DRIVER_RUNTIME)")
+    env_option(parser, "--controller-address", variable="PATHWAYS_CONTROLLER_ADDRESS", env=os.environ,
+               default="",
+               help="HOST:PORT at which driver pods reach the controller, e.g. the operator's Service "
+               "(PATHWAYS_CONTROLLER_ADDRESS; default: the address it listens on, loopback for 0.0.0.0)")
+    env_option(parser, "--driver-image", variable="PATHWAYS_DRIVER_IMAGE", env=os.environ, default="",
+               help="image of driver pods whose program gives no spec.driver.image (PATHWAYS_DRIVER_IMAGE; "
+               "default: the worker image)")
+    env_option(parser, "--driver-checkpoint-volumes", variable="PATHWAYS_DRIVER_CHECKPOINT_VOLUMES",
+               env=os.environ, choices=("claim", "host-path"), default="claim",
+               help="how a driver pod mounts spec.checkpoint.volume: the PersistentVolumeClaim (default), "
+               "or the operator's checkpoint directory as a hostPath, for clusters whose nodes share "
+               "the operator's filesystem (PATHWAYS_DRIVER_CHECKPOINT_VOLUMES)")
     parser.add_argument("--liveness", default=None,
                         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     env_option(parser, "--metrics-port", variable="PATHWAYS_METRICS_PORT", env=os.environ, type=_metrics_port,
@@ -176,14 +200,23 @@ def main(argv: list[str] | None = None) -> int:
         lambda: slices.machines() if slices is not None else [],
         explain_missing=lambda key: slices.explain(key) if slices is not None else "starting",
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
-    pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
+    driver_pods: DriverPods | None = None
+    if args.driver_runtime == "pods":
+        driver_pods = DriverPods(api, args.state_dir, DriverPodSettings(
+            image=args.driver_image or args.worker_image, pull_policy=args.worker_image_pull_policy,
+            checkpoint_volumes=args.driver_checkpoint_volumes,
+        ))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,
+                         interceptors=[ClientGate(driver_pods)] if driver_pods is not None else [])
     port = server.add_insecure_port(args.controller_listen)
     if port == 0:
         print(f"pathways_operator: cannot listen on {args.controller_listen}", file=sys.stderr)
         return 2
+    address = args.controller_address or _local_address(args.controller_listen, port)
+    if driver_pods is not None:
+        driver_pods.settings = dataclasses.replace(driver_pods.settings, controller=address)
+    pb_grpc.add_ControllerServicer_to_server(OperatorControllerService(controller, driver_pods), server)
     server.start()
-    address = _local_address(args.controller_listen, port)
     log.info("controller listening on %s (drivers use %s)", args.controller_listen, address)
 
     metrics = OperatorMetrics(lambda: controller.computations_dispatched, controller.contended_grants)
@@ -203,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         wake=lambda key: wakeups.wake(handlers.slice_key(*key.split("/", 1))),
         allow_system_priority_classes=args.allow_system_priority_classes,
     )
-    drivers = DriverSupervisor(args.state_dir, address)
-    allowed = tuple(p.strip() for p in args.allowed_entrypoints.split(",") if p.strip())
+    drivers = driver_pods or DriverSupervisor(args.state_dir, address)
+    allowed_text = args.allowed_entrypoints
+    if allowed_text is None:
+        allowed_text = "" if driver_pods is not None else ",".join(DEFAULT_ALLOWED_ENTRYPOINTS)
+    allowed = tuple(p.strip() for p in allowed_text.split(",") if p.strip())
     programs = ProgramReconciler(
         api, drivers, allowed_entrypoints=allowed, metrics=metrics,
         checkpoint_root=args.checkpoint_root or args.state_dir / "checkpoints",

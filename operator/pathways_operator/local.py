@@ -4,7 +4,9 @@ Islands are sets of local "machines" of `--devices-per-host` devices each;
 placed slices become host processes on loopback addresses. The process exits
 when its parent (the client that started it) exits, however it ended, taking
 its hosts along (`pathways_wire.process_tree`), and removes its `--state-dir`: the
-hosts' logs and slice-token files.
+hosts' logs and slice-token files, and the client token it makes at start
+(`client.token`, readable by this user only), which the client that started it presents
+on every call (`client_gate`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from pathlib import Path
 import grpc
 
 from pathways_wire import process_tree
+from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
+from pathways_wire.slice_token import new_token
 from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import GRPC_OPTIONS, SHARED_WINDOW, Controller, ControllerService, EmbeddedGangs
+from pathways_operator.controller.client_gate import ClientGate, OneClient
 from pathways_operator.core.placement import Machine
 from pathways_operator.local_hosts import LocalHost, LocalHostLauncher
 
@@ -83,7 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     controller = Controller.embedded(
         lambda: list(machines), launcher, window=args.window, shared_window=args.shared_window
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+    client_token = new_token()
+    fd = os.open(args.state_dir / CLIENT_TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:  # before the ready file: the client reads it once it sees that
+        out.write(client_token)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,
+                         interceptors=[ClientGate(OneClient(client_token))])
     pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
     port = server.add_insecure_port(args.listen)
     server.start()

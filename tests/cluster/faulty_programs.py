@@ -51,13 +51,26 @@ def returns_floats(ctx: ProgramContext) -> dict[str, Any]:
 
 
 def forges_results(ctx: ProgramContext) -> dict[str, Any]:
-    """Writes the driver's results file itself, with a key no ConfigMap accepts, and exits 0.
+    """Reports results itself, with a key no ConfigMap accepts, and exits 0.
 
-    The driver's own checks never see these results: only the operator and the API server do.
+    A driver pod reports them to the controller with its program's token; a child-process
+    driver writes its results file. The driver's own checks never see these results: only
+    the operator and the API server do.
     """
-    path = sys.argv[sys.argv.index("--results-file") + 1]
-    with open(path, "w") as out:
-        json.dump({"results": {"a/b": 1.0}}, out)
+    forged = {"results": {"a/b": 1.0}}
+    if "--results-file" in sys.argv and sys.argv[sys.argv.index("--results-file") + 1]:
+        with open(sys.argv[sys.argv.index("--results-file") + 1], "w") as out:
+            json.dump(forged, out)
+    else:
+        import threading
+
+        from pathways.driver_reports import ControllerReporter
+        from pathways_wire.driver_protocol import ENV_PROGRAM_TOKEN_FILE
+
+        token = open(os.environ[ENV_PROGRAM_TOKEN_FILE]).read().strip()
+        controller = sys.argv[sys.argv.index("--controller") + 1]
+        named = (os.environ.get("PATHWAYS_NAMESPACE", ""), sys.argv[sys.argv.index("--program") + 1])
+        ControllerReporter(controller, token, threading.Event(), named).outcome(forged)
     os._exit(0)
 
 
@@ -99,6 +112,42 @@ def prints(ctx: ProgramContext) -> dict[str, Any]:
         print(f"{i:08d} {line}")
     print("the end", flush=True)
     return {"lines": float(int(ctx.args.get("mib", 20)) * 1024)}
+
+
+def probes_credentials(ctx: ProgramContext) -> dict[str, Any]:
+    """Looks for Kubernetes API credentials where a pod finds them, and asks the API anonymously.
+
+    Results: ``token_files`` (files under the ServiceAccount mount, 0 when none is
+    mounted), ``api_status`` (the HTTP status of listing the namespace's Secrets without
+    credentials: 401 or 403 when refused), ``program_token`` (1 when the program's own
+    token is readable, as a driver pod's must be).
+    """
+    import ssl
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    from pathways_wire.driver_protocol import ENV_PROGRAM_TOKEN_FILE
+
+    mount = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+    token_files = sum(1 for p in mount.iterdir()) if mount.is_dir() else 0
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    namespace = os.environ.get("PATHWAYS_NAMESPACE", "default")
+    status = 0
+    if host and port:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(f"https://{host}:{port}/api/v1/namespaces/{namespace}/secrets",
+                                        context=context, timeout=10) as reply:
+                status = reply.status
+        except urllib.error.HTTPError as err:
+            status = err.code
+    print(f"probes_credentials: {token_files} token files, API answered {status}", flush=True)
+    readable = Path(os.environ.get(ENV_PROGRAM_TOKEN_FILE, "/nonexistent")).is_file()
+    ctx.step_done(0)
+    return {"token_files": float(token_files), "api_status": float(status), "program_token": float(readable)}
 
 
 def chains(ctx: ProgramContext) -> dict[str, Any]:

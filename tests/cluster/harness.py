@@ -8,8 +8,9 @@ this module only for the types and for ``condition``:
   logs), bounded polling, per-test namespaces, and ``start_agent`` for tests that need
   Nodes of their own.
 * ``OperatorProcess``: ``python -m pathways_operator --all-namespaces`` against that
-  cluster, with its controller and metrics on port 0 (the metrics port read back from
-  its log) and kopf's liveness endpoint, on a reserved port, as its readiness signal.
+  cluster, with its metrics on port 0 (the port read back from its log), and its
+  controller (which driver pods dial) and kopf's liveness endpoint (its readiness
+  signal) on reserved ports, kept across restarts.
   ``restart(kill=True)`` SIGKILLs it and starts a new one on the same state directory,
   which is what an operator pod restart looks like.
 * ``Objects``: the VirtualSlices, PathwaysPrograms, pods and Events of one test
@@ -199,19 +200,23 @@ class OperatorProcess:
         self.metrics_port = 0
         self.starts = 0
         self._liveness: ReservedPort | None = None
+        self._controller: ReservedPort | None = None
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> OperatorProcess:
         if self._liveness is None:  # kopf cannot bind port 0 (see ``ports``); kept across restarts
             self._liveness = reserve_port()
+        if self._controller is None:  # driver pods keep the address they were given across restarts
+            self._controller = reserve_port()
         self.liveness_port = self._liveness.port
         self.metrics_port = 0
         argv = [
             sys.executable, "-m", "pathways_operator", "--all-namespaces",
-            "--controller-listen", "127.0.0.1:0",
+            "--controller-listen", f"127.0.0.1:{self._controller.port}",
             "--state-dir", str(self.state_dir),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics-port", "any",
             "--allowed-entrypoints", ALLOWED_ENTRYPOINTS,
+            "--driver-checkpoint-volumes", "host-path",
             *self.extra_args,
         ]  # fmt: skip
         env = {**_base_env(), "KUBECONFIG": str(self.kubeconfig), "PATHWAYS_LOG_LEVEL": "INFO"}
@@ -236,6 +241,12 @@ class OperatorProcess:
                 continue
         raise AssertionError(f"the operator was not live within {timeout:.0f} s:\n{self.log_tail()}")
 
+    @property
+    def controller_address(self) -> str:
+        """HOST:PORT of the operator's controller (what its driver pods dial)."""
+        assert self._controller is not None, "the operator has not started"
+        return f"127.0.0.1:{self._controller.port}"
+
     def _reported_metrics_port(self, since: int) -> int:
         """The port ``--metrics-port any`` bound, from the log this start wrote (0: not yet)."""
         with open(self.log_path, "rb") as log:
@@ -246,9 +257,10 @@ class OperatorProcess:
     def close(self) -> None:
         """Stops the operator for good and gives back its liveness port."""
         self.stop()
-        if self._liveness is not None:
-            self._liveness.release()
-            self._liveness = None
+        for reserved in (self._liveness, self._controller):
+            if reserved is not None:
+                reserved.release()
+        self._liveness = self._controller = None
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:

@@ -113,7 +113,9 @@ def test_chart_lints_clean_and_its_schema_rejects_bad_values(helm: Helm) -> None
 
 def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     docs = helm.template("kp", "pathways-system", crds=False)
-    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Service", "ServiceAccount",
+    ]
     deployment = by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -133,6 +135,14 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     service = by_kind(docs, "Service")
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 8470, "metrics": 9090}
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PATHWAYS_CONTROLLER_ADDRESS"] == "kp-kube-pathways.pathways-system.svc:8470"
+    policy = by_kind(docs, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    controller_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": "grpc", "protocol": "TCP"}])
+    admitted = [{e["key"] for e in peer["podSelector"]["matchExpressions"]} for peer in controller_rule["from"]]
+    assert admitted == [{"pathways.dev/driver", "app.kubernetes.io/managed-by"},
+                        {"pathways.dev/slice", "app.kubernetes.io/managed-by"}]
     crds = {p.name for p in (REPO_ROOT / "crds").glob("*.yaml")}
     rendered_crds = [d for d in helm.template("kp", "pathways-system") if d["kind"] == "CustomResourceDefinition"]
     assert len(rendered_crds) == len(crds) == 2
@@ -224,6 +234,7 @@ def test_applied_chart_creates_every_object_and_the_operator_pod(cluster: Cluste
 RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAccount may
     ("create", "pods", "binding", "", True),
     ("create", "pods", "", "", True),
+    ("get", "pods", "log", "", True),
     ("delete", "pods", "", "", True),
     ("watch", "pods", "", "-A", True),
     ("patch", "virtualslices.pathways.dev", "status", "", True),
@@ -350,6 +361,10 @@ def test_operator_from_rendered_deployment_runs_a_program(
             # the emptyDir on /tmp, which holds the operator's --state-dir, is this test's
             PATHWAYS_OPERATOR_STATE_DIR=str(tmp_path / "state"),
         )
+        # Driver pods dial the chart's Service by its DNS name; the test cluster has no
+        # cluster DNS or Service proxy, so they dial the operator's loopback port instead.
+        assert env["PATHWAYS_CONTROLLER_ADDRESS"].startswith(f"{release}-kube-pathways.{namespace}.svc:")
+        env["PATHWAYS_CONTROLLER_ADDRESS"] = "127.0.0.1:" + env["PATHWAYS_CONTROLLER_ADDRESS"].rsplit(":", 1)[1]
         probe = container["livenessProbe"]["httpGet"]
         port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])
         log = tmp_path / "operator.log"

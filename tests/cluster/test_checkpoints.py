@@ -159,8 +159,7 @@ def test_program_restores_its_snapshot_after_gang_recreation(
 
     got = finished(objects, operator, "survivor")
     assert objects.slice("recreated")["status"]["restarts"] == 1
-    log = (operator.state_dir / objects.namespace).glob("survivor-*/driver.log")
-    starts = [line for path in log for line in path.read_text().splitlines() if line.startswith("--- starting")]
+    starts = [e.message for e in objects.events("survivor") if e.reason == "StepsRunning"]
     assert len(starts) >= 2, starts
     assert_same_training(got, finished(objects, operator, "reference"), steps)
     # five steps were done before the pod went: the snapshot of step 3 at least was written

@@ -7,7 +7,6 @@ template slice is deleted), and problems are Warning Events.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -51,11 +50,6 @@ def warning_event(objects: Objects, name: str, reason: str) -> str:
     event = objects.wait_event(name, reason)
     assert event.type == "Warning", (reason, event.type, event.message)
     return str(event.message)
-
-
-def workdir(objects: Objects, operator: OperatorProcess, name: str) -> Path:
-    uid = objects.program(name)["metadata"]["uid"]
-    return operator.state_dir / objects.namespace / f"{name}-{uid[:8]}"
 
 
 @pytest.mark.timeout(180, func_only=True)
@@ -126,9 +120,8 @@ def test_active_deadline_stops_the_program_and_releases_its_slice(
 
 
 def driver_pids(objects: Objects, operator: OperatorProcess, name: str) -> list[int]:
-    """The PIDs of the program's drivers, as the operator logged each when it started it."""
-    started = re.compile(rf"{re.escape(objects.namespace)}/{re.escape(name)}: driver (\d+) started")
-    return [int(pid) for pid in started.findall(operator.log_path.read_text(errors="replace"))]
+    """The PID of the program's driver, as the node agent recorded it when it started its pod."""
+    return [objects.cluster.container_pid(objects.namespace, f"{name}-driver", "driver")]
 
 
 @pytest.mark.timeout(180, func_only=True)
@@ -147,17 +140,15 @@ def test_lost_host_runs_again_up_to_the_backoff_limit(objects: Objects, operator
 
 
 @pytest.mark.timeout(180, func_only=True)
-def test_driver_log_keeps_only_the_newest_output(objects: Objects, operator: OperatorProcess) -> None:
-    from pathways_operator.k8s.drivers import DRIVER_LOG_MAX_BYTES
-
+def test_driver_output_is_its_pods_log(objects: Objects, operator: OperatorProcess) -> None:
     objects.apply(program("chatty", f"{FAULTY}:prints", inline_slice("main", 1), args={"mib": 20}))
     done = objects.wait_program("chatty", {"Succeeded", "Failed"}, VERDICT_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
-    logs = workdir(objects, operator, "chatty")
-    current, previous = logs / "driver.log", logs / "driver.log.1"
-    assert current.stat().st_size <= DRIVER_LOG_MAX_BYTES
-    assert previous.stat().st_size <= DRIVER_LOG_MAX_BYTES
-    assert current.read_bytes().rstrip().endswith(b"the end")
+    log = objects.cluster.container_log(objects.namespace, "chatty-driver", "driver")
+    assert log.stat().st_size >= 20 * 1024 * 1000, "20 Ki lines of 1000 characters and more"
+    with open(log, "rb") as f:
+        f.seek(-100, 2)
+        assert f.read().rstrip().endswith(b"the end")
 
 
 @pytest.mark.timeout(240, func_only=True)

@@ -10,11 +10,14 @@ from pathways_operator.core.program_lifecycle import (
     EXIT_RETRYABLE,
     Deadlines,
     DriverExit,
+    DriverPodFact,
+    DriverState,
     Reported,
     Verdict,
     check_deadlines,
     failure_message,
     is_permanent_refusal,
+    driver_pod_state,
     judge_exit,
     results_owner_problem,
 )
@@ -182,3 +185,48 @@ def test_problems_are_warning_events() -> None:
         assert event_type(reason) == "Warning"
     for reason in (Reason.STEPS_COMPLETED, Reason.STEPS_RUNNING, Reason.ADMITTED, Reason.GANG_READY):
         assert event_type(reason) == "Normal"
+
+
+# ------------------------------------------------------------------ driver pods
+
+POD = "train-driver"
+
+
+@pytest.mark.parametrize(
+    ("pod", "reported", "started_here", "state", "code"),
+    [
+        (DriverPodFact(exists=True, phase="Pending"), False, True, DriverState.RUNNING, None),
+        (DriverPodFact(exists=True, phase="Running"), False, False, DriverState.RUNNING, None),
+        (DriverPodFact(exists=True, phase="Running", deleting=True), False, True, DriverState.STOPPING, None),
+        (DriverPodFact(exists=True, phase="Succeeded", exit_code=0), True, True, DriverState.EXITED, 0),
+        (DriverPodFact(exists=True, phase="Failed", exit_code=75), True, True, DriverState.EXITED, 75),
+        (DriverPodFact(exists=True, phase="Failed", exit_code=143, deleting=True), False, True,
+         DriverState.EXITED, 143),
+        (DriverPodFact(exists=False), True, False, DriverState.EXITED, None),
+        (DriverPodFact(exists=False), False, False, DriverState.ABSENT, None),
+    ],
+)
+def test_driver_pod_state_follows_the_pod_and_its_exit_code(
+    pod: DriverPodFact, reported: bool, started_here: bool, state: DriverState, code: int | None
+) -> None:
+    where = driver_pod_state(pod, reported=reported, started_here=started_here, pod_name=POD)
+    assert (where.state, where.exit_code, where.lost) == (state, code, "")
+
+
+def test_a_driver_pod_deleted_or_evicted_before_it_reported_is_lost_and_runs_again() -> None:
+    deleted = driver_pod_state(DriverPodFact(exists=False), reported=False, started_here=True, pod_name=POD)
+    evicted = driver_pod_state(DriverPodFact(exists=True, phase="Failed", reason="Evicted"), reported=False,
+                               started_here=True, pod_name=POD)
+    assert deleted.state is evicted.state is DriverState.EXITED
+    assert deleted.lost == "its pod train-driver was deleted before it reported"
+    assert evicted.lost == "its pod train-driver failed (Evicted)"
+    decision = judge_exit(DriverExit(None, Reported.LOST, deleted.lost, retryable=True), slices_disturbed=False,
+                          restarts=0, backoff_limit=6, steps_completed=5)
+    assert decision.verdict is Verdict.RETRY and decision.restarts == 1
+    assert "train-driver was deleted" in decision.message and "from step 5" in decision.message
+
+
+def test_lost_driver_pods_count_against_the_backoff_limit() -> None:
+    decision = judge_exit(DriverExit(None, Reported.LOST, "its pod train-driver was deleted before it reported"),
+                          slices_disturbed=False, restarts=2, backoff_limit=2, steps_completed=5)
+    assert decision.verdict is Verdict.FAIL and decision.reason is Reason.BACKOFF_LIMIT_EXCEEDED

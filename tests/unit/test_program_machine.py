@@ -269,3 +269,26 @@ def test_illegal_transition_names_the_program_and_both_phases() -> None:
     with pytest.raises(InvalidTransition) as raised:
         machine.results_stored()
     assert (raised.value.name, raised.value.old, raised.value.new) == (KEY, "Suspended", "Succeeded")
+
+
+# ------------------------------------------------------------------ driver pods
+
+
+def test_driver_pod_going_away_is_waited_for_before_the_next_starts() -> None:
+    machine = ProgramMachine(after(running(), driver=DriverState.STOPPING, done=3))
+    machine.start()
+    assert not any(isinstance(a, StartDriver) for a in machine.take_actions())
+    assert machine.decision().status.phase is ProgramPhase.RUNNING
+
+
+def test_deleted_driver_pod_runs_again_from_its_last_step_counting_a_restart() -> None:
+    lost = exited(None, Reported.LOST, error="its pod train-driver was deleted before it reported",
+                  retryable=True)
+    machine = ProgramMachine(after(running(), driver=DriverState.EXITED, driver_exit=lost, done=4,
+                                   attempt=Attempt(1, {"main": 0})))
+    machine.start()
+    assert Order.DISCARD_OUTCOME in machine.take_actions()
+    decision = machine.decision()
+    assert decision.status.phase is ProgramPhase.PENDING
+    assert decision.status.restarts == 1
+    assert "train-driver was deleted" in decision.status.message and "step 4" in decision.status.message

@@ -1,5 +1,9 @@
 """``pathways logs program|slice NAME``: the driver's log, then each worker's, line by line prefixed.
 
+The driver's log is its pod's, ``<program>-driver`` (a finished program keeps it), or,
+for a driver the operator ran as a child process, the end the operator kept in
+ConfigMap ``<program>-driver-log``.
+
 Worker logs come from the pod log API (which asks the node's kubelet) or, with
 ``--log-dir``, straight from the files a node without a kubelet writes.
 """
@@ -15,8 +19,8 @@ from pathways.cli.errors import EXIT_OK, CliError
 from pathways.cli.render import prefixed
 from pathways.kube import Kube, KubeError, NotFoundError
 from pathways.kube_views import ProgramView
-from pathways_wire.kube_names import SLICE_LABEL, WORKER_CONTAINER
-from pathways_wire.driver_protocol import DRIVER_LOG_KEY, driver_log_config_map
+from pathways_wire.kube_names import DRIVER_CONTAINER, SLICE_LABEL, WORKER_CONTAINER
+from pathways_wire.driver_protocol import DRIVER_LOG_KEY, driver_log_config_map, driver_pod_name
 
 
 def log_file(log_dir: Path, namespace: str, pod: str, container: str) -> Path:
@@ -30,20 +34,37 @@ def log_file(log_dir: Path, namespace: str, pod: str, container: str) -> Path:
     return nested if not direct.exists() and nested.exists() else direct
 
 
-def _driver_log(kube: Kube, program: ProgramView, tail: int | None, out: IO[str], err: IO[str]) -> bool:
-    """Prints the driver's log the operator kept for ``program``; False when there is none (yet)."""
-    name = driver_log_config_map(program.name)
+def _driver_pod_log(kube: Kube, program: ProgramView, log_dir: Path | None, tail: int | None) -> str | None:
+    """The log of the program's driver pod ``<program>-driver``: from ``log_dir``, else the kubelet;
+    None when there is none to read (no pod, or no kubelet serving it)."""
+    pod = driver_pod_name(program.name)
+    if log_dir is not None:
+        path = log_file(log_dir, program.namespace, pod, DRIVER_CONTAINER)
+        return path.read_text(errors="replace") if path.exists() else None
     try:
-        text = kube.config_map_data(program.namespace, name).get(DRIVER_LOG_KEY, "")
-    except NotFoundError:
-        text = ""
+        return kube.pod_log(program.namespace, pod, DRIVER_CONTAINER, tail)
+    except KubeError:
+        return None
+
+
+def _driver_log(
+    kube: Kube, program: ProgramView, log_dir: Path | None, tail: int | None, out: IO[str], err: IO[str]
+) -> bool:
+    """Prints the driver's log: its pod's, else what the operator kept; False when there is none (yet)."""
+    text = _driver_pod_log(kube, program, log_dir, tail)
+    name = driver_log_config_map(program.name)
+    if not text:
+        try:
+            text = kube.config_map_data(program.namespace, name).get(DRIVER_LOG_KEY, "")
+        except NotFoundError:
+            text = ""
     if not text:
         if program.done:
-            err.write(f"note: no driver log kept for program {program.name} (no ConfigMap {name}): "
-                      "its driver never started\n")  # fmt: skip
+            err.write(f"note: no driver log of program {program.name}: no pod {driver_pod_name(program.name)} "
+                      f"log and no ConfigMap {name}\n")  # fmt: skip
         else:
-            err.write(f"note: the driver's log of program {program.name} is kept in ConfigMap {name} "
-                      "once the program ends\n")  # fmt: skip
+            err.write(f"note: the driver of program {program.name} has not started (pod "
+                      f"{driver_pod_name(program.name)})\n")  # fmt: skip
         return False
     for line in prefixed("[driver]", text, tail):
         out.write(line + "\n")
@@ -58,7 +79,8 @@ def cmd_logs(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         program = ProgramView.from_object(kube.get_program(ns, args.name))
         virtual_slices = sorted(set(program.virtual_slices().values()))
         what = f"program {args.name} (slices {', '.join(virtual_slices) or 'none'})"
-        driver_shown = _driver_log(kube, program, args.tail, out, err)
+        driver_shown = _driver_log(kube, program, Path(args.log_dir) if args.log_dir else None, args.tail,
+                                   out, err)
     else:
         kube.get_slice(ns, args.name)
         virtual_slices = [args.name]

@@ -4,7 +4,8 @@
 delegates where gangs come from to a `gangs` strategy — embedded (it places
 and starts local hosts) or Kubernetes (the operator registers the gangs it
 placed). `plans` lays a call out over its gangs' hosts without I/O;
-`host_link` is one control stream to one host; `service` is the gRPC skin.
+`host_link` is one control stream to one host; `service` is the gRPC skin, and
+`client_gate` the door in front of it (client tokens, each client to its own slices).
 """
 
 from pathways_operator.controller.calls import SHARED_WINDOW

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import grpc
 
@@ -17,6 +18,8 @@ from pathways_operator.controller.gangs import Gangs
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, controller: Controller[Gangs]) -> None:
         self.controller = controller
+        self.controller_id = uuid.uuid4().hex
+        """Told in `Describe`: a client that finds another after an outage places and loads again."""
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, err: ControllerError) -> None:
@@ -83,4 +86,21 @@ class ControllerService(pb_grpc.ControllerServicer):
         return pb.KeepAliveReply(lease_s=self.controller.calls.keep_alive(request.client, time.monotonic()))
 
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
-        return self.controller.describe()
+        info = self.controller.describe()
+        info.controller_id = self.controller_id
+        return info
+
+    def ReportProgress(self, request: pb.ProgressReport, context: grpc.ServicerContext) -> pb.ProgressReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportProgress: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")
+
+    def ReportResult(self, request: pb.ResultReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportResult: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")
+
+    def ReportStart(self, request: pb.RunStartReport, context: grpc.ServicerContext) -> pb.ResultReply:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      "ReportStart: this controller runs no driver pods; only the operator's takes reports")
+        raise AssertionError("unreachable")

@@ -35,11 +35,13 @@ DEFAULT_BACKOFF_LIMIT = 6
 
 
 class DriverState(enum.Enum):
-    """Where a program's driver process is, as its supervisor sees it."""
+    """Where a program's driver is, as its supervisor sees it."""
 
     ABSENT = "absent"
     """No driver runs and none left an outcome: start one."""
     RUNNING = "running"
+    STOPPING = "stopping"
+    """Its pod is going away: wait, and start the next one once it is gone."""
     EXITED = "exited"
     """It finished; the supervisor's status says how."""
 
@@ -54,6 +56,8 @@ class Reported(enum.Enum):
     SUSPENDED = "suspended"
     NOTHING = "nothing"
     """It exited without a word: ``os._exit``, a signal, a crash of the interpreter."""
+    LOST = "lost"
+    """Its pod was deleted or evicted before it reported: as a lost host, it runs again."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +115,7 @@ def judge_exit(
         return ExitDecision(Verdict.SUCCEED, restarts=restarts)
     if end.reported is Reported.SUSPENDED:
         return ExitDecision(Verdict.RESUME, restarts=restarts)
-    lost_host = slices_disturbed or end.exit_code == EXIT_RETRYABLE or (
+    lost_host = slices_disturbed or end.exit_code == EXIT_RETRYABLE or end.reported is Reported.LOST or (
         end.reported is Reported.ERROR and end.retryable
     )
     if lost_host:
@@ -166,6 +170,56 @@ def failure_message(error: str, log_tail: str) -> str:
     if error and any(line.strip().endswith(error.strip()) for line in last_lines):
         return f"the program failed; the driver's log ends:\n{tail}"
     return f"{error}; the driver's log ends:\n{tail}"
+
+
+# ---------------------------------------------------------------- driver pods
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverPodFact:
+    """What the API says of a program's driver pod ``<program>-driver``."""
+
+    exists: bool
+    phase: str = ""
+    """``status.phase``: Pending, Running, Succeeded, Failed (or "" before the first status)."""
+    deleting: bool = False
+    """``metadata.deletionTimestamp`` is set."""
+    exit_code: int | None = None
+    """The driver container's ``state.terminated.exitCode``, once it ended."""
+    reason: str = ""
+    """``status.reason`` (``Evicted``), or the terminated container's reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverPodState:
+    state: DriverState
+    exit_code: int | None = None
+    lost: str = ""
+    """Why the run is lost without an outcome (pod deleted or evicted); "" otherwise."""
+
+
+def driver_pod_state(pod: DriverPodFact, *, reported: bool, started_here: bool, pod_name: str) -> DriverPodState:
+    """Where the driver is, from its pod and whether it reported an outcome.
+
+    ``started_here``: this operator started (or saw running) the pod, so a pod that is gone
+    without an outcome was deleted under the program, and the run is lost: it runs again
+    from its last snapshot, counted against ``spec.backoffLimit``. A restarted operator
+    that finds no pod and no outcome starts one.
+    """
+    if not pod.exists:
+        if reported:
+            return DriverPodState(DriverState.EXITED)
+        if started_here:
+            return DriverPodState(DriverState.EXITED, lost=f"its pod {pod_name} was deleted before it reported")
+        return DriverPodState(DriverState.ABSENT)
+    if pod.exit_code is not None and pod.phase in ("Succeeded", "Failed"):
+        return DriverPodState(DriverState.EXITED, pod.exit_code)
+    if pod.phase == "Failed":
+        why = pod.reason or "it failed before its container ran"
+        return DriverPodState(DriverState.EXITED, lost=f"its pod {pod_name} failed ({why})")
+    if pod.deleting:
+        return DriverPodState(DriverState.STOPPING)
+    return DriverPodState(DriverState.RUNNING)
 
 
 # ---------------------------------------------------------------- deadlines

@@ -126,6 +126,10 @@ class ProgramMachine:
             self._wait(done, waiting, deadline.seconds_left)
             return Next.DONE
 
+        if look.driver is DriverState.STOPPING:
+            r.delay = SOON  # the last driver's pod is going away; the next starts once it is gone
+            return Next.DONE
+
         if look.driver is DriverState.ABSENT:
             if look.results_owner_problem is not None:
                 self.fail(Reason.RESULTS_NOT_STORED, look.results_owner_problem)

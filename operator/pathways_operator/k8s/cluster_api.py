@@ -179,6 +179,17 @@ class ClusterApi:
             name, namespace, body=_precondition(uid, grace_seconds), _preload_content=False,
         ))
 
+    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int) -> str:
+        """The last lines of a container's log through the kubelet; "" when it cannot be read (no kubelet, gone)."""
+        try:
+            reply = self.core.read_namespaced_pod_log(
+                name, namespace, container=container, tail_lines=tail_lines, _preload_content=False,
+                _request_timeout=10,
+            )
+        except (ApiException, OSError, ValueError):
+            return ""
+        return bytes(cast(Any, reply).data).decode(errors="replace")
+
     # ------------------------------------------------------------ custom resources
 
     def _list_custom(self, plural: str, namespace: str | None) -> list[Json]:

@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from pathways_wire import process_tree
-from pathways_wire.driver_protocol import EXIT_RETRYABLE, PROGRESS_FILE, steps_completed
+from pathways_wire.driver_protocol import EXIT_RETRYABLE, PROGRESS_FILE, RESULTS_FILE, START_LINE, steps_completed
 
 from pathways_operator.core.program_lifecycle import Reported
 from pathways_operator.core.program_lifecycle import DriverState as DriverState
+from pathways_operator.k8s.pathways_program import DriverSpec
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ STOP_GRACE_S = 5.0
 LOG_TAIL_CHARS = 1500
 DRIVER_LOG_MAX_BYTES = 8 * 1024 * 1024
 """``driver.log`` is rotated to ``driver.log.1`` at this size (8 MiB): at most 16 MiB per program."""
-RUN_MARKER = b"--- starting at step "
+RUN_MARKER = START_LINE.split("{")[0].encode()
 """The line the supervisor writes before each run of the driver; log tails start after the last one."""
 _PUMP_DRAIN_S = 5.0
 
@@ -98,6 +99,10 @@ class DriverLaunch:
     checkpoint_every: int = 0
     compiled_program: dict[str, Any] | None = None
     """The ConfigMap of a ``spec.source.configMapRef`` program (then ``entrypoint`` is unused)."""
+    owner_reference: dict[str, Any] | None = None
+    """The program, as the controller ownerReference of what a driver pod needs."""
+    pod: DriverSpec = DriverSpec()
+    """``spec.driver``: the driver pod's image, command and pod settings."""
 
 
 class _LogPump(threading.Thread):
@@ -192,32 +197,12 @@ class DriverSupervisor:
             child.pump.join(_PUMP_DRAIN_S)  # its last words, for the log tail
             return self._outcome(workdir, code)
         self._kill_leftover(workdir)
-        if (workdir / "results.json").exists():
+        if (workdir / RESULTS_FILE).exists():
             return self._outcome(workdir, None)
         return DriverStatus(DriverState.ABSENT)
 
     def _outcome(self, workdir: Path, code: int | None) -> DriverStatus:
-        tail = _tail(workdir / "driver.log")
-        try:
-            payload = json.loads((workdir / "results.json").read_text())
-        except (OSError, ValueError):
-            payload = None
-        if isinstance(payload, dict) and payload.get("suspended") is True:
-            return DriverStatus(DriverState.EXITED, code, suspended=True, log_tail=tail,
-                                reported=Reported.SUSPENDED)
-        if isinstance(payload, dict) and isinstance(payload.get("results"), dict):
-            return DriverStatus(DriverState.EXITED, code, results=payload["results"], log_tail=tail,
-                                reported=Reported.RESULTS)
-        if isinstance(payload, dict) and "error" in payload:
-            return DriverStatus(
-                DriverState.EXITED,
-                code,
-                error=str(payload["error"]),
-                retryable=bool(payload.get("retryable")) or code == EXIT_RETRYABLE,
-                log_tail=tail,
-                reported=Reported.ERROR,
-            )
-        return DriverStatus(DriverState.EXITED, code, retryable=code == EXIT_RETRYABLE, log_tail=tail)
+        return read_outcome(workdir, code, _tail(workdir / "driver.log"))
 
     def start(self, launch: DriverLaunch) -> None:
         """Start the driver (stopping any other of the same program first)."""
@@ -226,7 +211,7 @@ class DriverSupervisor:
         workdir = self.workdir(launch.namespace, launch.name, launch.uid)
         workdir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
-            (workdir / "results.json").unlink()
+            (workdir / RESULTS_FILE).unlink()
         source = ["--entrypoint", launch.entrypoint]
         if launch.compiled_program is not None:
             compiled = workdir / "compiled-program.json"
@@ -243,14 +228,14 @@ class DriverSupervisor:
             "--namespace", launch.namespace,
             "--slices", json.dumps(launch.slices),
             "--progress-file", str(workdir / PROGRESS_FILE),
-            "--results-file", str(workdir / "results.json"),
+            "--results-file", str(workdir / RESULTS_FILE),
             "--exit-with-parent",
         ]
         if launch.checkpoint_dir:
             argv += ["--checkpoint-dir", launch.checkpoint_dir,
                      "--checkpoint-every", str(launch.checkpoint_every)]
         with open(workdir / "driver.log", "ab") as out:
-            out.write(RUN_MARKER + f"{launch.start_step}: {' '.join(argv[1:3])}\n".encode())
+            out.write(START_LINE.format(step=launch.start_step).encode() + b"\n")
         process = subprocess.Popen(
             process_tree.supervised(argv, self._python),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -292,7 +277,11 @@ class DriverSupervisor:
         """Forget how the last run ended, so the next look starts a new one."""
         self.stop(namespace, name, uid)
         with contextlib.suppress(FileNotFoundError):
-            (self.workdir(namespace, name, uid) / "results.json").unlink()
+            (self.workdir(namespace, name, uid) / RESULTS_FILE).unlink()
+
+    def retire(self, namespace: str, name: str, uid: str) -> None:
+        """The program ended: no driver of it runs."""
+        self.stop(namespace, name, uid)
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """Stop the driver and remove the program's work directory (the program is gone)."""
@@ -326,6 +315,34 @@ class DriverSupervisor:
             _kill_group(pid)
         with contextlib.suppress(FileNotFoundError):
             pid_file.unlink()
+
+
+def read_outcome(workdir: Path, code: int | None, log_tail: str) -> DriverStatus:
+    """How a driver that exited with ``code`` ended, from the results file in ``workdir``.
+
+    ``log_tail`` is the end of its output; an error that came with a traceback of its own
+    (``logTail``, reported by a driver pod whose log the operator cannot read) uses that.
+    """
+    try:
+        payload = json.loads((workdir / RESULTS_FILE).read_text())
+    except (OSError, ValueError):
+        payload = None
+    if isinstance(payload, dict) and payload.get("suspended") is True:
+        return DriverStatus(DriverState.EXITED, code, suspended=True, log_tail=log_tail,
+                            reported=Reported.SUSPENDED)
+    if isinstance(payload, dict) and isinstance(payload.get("results"), dict):
+        return DriverStatus(DriverState.EXITED, code, results=payload["results"], log_tail=log_tail,
+                            reported=Reported.RESULTS)
+    if isinstance(payload, dict) and "error" in payload:
+        return DriverStatus(
+            DriverState.EXITED,
+            code,
+            error=str(payload["error"]),
+            retryable=bool(payload.get("retryable")) or code == EXIT_RETRYABLE,
+            log_tail=log_tail or str(payload.get("logTail") or "").strip(),
+            reported=Reported.ERROR,
+        )
+    return DriverStatus(DriverState.EXITED, code, retryable=code == EXIT_RETRYABLE, log_tail=log_tail)
 
 
 def _terminate(pid: int) -> None:

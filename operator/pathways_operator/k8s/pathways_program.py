@@ -42,6 +42,37 @@ class CheckpointSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class DriverSpec:
+    """``spec.driver``: the driver pod's image, command and pod settings (empty: the operator's defaults).
+
+    The core/v1 parts (env, resources, tolerations) are passed through as the API server
+    validated them against the CRD's schema.
+    """
+
+    image: str = ""
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: tuple[Json, ...] = ()
+    resources: Json = dataclasses.field(default_factory=dict)
+    service_account_name: str = ""
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: tuple[Json, ...] = ()
+
+    @classmethod
+    def from_manifest(cls, raw: Mapping[str, Any]) -> DriverSpec:
+        return cls(
+            image=str(raw.get("image") or ""),
+            command=tuple(str(c) for c in raw.get("command") or ()),
+            args=tuple(str(a) for a in raw.get("args") or ()),
+            env=tuple(dict(e) for e in raw.get("env") or () if isinstance(e, Mapping)),
+            resources=dict(raw.get("resources") or {}),
+            service_account_name=str(raw.get("serviceAccountName") or ""),
+            node_selector={str(k): str(v) for k, v in (raw.get("nodeSelector") or {}).items()},
+            tolerations=tuple(dict(t) for t in raw.get("tolerations") or () if isinstance(t, Mapping)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ProgramSpec:
     """``PathwaysProgram.spec`` with defaults applied."""
 
@@ -57,6 +88,7 @@ class ProgramSpec:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     active_deadline_s: int | None = None
     start_deadline_s: int | None = None
+    driver: DriverSpec = DriverSpec()
 
     @classmethod
     def from_manifest(cls, raw: Mapping[str, Any]) -> ProgramSpec:
@@ -89,6 +121,7 @@ class ProgramSpec:
             backoff_limit=_int_or(raw.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT),
             active_deadline_s=_int_or(raw.get("activeDeadlineSeconds"), None),
             start_deadline_s=_int_or(raw.get("startDeadlineSeconds"), None),
+            driver=DriverSpec.from_manifest(raw.get("driver") or {}),
         )
 
 

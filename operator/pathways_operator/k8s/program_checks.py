@@ -79,19 +79,27 @@ def checkpoint_dir(program: ProgramObject, root: Path | None) -> Path | None:
     return Path(where)
 
 
-def check_entrypoint(entrypoint: str | None, allowed: Sequence[str]) -> None:
+def check_entrypoint(entrypoint: str | None, allowed: Sequence[str], *, importable_here: bool = True) -> None:
+    """The entrypoint is given, starts with an allowed prefix (an empty list allows any), and,
+    for drivers the operator runs as its own child processes, is importable here.
+
+    A driver pod imports it from its own image: there, a module that is missing fails
+    the program when the driver starts (exit status 2, naming the module).
+    """
     if not entrypoint:
         raise InvalidProgram(
             Reason.INVALID_SPEC,
             "spec.source.entrypoint is missing; give package.module:function",
         )
     allowed_text = ", ".join(repr(p) for p in allowed)
-    if not any(entrypoint.startswith(prefix) for prefix in allowed):
+    if allowed and not any(entrypoint.startswith(prefix) for prefix in allowed):
         raise InvalidProgram(
             Reason.INVALID_SPEC,
             f"spec.source.entrypoint {entrypoint!r} is not allowed: this operator runs only "
             f"entrypoints starting with {allowed_text} (operator flag --allowed-entrypoints)",
         )
+    if not importable_here:
+        return
     module, _, function = entrypoint.partition(":")
     try:
         found = importlib.util.find_spec(module) is not None

@@ -38,6 +38,7 @@ from pathways_operator.core.program_look import (
 from pathways_operator.core.program_machine import IDLE, ProgramMachine
 from pathways_operator.k8s import program_checks, program_objects
 from pathways_operator.k8s.cluster_api import ClusterApi, KubeError, now_rfc3339
+from pathways_operator.k8s.driver_pods import DriverPods
 from pathways_operator.k8s.drivers import DriverLaunch, DriverSupervisor
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.pathways_program import ProgramObject, ProgramStatus
@@ -48,6 +49,7 @@ from pathways_wire.kube_names import PROGRAM_KIND
 log = logging.getLogger(__name__)
 
 DEFAULT_ALLOWED_ENTRYPOINTS = ("examples.",)
+"""What child-process drivers may run when no --allowed-entrypoints is given (driver pods: any)."""
 
 DRIVER_LOG_KEEP_BYTES = 256 << 10
 """How much of a finished driver's log its ConfigMap keeps (the end; a ConfigMap holds at most 1 MiB)."""
@@ -59,7 +61,7 @@ class ProgramReconciler:
     def __init__(
         self,
         api: ClusterApi,
-        drivers: DriverSupervisor,
+        drivers: DriverSupervisor | DriverPods,
         *,
         allowed_entrypoints: Sequence[str] = DEFAULT_ALLOWED_ENTRYPOINTS,
         metrics: OperatorMetrics | None = None,
@@ -151,7 +153,9 @@ class ProgramReconciler:
         if program.spec.config_map is not None:
             self._compiled.check(program, program.spec.config_map)
         else:
-            program_checks.check_entrypoint(program.spec.entrypoint, self._allowed)
+            program_checks.check_entrypoint(
+                program.spec.entrypoint, self._allowed, importable_here=isinstance(self._drivers, DriverSupervisor)
+            )
         slices = program_checks.read_slices(self._api, program)
         self._compiled.check_slices(program, slices.found)
         return slices
@@ -259,6 +263,8 @@ class ProgramReconciler:
                     self._compiled.config_map(program.key) if spec.config_map is not None else None
                 ),
                 slices={n: {"virtualSlice": vs, "devices": devices} for n, (vs, devices) in action.slices.items()},
+                owner_reference=program.owner_reference(),
+                pod=spec.driver,
             )
         )
         self._attempts[program.key] = action.attempt
@@ -275,8 +281,8 @@ class ProgramReconciler:
             machine.results_stored()
 
     def _finish(self, program: ProgramObject) -> None:
-        """A program that ended holds nothing: no driver, no slices of its own."""
-        self._drivers.stop(program.namespace, program.name, program.uid)
+        """A program that ended holds nothing: no driver, no slices of its own, no valid token."""
+        self._drivers.retire(program.namespace, program.name, program.uid)
         self._attempts.pop(program.key, None)
         self._compiled.forget(program.key)
         program_objects.delete_inline_slices(self._api, program.namespace, program.name, program.uid)
