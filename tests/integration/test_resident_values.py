@@ -28,6 +28,7 @@ import pathways as pw
 from bench import mlp
 from pathways.runtime import INLINE_BYTES
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
 from tests.integration.host_pids import host_pid
 
 pytestmark = pytest.mark.timeout(300)
@@ -188,9 +189,11 @@ CHILD = textwrap.dedent(
 
 
 def test_a_killed_clients_objects_are_freed_within_its_lease(runtime: pw.Runtime) -> None:
+    assert runtime.cluster is not None
+    token = runtime.cluster.state_dir / CLIENT_TOKEN_FILE  # the second client presents it too
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, runtime.address, str(BIG)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-c", CHILD, runtime.address, str(BIG)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", ENV_PROGRAM_TOKEN_FILE: str(token)},
     )
     try:
         assert child.stdout is not None
