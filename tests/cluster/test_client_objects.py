@@ -1,6 +1,7 @@
 """Objects a program's driver owns on its slice's hosts are freed when the driver dies.
 
-The driver is the client that owns them; killed (SIGKILL: it frees nothing itself), it
+The driver (its pod's container) is the client that owns them; killed (SIGKILL: it frees
+nothing itself), it
 stops renewing its lease, and the controller frees its objects on every host within
 the lease (10 s).
 """
@@ -16,7 +17,7 @@ import pytest
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.kube_names import SIDECAR_PORT
+from pathways_wire.kube_names import DRIVER_CONTAINER, SIDECAR_PORT
 from tests.cluster.builders import program, ref_slice, virtual_slice
 from tests.cluster.harness import Objects, OperatorProcess
 
@@ -43,8 +44,8 @@ def test_a_killed_drivers_objects_leave_the_hosts_within_its_lease(
     objects.wait_steps("hoarder", 1, 240, what="the driver holds its objects")
     assert worker_store_bytes(host["podIP"]) >= 3 << 20
 
-    (pid_file,) = operator.state_dir.rglob("*hoarder*/driver.pid")
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    driver = objects.cluster.container_pid(objects.namespace, "hoarder-driver", DRIVER_CONTAINER)
+    os.kill(driver, signal.SIGKILL)
 
     objects.cluster.poll(
         lambda: worker_store_bytes(host["podIP"]) == 0, timeout=LEASE_BOUND_S, interval=0.5,
