@@ -1,9 +1,8 @@
 """Objects a program's driver owns on its slice's hosts are freed when the driver dies.
 
 The driver (its pod's container) is the client that owns them; killed (SIGKILL: it frees
-nothing itself), it
-stops renewing its lease, and the controller frees its objects on every host within
-the lease (10 s).
+nothing itself), it stops renewing its lease, and the controller frees its objects on every
+host within the lease (10 s).
 """
 
 from __future__ import annotations
