@@ -12,11 +12,14 @@
 `@pw.program` traces a function over virtual slices into a dataflow graph of
 compiled computations; calling it runs the graph on the hosts those slices are
 mapped to — the embedded local cluster by default, or the controller that
-`pw.connect(address)` names.
+`pw.connect(address)` names. A call returns `pw.Array` handles at once: the values stay
+on the hosts, the next call uses them there, and `np.asarray(x)` or `pw.fetch(tree)`
+brings them to the client.
 """
 
 from __future__ import annotations
 
+from pathways.array import Array, fetch
 from pathways.context import ProgramContext
 from pathways.devices import VirtualDevice, VirtualDeviceSet, VirtualSlice, make_virtual_device_set
 from pathways.functions import SliceFunction, jit, pmap
@@ -32,6 +35,7 @@ from pathways_wire.errors import (
 )
 
 __all__ = [
+    "Array",
     "ClientTraffic",
     "ExecutionError",
     "ProgramContext",
@@ -49,6 +53,7 @@ __all__ = [
     "VirtualSlice",
     "connect",
     "default_runtime",
+    "fetch",
     "jit",
     "launch",
     "make_virtual_device_set",

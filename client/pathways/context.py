@@ -193,6 +193,9 @@ class ProgramContext:
 
     def _snapshot(self, done: int, state: Any) -> None:
         assert self._checkpointer is not None
+        from pathways.array import fetch
+
+        state = fetch(state)  # handles' values come to the client here, and only here
         stats = self.checkpoint_stats
         stats.held_s += self._checkpointer.save(done, state)
         stats.snapshots += 1

@@ -192,6 +192,8 @@ def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, An
     outputs: list[Any] | None = None
     for step in range(ctx.start_step, ctx.steps):
         outputs = runtime.run(program, inputs, ctx.weight)
+        for output in outputs:  # a step is done when its outputs exist (errors surface here)
+            output.block_until_ready()
         ctx.step_done(step)
     if outputs is None:
         outputs = runtime.run(program, inputs, ctx.weight)
@@ -382,7 +384,7 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
         print(run_start.line, flush=True)
         reporter.started(run_start)
         try:
-            results = results_json(fn(ctx))
+            results = results_json(pw.fetch(fn(ctx)))  # a failed call raises here, as itself
         except SystemExit as err:
             if isinstance(err, _Stopped):
                 raise

@@ -13,6 +13,16 @@ call is:
    call to end, fetch the outputs straight from the hosts holding them, and
    tell the controller to free the call's buffers.
 
+A call is asynchronous: `run` returns `pw.Array` handles (`array`) once the
+controller accepted the call and the inputs are sent; a waiter thread learns
+how it ended and frees it, keeping the outputs that still have handles as
+objects on the hosts. A handle passed to a later call on the same slice is
+bound in place there (`RunRequest.objects`): no bytes through the client.
+Dropping a handle's last reference frees its object (`DropObjects`, in
+batches); a client keeps its objects alive with `KeepAlive` every third of
+the controller's lease, so a client that dies loses them within the lease.
+At most `MAX_OUTSTANDING_CALLS` calls run at once; past it `run` waits.
+
 Small values need none of step 4's round trips: inputs of at most
 `INLINE_BYTES` ride in the `Run` request (the controller hands them to the
 hosts with the launch), and when every input and output is that small, `Run`
@@ -38,17 +48,22 @@ Every call to the controller or a host has a deadline, and an interrupted call
 so the process never waits at exit for a call nobody wants any more; shutting
 down gives each remaining bookkeeping call `EXIT_RPC_TIMEOUT_S`.
 
-The module runs to about 550 lines because it is the one place the client speaks
-the protocol: every RPC, its deadline and the translation of its errors read here.
+The module runs to about 750 lines because it is the one place the client speaks
+the protocol: every RPC, its deadline and the translation of its errors read here,
+and so do the lifetimes of the calls and objects the client owns (which could move
+to a module of their own).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
+import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,9 +74,11 @@ import grpc
 import numpy as np
 
 from pathways_wire import ir, transfer
+from pathways.array import Array, CallFuture
 from pathways.embedded import LocalCluster, start_local_cluster
 from pathways_wire.errors import (
     ExecutionError,
+    PathwaysError,
     PlacementError,
     RuntimeUnavailableError,
 )
@@ -79,6 +96,8 @@ CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
 INLINE_BYTES = int(os.environ.get("PATHWAYS_INLINE_BYTES", str(64 << 10)))
 """Inputs and outputs up to this size travel in the call's own messages."""
+MAX_OUTSTANDING_CALLS = int(os.environ.get("PATHWAYS_MAX_OUTSTANDING_CALLS", "32"))
+"""Calls of one client running at once, at most: past it `run` waits for one to end."""
 RECONNECT_S = float(os.environ.get("PATHWAYS_RECONNECT_S", "0"))
 """How long a call waits for a controller that went away to come back (0: it fails at once).
 
@@ -136,6 +155,17 @@ class Runtime:
         self._controller_id = ""
         """The controller process this client placed its slices with ("" until the first)."""
         self.calls = 0
+        self._bindings: dict[str, dict[str, str]] = {}
+        """Program id -> its virtual slice ids' physical slice ids."""
+        self._outstanding = threading.BoundedSemaphore(MAX_OUTSTANDING_CALLS)
+        self._kept: dict[str, CallFuture] = {}
+        """Calls that left objects some handle still holds."""
+        self._gone: queue.SimpleQueue[tuple[CallFuture, ir.ValueRef] | None] = queue.SimpleQueue()
+        """Handles whose last reference went, for the drop thread."""
+        self._stop = threading.Event()
+        self._lease_thread: threading.Thread | None = None
+        self._drop_thread = threading.Thread(target=self._drop_loop, name="pw-drops", daemon=True)
+        self._drop_thread.start()
         self._sent = 0
         self._received = 0
 
@@ -210,14 +240,15 @@ class Runtime:
             raise _translate(err, f"loading program '{program.name}'") from None
         with self._lock:
             self._programs[key] = reply.program_id
+            self._bindings[reply.program_id] = bindings
         return reply.program_id
 
     def run(
-        self, program: ir.Program, inputs: Sequence[np.ndarray], weight: float = 1.0
-    ) -> list[np.ndarray]:
-        """Run one call of `program`; returns its flat outputs as numpy arrays.
+        self, program: ir.Program, inputs: Sequence[np.ndarray | Array], weight: float = 1.0
+    ) -> list[Array]:
+        """Start one call of `program`; returns a handle per flat output at once.
 
-        A call that loses its controller runs again, once, on the controller that replaces
+        A call whose start loses its controller runs again, once, on the controller that replaces
         it within ``PATHWAYS_RECONNECT_S`` (:data:`RECONNECT_S`); its inputs are the client's.
         """
         try:
@@ -251,12 +282,22 @@ class Runtime:
             return True
         return False
 
-    def _run(self, program: ir.Program, inputs: Sequence[np.ndarray], weight: float) -> list[np.ndarray]:
+    def _run(self, program: ir.Program, inputs: Sequence[np.ndarray | Array], weight: float) -> list[Array]:
         program_id = self.load(program)
         call_id = f"{program.name}-{uuid.uuid4().hex[:12]}"
-        arrays = [np.asarray(a) for a in inputs]
-        request = pb.RunRequest(program_id=program_id, call_id=call_id, weight=weight)
-        for i, array in enumerate(arrays):
+        request = pb.RunRequest(
+            program_id=program_id, call_id=call_id, weight=weight, client=self.client_id
+        )
+        arrays: dict[int, np.ndarray] = {}
+        for i, given in enumerate(inputs):
+            if isinstance(given, Array) and self._in_place(program, program_id, i, given):
+                assert given.call is not None and given.ref is not None
+                request.objects.add(
+                    index=i,
+                    object=pb.ObjectRef(call_id=given.call.call_id, value=given.ref.to_proto()),
+                )
+                continue
+            array = arrays[i] = np.asarray(given)
             if array.nbytes <= INLINE_BYTES:
                 request.inputs.add(
                     value=pb.ValueRef(node=ir.PROGRAM_INPUT, index=i),
@@ -268,57 +309,224 @@ class Runtime:
             ref.is_program_input or program.spec_of(ref).nbytes <= INLINE_BYTES
             for ref in program.outputs
         )
-        if small_outputs and len(request.inputs) == len(arrays):
-            return self._run_to_end(program, request, arrays)
+        if small_outputs and not request.objects and len(request.inputs) == len(arrays):
+            values = self._run_to_end(program, request, [arrays[i] for i in range(len(arrays))])
+            return [Array.carried(v) for v in values]
+        self._outstanding.acquire()
         try:
             reply = self.controller.Run(request, timeout=60)
         except grpc.RpcError as err:
+            self._outstanding.release()
             raise _translate(err, f"starting program '{program.name}'") from None
         self._learn_tokens(reply)
         self.calls += 1
+        call = CallFuture(program.name, call_id)
+        try:
+            self._put_inputs(reply, call_id, arrays)
+        except BaseException:
+            call.end(f"program '{program.name}' call {call_id}: its inputs could not be sent")
+            self._finisher.submit(self._finish, call_id, ())
+            self._outstanding.release()
+            raise
+        outputs = self._handles(program, program_id, reply, call, inputs)
+        self._ensure_lease()
+        # A daemon thread: the process may exit while a call it no longer needs runs.
+        threading.Thread(target=self._await_call, args=(call,), name="pw-wait", daemon=True).start()
+        return outputs
+
+    def _in_place(self, program: ir.Program, program_id: str, index: int, given: Array) -> bool:
+        """Whether input `index` can be the object itself: every computation reading
+        it runs on the slice that holds it. Otherwise its bytes go through the client."""
+        if not given.on_hosts or getattr(given._fetch, "__self__", None) is not self:
+            return False
+        bindings = self._bindings.get(program_id, {})
+        readers = {
+            bindings.get(c.slice) for c in program.computations
+            for v in c.inputs if v.is_program_input and v.index == index
+        }
+        return readers == {given.slice_id}
+
+    def _put_inputs(self, reply: pb.RunReply, call_id: str, arrays: dict[int, np.ndarray]) -> None:
         in_flight: list[Future[Any]] = []
         try:
-            puts = [
+            in_flight += [
                 self._pool.submit(self._put, host, call_id, ir.ValueRef(ir.PROGRAM_INPUT, i), array)
-                for i, array in enumerate(arrays)
+                for i, array in arrays.items()
                 if array.nbytes > INLINE_BYTES
                 for host in reply.inputs[i].hosts
             ]
-            in_flight += puts
-            for fut in puts:
+            for fut in in_flight:
                 fut.result()
-            # Fetches wait on the hosts until their values exist, so they start
-            # now and overlap the wait for the call's status.
-            fetches: list[Future[np.ndarray] | None] = []
-            for j, ref in enumerate(program.outputs):
-                if ref.is_program_input:
-                    fetches.append(None)
-                    continue
-                fetch = self._pool.submit(
-                    self._fetch, list(reply.outputs[j].hosts), call_id, ref, program.spec_of(ref)
-                )
-                fetches.append(fetch)
-                in_flight.append(fetch)
-            status = self._wait(call_id, program.name)
-            if status.state != pb.CallStatus.SUCCEEDED:
-                raise ExecutionError(status.message or f"program '{program.name}' failed")
-            results: list[np.ndarray] = []
-            for j, ref in enumerate(program.outputs):
-                pending = fetches[j]
-                results.append(
-                    np.asarray(inputs[ref.index]) if pending is None else pending.result()
-                )
-            return results
         except BaseException as err:
             if not isinstance(err, Exception):  # interrupted: nobody waits for the transfers
                 for fut in in_flight:
                     fut.cancel()
                 self._abort_transfers()
             raise
+
+    def _handles(
+        self,
+        program: ir.Program,
+        program_id: str,
+        reply: pb.RunReply,
+        call: CallFuture,
+        inputs: Sequence[np.ndarray | Array],
+    ) -> list[Array]:
+        """One handle per output; the same handle for an output listed twice."""
+        bindings = self._bindings.get(program_id, {})
+        names = {d.id: d.name for d in program.slices}
+        made: dict[ir.ValueRef, Array] = {}
+        outputs: list[Array] = []
+        for j, ref in enumerate(program.outputs):
+            if ref.is_program_input:
+                given = inputs[ref.index]
+                outputs.append(given if isinstance(given, Array) else Array.carried(np.asarray(given)))
+                continue
+            handle = made.get(ref)
+            if handle is None:
+                vslice = program.computations[ref.node].slice
+                handle = made[ref] = Array(
+                    program.spec_of(ref),
+                    call=call,
+                    ref=ref,
+                    hosts=tuple(reply.outputs[j].hosts),
+                    slice_id=bindings.get(vslice, ""),
+                    slice_name=names.get(vslice, vslice),
+                    generation=reply.outputs[j].generation,
+                    fetch=self._fetch_object,
+                    sharding=functools.partial(_output_sharding, program.computations[ref.node], ref.index),
+                )
+                call.live[ref] = 1
+                handle.on_delete = weakref.finalize(handle, self._handle_gone, call, ref)
+            outputs.append(handle)
+        return outputs
+
+    def _await_call(self, call: CallFuture) -> None:
+        """The waiter: learns how the call ended, then frees it but the outputs with handles."""
+        try:
+            status = self._wait(call.call_id, call.program)
+            error = "" if status.state == pb.CallStatus.SUCCEEDED else (
+                status.message or f"program '{call.program}' call {call.call_id} failed"
+            )
+        except Exception as err:
+            error = str(err)
         finally:
-            # Freeing the call is bookkeeping nobody waits for: it runs behind the
-            # next call, in order, and `close` waits for it.
-            self._finisher.submit(self._finish, call_id)
+            self._outstanding.release()
+        with self._lock:
+            call.kept = frozenset() if error else frozenset(call.live)
+            if call.kept:
+                self._kept[call.call_id] = call
+            call.end(error)
+            try:
+                self._finisher.submit(self._finish, call.call_id, tuple(call.kept))
+            except RuntimeError:
+                pass  # closing: releasing the slices frees the call
+
+    def _handle_gone(self, call: CallFuture, ref: ir.ValueRef) -> None:
+        """A handle's last reference went (a weakref callback: it only queues, which is
+        safe wherever the garbage collector runs it)."""
+        self._gone.put((call, ref))
+
+    def _drop_loop(self) -> None:
+        """Frees the objects whose handles went, in batches, until `close`."""
+        while True:
+            gone = [self._gone.get()]
+            while not self._gone.empty():
+                gone.append(self._gone.get())
+            drops: list[pb.ObjectRef] = []
+            with self._lock:
+                for item in gone:
+                    if item is not None:
+                        drops += self._forget(*item)
+            if drops:
+                try:
+                    self.controller.DropObjects(
+                        pb.DropObjectsRequest(client=self.client_id, objects=drops),
+                        timeout=self._rpc_timeout(30),
+                    )
+                except grpc.RpcError:
+                    pass  # the lease frees them
+            if None in gone:
+                return
+
+    def _forget(self, call: CallFuture, ref: ir.ValueRef) -> list[pb.ObjectRef]:
+        """Counts a handle gone (the caller holds the lock); the object to drop, if kept."""
+        left = call.live.get(ref, 0) - 1
+        if left > 0:
+            call.live[ref] = left
+            return []
+        call.live.pop(ref, None)
+        if call.kept is None or ref not in call.kept:
+            return []  # the call still runs: its end does not keep it
+        if not call.live:
+            self._kept.pop(call.call_id, None)
+        return [pb.ObjectRef(call_id=call.call_id, value=ref.to_proto())]
+
+    def _fetch_object(self, handle: Array) -> np.ndarray:
+        assert handle.call is not None and handle.ref is not None
+        handle.call.wait()
+        spec = ir.TensorSpec.of(handle.shape, handle.dtype)
+        try:
+            return self._fetch(list(handle.hosts), handle.call.call_id, handle.ref, spec, release=False)
+        except PathwaysError:
+            lost = self._lost(handle)
+            if lost:
+                raise ExecutionError(lost) from None
+            raise
+
+    def _lost(self, handle: Array) -> str:
+        """Why a handle's value is gone with its gang, if it is ("" if not)."""
+        try:
+            slices = {s.slice_id: s for s in self.describe().slices}
+        except PathwaysError:
+            return ""
+        now = slices.get(handle.slice_id)
+        if now is None:
+            why = "the slice was released"
+        elif now.generation != handle.generation:
+            why = f"its gang was relaunched (generation {handle.generation} -> {now.generation})"
+        else:
+            return ""
+        return (
+            f"{handle.label()} of program '{handle.call.program if handle.call else ''}' on slice "
+            f"'{handle.slice}' was lost: {why} since it was made; compute it again"
+        )
+
+    def _drop_kept(self) -> None:
+        """The client closes: every object a handle still holds goes."""
+        with self._lock:
+            drops = [
+                pb.ObjectRef(call_id=call.call_id, value=ref.to_proto())
+                for call in self._kept.values() for ref in call.live
+            ]
+            self._kept.clear()
+        if drops:
+            try:
+                self.controller.DropObjects(
+                    pb.DropObjectsRequest(client=self.client_id, objects=drops),
+                    timeout=EXIT_RPC_TIMEOUT_S,
+                )
+            except grpc.RpcError:
+                pass
+
+    def _ensure_lease(self) -> None:
+        with self._lock:
+            if self._lease_thread is not None:
+                return
+            self._lease_thread = threading.Thread(target=self._keep_alive, name="pw-lease", daemon=True)
+        self._lease_thread.start()
+
+    def _keep_alive(self) -> None:
+        """Renews this client's lease on its calls and objects every third of the lease."""
+        period = 1.0
+        while True:
+            try:
+                reply = self.controller.KeepAlive(pb.KeepAliveRequest(client=self.client_id), timeout=10)
+                period = max(0.1, reply.lease_s / 3)
+            except grpc.RpcError:
+                pass
+            if self._stop.wait(period):
+                return
 
     def _run_to_end(
         self, program: ir.Program, request: pb.RunRequest, inputs: list[np.ndarray]
@@ -355,11 +563,14 @@ class Runtime:
             return results
         finally:
             if not reply.released:
-                self._finisher.submit(self._finish, call_id)
+                self._finisher.submit(self._finish, call_id, ())
 
-    def _finish(self, call_id: str) -> None:
+    def _finish(self, call_id: str, keep: Sequence[ir.ValueRef]) -> None:
         try:
-            self.controller.FinishCall(pb.ReleaseCall(call_id=call_id), timeout=self._rpc_timeout(30))
+            self.controller.FinishCall(
+                pb.ReleaseCall(call_id=call_id, keep=[ref.to_proto() for ref in keep]),
+                timeout=self._rpc_timeout(30),
+            )
         except grpc.RpcError:
             pass
 
@@ -424,7 +635,7 @@ class Runtime:
         self._count(sent=array.nbytes)
 
     def _fetch(
-        self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec
+        self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec, release: bool = True
     ) -> np.ndarray:
         try:
             value: np.ndarray = transfer.fetch_value(
@@ -432,7 +643,7 @@ class Runtime:
                 call_id,
                 ref.to_proto(),
                 CALL_TIMEOUT_S,
-                release=True,
+                release=release,
                 hosts=hosts,
             )
             self._count(received=value.nbytes)
@@ -480,6 +691,10 @@ class Runtime:
         self._closing = True
         try:
             self._finisher.shutdown(wait=True)
+            self._gone.put(None)
+            self._drop_thread.join(timeout=EXIT_RPC_TIMEOUT_S)
+            self._drop_kept()
+            self._stop.set()
             self.release_slices()
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -488,6 +703,15 @@ class Runtime:
             self._channel.close()
             if self.cluster is not None:
                 self.cluster.stop()
+
+
+@functools.lru_cache(maxsize=256)
+def _output_sharding(computation: ir.Computation, index: int) -> str:
+    """What the exported computation says of output `index`'s layout (read on first ask)."""
+    import jax
+
+    hlo = jax.export.deserialize(bytearray(computation.artifact)).out_shardings_hlo[index]
+    return "replicated" if hlo is None else str(hlo)
 
 
 class _PresentToken(

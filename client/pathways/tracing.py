@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ import numpy as np
 from pathways_wire import ir
 from pathways_wire.compiled_program import CompiledProgram
 from pathways_wire.errors import InvalidProgramError
+from pathways.array import Array
 from pathways.functions import SliceFunction
 from pathways_wire.ir import PROGRAM_INPUT, TensorSpec, ValueRef
 
@@ -151,10 +152,10 @@ class TracedProgram:
     constants: tuple[tuple[int, np.ndarray], ...]
     weight: float
 
-    def flat_inputs(self, user_leaves: list[np.ndarray]) -> list[np.ndarray]:
+    def flat_inputs(self, user_leaves: Sequence[np.ndarray | Array]) -> list[np.ndarray | Array]:
         """User leaves plus captured constants, in program-input order."""
         total = len(self.ir.inputs)
-        out: list[np.ndarray | None] = [None] * total
+        out: list[np.ndarray | Array | None] = [None] * total
         for pos, array in self.constants:
             out[pos] = array
         it = iter(user_leaves)
@@ -162,6 +163,11 @@ class TracedProgram:
             if out[i] is None:
                 out[i] = next(it)
         return [a for a in out if a is not None]
+
+
+def _as_input(leaf: Any) -> np.ndarray | Array:
+    """A program argument: a handle stays one (its value stays where it is)."""
+    return leaf if isinstance(leaf, Array) else _as_array(leaf)
 
 
 def _as_array(leaf: Any) -> np.ndarray:
@@ -190,7 +196,7 @@ class ProgramFunction:
     def trace(self, *args: Any) -> TracedProgram:
         """Trace (or fetch the cached trace) for these arguments' shapes."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
-        arrays = [_as_array(x) for x in leaves]
+        arrays = [_as_input(x) for x in leaves]
         specs = tuple(TensorSpec.of(a.shape, a.dtype) for a in arrays)
         key = (in_tree, specs)
         with self._lock:
@@ -241,13 +247,14 @@ class ProgramFunction:
         canonical = [
             np.ascontiguousarray(a, dtype=jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves
         ]
-        return CompiledProgram(traced.ir, tuple(traced.flat_inputs(canonical)), traced.weight)
+        inputs = tuple(np.asarray(x) for x in traced.flat_inputs(canonical))
+        return CompiledProgram(traced.ir, inputs, traced.weight)
 
     def __call__(self, *args: Any) -> Any:
         from pathways.runtime import default_runtime
 
         traced = self.trace(*args)
-        leaves = [_as_array(x) for x in jax.tree_util.tree_leaves(args)]
+        leaves = [_as_input(x) for x in jax.tree_util.tree_leaves(args)]
         outputs = default_runtime().run(traced.ir, traced.flat_inputs(leaves), traced.weight)
         return jax.tree_util.tree_unflatten(traced.out_tree, outputs)
 

@@ -414,6 +414,8 @@ class RunRequest(_message.Message):
     INPUTS_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
     WAIT_S_FIELD_NUMBER: _builtins.int
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    CLIENT_FIELD_NUMBER: _builtins.int
     program_id: _builtins.str
     call_id: _builtins.str
     weight: _builtins.float
@@ -423,11 +425,19 @@ class RunRequest(_message.Message):
     carries the status and every output small enough to come back inline.
     """
     wait_s: _builtins.float
+    client: _builtins.str
+    """The owner of this call and of the objects it leaves (see KeepAlive)."""
     @_builtins.property
     def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
         """Small program inputs travel with the call (value.node == -1, value.index
         = position among the flattened inputs); the rest are Put to the hosts
         named in RunReply.inputs.
+        """
+
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectInput]:
+        """Program inputs that are objects already on the hosts (outputs of earlier
+        calls the client kept): no bytes from the client.
         """
 
     def __init__(
@@ -439,14 +449,147 @@ class RunRequest(_message.Message):
         inputs: _abc.Iterable[Global___InlineValue] | None = ...,
         wait: _builtins.bool = ...,
         wait_s: _builtins.float = ...,
+        objects: _abc.Iterable[Global___ObjectInput] | None = ...,
+        client: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "inputs", b"inputs", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "client", b"client", "inputs", b"inputs", "objects", b"objects", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
+
+@_typing.final
+class ObjectRef(_message.Message):
+    """An object: a value of a call that its client kept after the call
+    (ReleaseCall.keep); it lives in the stores of the hosts that made it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    @_builtins.property
+    def value(self) -> Global___ValueRef: ...
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        value: Global___ValueRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectRef: _TypeAlias = ObjectRef  # noqa: Y015
+
+@_typing.final
+class ObjectInput(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    OBJECT_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """program input position"""
+    @_builtins.property
+    def object(self) -> Global___ObjectRef: ...
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        object: Global___ObjectRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["object", b"object"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "object", b"object"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectInput: _TypeAlias = ObjectInput  # noqa: Y015
+
+@_typing.final
+class DropObjectsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_FIELD_NUMBER: _builtins.int
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    client: _builtins.str
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectRef]: ...
+    def __init__(
+        self,
+        *,
+        client: _builtins.str = ...,
+        objects: _abc.Iterable[Global___ObjectRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropObjectsRequest: _TypeAlias = DropObjectsRequest  # noqa: Y015
+
+@_typing.final
+class DropObjectsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropObjectsReply: _TypeAlias = DropObjectsReply  # noqa: Y015
+
+@_typing.final
+class KeepAliveRequest(_message.Message):
+    """A client's lease: objects and calls of a client that has said KeepAlive
+    once are freed when it stops for PATHWAYS_CLIENT_LEASE_S.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_FIELD_NUMBER: _builtins.int
+    client: _builtins.str
+    def __init__(
+        self,
+        *,
+        client: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepAliveRequest: _TypeAlias = KeepAliveRequest  # noqa: Y015
+
+@_typing.final
+class KeepAliveReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_S_FIELD_NUMBER: _builtins.int
+    lease_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        lease_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_s", b"lease_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeepAliveReply: _TypeAlias = KeepAliveReply  # noqa: Y015
 
 @_typing.final
 class InlineValue(_message.Message):
@@ -558,6 +701,9 @@ class OutputLocation(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOSTS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """of the gang those hosts belong to"""
     @_builtins.property
     def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """sidecar addresses holding pieces of it"""
@@ -566,10 +712,11 @@ class OutputLocation(_message.Message):
         self,
         *,
         hosts: _abc.Iterable[_builtins.str] | None = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "hosts", b"hosts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1021,6 +1168,7 @@ class Launch(_message.Message):
     OUTPUTS_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     INLINE_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    ALIASES_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     program_id: _builtins.str
     inline_output_bytes: _builtins.int
@@ -1043,6 +1191,10 @@ class Launch(_message.Message):
     def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
         """program inputs that came with the call (RunRequest.inputs) for this host"""
 
+    @_builtins.property
+    def aliases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Alias]:
+        """program inputs that are objects in this host's store (same slice)"""
+
     def __init__(
         self,
         *,
@@ -1053,14 +1205,63 @@ class Launch(_message.Message):
         outputs: _abc.Iterable[Global___ValueRef] | None = ...,
         inputs: _abc.Iterable[Global___InlineValue] | None = ...,
         inline_output_bytes: _builtins.int = ...,
+        aliases: _abc.Iterable[Global___Alias] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "expects", b"expects", "inline_output_bytes", b"inline_output_bytes", "inputs", b"inputs", "outputs", b"outputs", "program_id", b"program_id", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "call_id", b"call_id", "expects", b"expects", "inline_output_bytes", b"inline_output_bytes", "inputs", b"inputs", "outputs", b"outputs", "program_id", b"program_id", "routes", b"routes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Launch: _TypeAlias = Launch  # noqa: Y015
+
+@_typing.final
+class Alias(_message.Message):
+    """Program input `input` of the call is `object`, used in place."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    OBJECT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def input(self) -> Global___ValueRef: ...
+    @_builtins.property
+    def object(self) -> Global___ObjectRef: ...
+    def __init__(
+        self,
+        *,
+        input: Global___ValueRef | None = ...,
+        object: Global___ObjectRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "object", b"object"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "object", b"object"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Alias: _TypeAlias = Alias  # noqa: Y015
+
+@_typing.final
+class DropObjects(_message.Message):
+    """Free these objects from the host's store."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectRef]: ...
+    def __init__(
+        self,
+        *,
+        objects: _abc.Iterable[Global___ObjectRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropObjects: _TypeAlias = DropObjects  # noqa: Y015
 
 @_typing.final
 class Route(_message.Message):
@@ -1171,15 +1372,21 @@ class ReleaseCall(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CALL_ID_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
+    @_builtins.property
+    def keep(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValueRef]:
+        """outputs of the call that stay as objects (the client keeps handles)"""
+
     def __init__(
         self,
         *,
         call_id: _builtins.str = ...,
+        keep: _abc.Iterable[Global___ValueRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "keep", b"keep"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1196,6 +1403,7 @@ class HostCommand(_message.Message):
     GRANTS_FIELD_NUMBER: _builtins.int
     FAIL_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -1206,6 +1414,8 @@ class HostCommand(_message.Message):
     def fail(self) -> Global___FailCall: ...
     @_builtins.property
     def release(self) -> Global___ReleaseCall: ...
+    @_builtins.property
+    def drop(self) -> Global___DropObjects: ...
     def __init__(
         self,
         *,
@@ -1214,12 +1424,13 @@ class HostCommand(_message.Message):
         grants: Global___GrantBatch | None = ...,
         fail: Global___FailCall | None = ...,
         release: Global___ReleaseCall | None = ...,
+        drop: Global___DropObjects | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -1576,6 +1787,7 @@ class WorkerCommand(_message.Message):
     RELEASE_FIELD_NUMBER: _builtins.int
     ARRIVAL_FIELD_NUMBER: _builtins.int
     EXPORT_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -1594,6 +1806,8 @@ class WorkerCommand(_message.Message):
     def export(self) -> Global___ExportRequest:
         """write a value's pieces to shared memory"""
 
+    @_builtins.property
+    def drop(self) -> Global___DropObjects: ...
     def __init__(
         self,
         *,
@@ -1604,12 +1818,13 @@ class WorkerCommand(_message.Message):
         release: Global___ReleaseCall | None = ...,
         arrival: Global___Arrival | None = ...,
         export: Global___ExportRequest | None = ...,
+        drop: Global___DropObjects | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "export", b"export", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "export", b"export", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 

@@ -69,6 +69,16 @@ class ControllerStub:
                 request_serializer=pathways__wire_dot_pathways__pb2.ClusterInfoRequest.SerializeToString,
                 response_deserializer=pathways__wire_dot_pathways__pb2.ClusterInfo.FromString,
                 _registered_method=True)
+        self.DropObjects = channel.unary_unary(
+                '/pathways.v1alpha1.Controller/DropObjects',
+                request_serializer=pathways__wire_dot_pathways__pb2.DropObjectsRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.DropObjectsReply.FromString,
+                _registered_method=True)
+        self.KeepAlive = channel.unary_unary(
+                '/pathways.v1alpha1.Controller/KeepAlive',
+                request_serializer=pathways__wire_dot_pathways__pb2.KeepAliveRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.KeepAliveReply.FromString,
+                _registered_method=True)
         self.ReportProgress = channel.unary_unary(
                 '/pathways.v1alpha1.Controller/ReportProgress',
                 request_serializer=pathways__wire_dot_pathways__pb2.ProgressReport.SerializeToString,
@@ -127,6 +137,19 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Describe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropObjects(self, request, context):
+        """The client dropped its last handle to these objects: free them on every host.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepAlive(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +214,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=pathways__wire_dot_pathways__pb2.ClusterInfoRequest.FromString,
                     response_serializer=pathways__wire_dot_pathways__pb2.ClusterInfo.SerializeToString,
+            ),
+            'DropObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropObjects,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.DropObjectsRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.DropObjectsReply.SerializeToString,
+            ),
+            'KeepAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepAlive,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.KeepAliveRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.KeepAliveReply.SerializeToString,
             ),
             'ReportProgress': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportProgress,
@@ -397,6 +430,60 @@ class Controller:
             '/pathways.v1alpha1.Controller/Describe',
             pathways__wire_dot_pathways__pb2.ClusterInfoRequest.SerializeToString,
             pathways__wire_dot_pathways__pb2.ClusterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Controller/DropObjects',
+            pathways__wire_dot_pathways__pb2.DropObjectsRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.DropObjectsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Controller/KeepAlive',
+            pathways__wire_dot_pathways__pb2.KeepAliveRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.KeepAliveReply.FromString,
             options,
             channel_credentials,
             insecure,

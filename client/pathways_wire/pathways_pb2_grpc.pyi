@@ -52,6 +52,9 @@ class ControllerStub:
     FinishCall: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ReleaseCall, _pathways_pb2.CallStatus]
     """The client has what it needs: free the call's buffers on every host."""
     Describe: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ClusterInfoRequest, _pathways_pb2.ClusterInfo]
+    DropObjects: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.DropObjectsRequest, _pathways_pb2.DropObjectsReply]
+    """The client dropped its last handle to these objects: free them on every host."""
+    KeepAlive: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.KeepAliveRequest, _pathways_pb2.KeepAliveReply]
     ReportProgress: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.ProgressReport, _pathways_pb2.ProgressReply]
     """A PathwaysProgram's driver pod reports a completed step; the reply says
     whether to stop at this step boundary (a suspend was asked for).
@@ -72,6 +75,9 @@ class ControllerAsyncStub(ControllerStub):
     FinishCall: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ReleaseCall, _pathways_pb2.CallStatus]  # type: ignore[assignment]
     """The client has what it needs: free the call's buffers on every host."""
     Describe: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ClusterInfoRequest, _pathways_pb2.ClusterInfo]  # type: ignore[assignment]
+    DropObjects: _aio.UnaryUnaryMultiCallable[_pathways_pb2.DropObjectsRequest, _pathways_pb2.DropObjectsReply]  # type: ignore[assignment]
+    """The client dropped its last handle to these objects: free them on every host."""
+    KeepAlive: _aio.UnaryUnaryMultiCallable[_pathways_pb2.KeepAliveRequest, _pathways_pb2.KeepAliveReply]  # type: ignore[assignment]
     ReportProgress: _aio.UnaryUnaryMultiCallable[_pathways_pb2.ProgressReport, _pathways_pb2.ProgressReply]  # type: ignore[assignment]
     """A PathwaysProgram's driver pod reports a completed step; the reply says
     whether to stop at this step boundary (a suspend was asked for).
@@ -131,6 +137,21 @@ class ControllerServicer(metaclass=_abc_1.ABCMeta):
         request: _pathways_pb2.ClusterInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pathways_pb2.ClusterInfo, _abc.Awaitable[_pathways_pb2.ClusterInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def DropObjects(
+        self,
+        request: _pathways_pb2.DropObjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.DropObjectsReply, _abc.Awaitable[_pathways_pb2.DropObjectsReply]]:
+        """The client dropped its last handle to these objects: free them on every host."""
+
+    @_abc_1.abstractmethod
+    def KeepAlive(
+        self,
+        request: _pathways_pb2.KeepAliveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.KeepAliveReply, _abc.Awaitable[_pathways_pb2.KeepAliveReply]]: ...
 
     @_abc_1.abstractmethod
     def ReportProgress(

@@ -184,3 +184,32 @@ def chains(ctx: ProgramContext) -> dict[str, Any]:
         v = chain(v)
         ctx.step_done(step)
     return {"v": np.asarray(v)}
+
+
+def holds_objects(ctx: ProgramContext) -> dict[str, Any]:
+    """Keeps ``args.values`` (3) outputs of ``args.mib`` (1) MiB on its slice's hosts and sleeps,
+    so a test can kill its driver while it owns them. A later start (``args.marker`` exists)
+    returns at once: only the first driver holds anything."""
+    import numpy as np
+
+    import pathways as pw
+
+    marker = str(ctx.args["marker"])
+    if os.path.exists(marker):
+        return {"held": 0.0}
+    vslice = ctx.slice(ctx.slice_names[0])
+    plus = pw.jit(lambda x: x + 1.0, slice=vslice)
+
+    @pw.program(name="holds-objects", weight=ctx.weight)
+    def plus_one(x: Any) -> Any:
+        return plus(x)
+
+    size = int(float(ctx.args.get("mib", 1)) * (1 << 20)) // 4
+    held = [plus_one(np.zeros(size, np.float32)) for _ in range(int(ctx.args.get("values", 3)))]
+    for value in held:
+        value.block_until_ready()
+    with open(marker, "w") as out:
+        out.write("held\n")
+    ctx.step_done(0)
+    time.sleep(600)
+    return {"held": float(len(held))}

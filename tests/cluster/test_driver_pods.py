@@ -91,6 +91,19 @@ def test_a_programs_token_reaches_only_its_own_slices_and_strangers_are_refused(
         assert unbound.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "did not place slice" in unbound.value.details()
 
+        their_secret = objects.core.read_namespaced_secret("theirs-driver-token", objects.namespace)
+        their_token = ((CLIENT_TOKEN_METADATA, base64.b64decode(their_secret.data["token"]).decode()),)
+        stub.KeepAlive(pb.KeepAliveRequest(client="probe-of-mine"), metadata=mine, timeout=10)
+        for call in (lambda: stub.DropObjects(pb.DropObjectsRequest(client="probe-of-mine"), metadata=their_token,
+                                              timeout=10),
+                     lambda: stub.KeepAlive(pb.KeepAliveRequest(client="probe-of-mine"), metadata=their_token,
+                                            timeout=10)):
+            with pytest.raises(grpc.RpcError) as impostor:
+                call()
+            assert impostor.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert (f"program {objects.namespace}/theirs may not act for client 'probe-of-mine', which program "
+                    f"{objects.namespace}/mine uses") in impostor.value.details()
+
         with pytest.raises(grpc.RpcError) as missing:
             create_slice("theirs-main")
         assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -1,7 +1,9 @@
 """`Runtime.traffic`: the value bytes that pass through the client, counted where they pass.
 
 Inline inputs and outputs count once; a large input counts once per host it is Put
-to; a fetched output counts once; an output that is a program input passes nothing.
+to; an output counts once, when the client first asks for its bytes; an output that
+is a program input passes nothing; a handle passed to a call on the slice that holds
+it passes nothing either, so a training loop's traffic is its batches.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ def test_a_call_counts_its_inputs_sent_and_its_outputs_received(runtime: pw.Runt
     s = np.full((), 3.0, np.float32)
     before = runtime.traffic
     y, s_out = scaled(big, s)
-    used = runtime.traffic - before
-    np.testing.assert_allclose(y, big * 3.0)
+    np.testing.assert_allclose(y, big * 3.0)  # fetched here, where the client asks for it
     np.testing.assert_array_equal(s_out, s)
+    used = runtime.traffic - before
     assert used.sent == big.nbytes + s.nbytes
     assert used.received == y.nbytes
     assert used.total == used.sent + used.received
@@ -51,7 +53,7 @@ def test_a_replicated_input_is_sent_to_every_host_of_the_slice(runtime: pw.Runti
     x = np.arange(8, dtype=np.float32)
     before = runtime.traffic
     out = added(w, x)
-    used = runtime.traffic - before
     np.testing.assert_allclose(out, x + float(w.sum()))
+    used = runtime.traffic - before
     assert used.sent == 2 * w.nbytes + x.nbytes
     assert used.received == out.nbytes

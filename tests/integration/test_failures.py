@@ -78,7 +78,7 @@ def test_host_killed_mid_call_fails_fast_and_slice_relaunches(runtime: pw.Runtim
 
     def call() -> None:
         try:
-            long(x)
+            np.asarray(long(x))  # the call's error surfaces where its output is first used
         except BaseException as err:  # noqa: BLE001 - recorded for the assertion
             errors.append(err)
 

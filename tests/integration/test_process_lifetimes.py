@@ -110,7 +110,7 @@ _BLOCKED_CLIENT = textwrap.dedent(
     vslice = pw.make_virtual_device_set().add_slice(devices=4)
     double = pw.pmap(lambda x: x * 2.0, devices=vslice.devices)
     big = np.ones((4, 1 << 16), np.float32)  # inputs and outputs too big to travel inline
-    double(big)  # places the slice and loads the program: the next call only runs
+    double(big).block_until_ready()  # places the slice, loads the program and runs: the next call only runs
     print("STATE", runtime.cluster.state_dir, flush=True)
     sys.stdin.readline()
     main = threading.main_thread().ident
@@ -130,7 +130,7 @@ _BLOCKED_CLIENT = textwrap.dedent(
             time.sleep(0.05)
 
     threading.Thread(target=report_when_blocked, daemon=True).start()
-    double(big)  # its output is fetched in another thread, its status waited for here
+    double(big)  # its input is put to the stopped host here
     print("RETURNED", flush=True)
     """
 )

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
 from pathways.embedded import LocalCluster, start_local_cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -60,6 +61,7 @@ def cluster() -> Iterator[LocalCluster]:
 
 def test_two_clients_share_a_slice_with_collectives(cluster: LocalCluster, tmp_path: object) -> None:
     env = dict(os.environ, PATHWAYS_CONTROLLER=cluster.address)
+    env[ENV_PROGRAM_TOKEN_FILE] = str(cluster.state_dir / CLIENT_TOKEN_FILE)  # clients present it
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLIENT, weight, "25", scale],

@@ -53,3 +53,17 @@ def test_a_program_binds_only_slices_it_placed_and_runs_only_what_it_loaded() ->
     grants.call_started(TRAIN, "c1")
     assert grants.call_refusal(evaluator, "c1") == "program ns/eval did not start call c1"
     assert grants.call_refusal(TRAIN, "c1") is None
+
+
+def test_a_client_id_belongs_to_the_program_that_first_used_it() -> None:
+    evaluator = ClientScope.program("ns", "eval", ["eval-main"])
+    grants = Grants()
+    grants.client_used(TRAIN, "client-train-1")
+    assert grants.client_refusal(TRAIN, "client-train-1") is None
+    assert grants.client_refusal(evaluator, "client-train-1") == (
+        "program ns/eval may not act for client 'client-train-1', which program ns/train uses: "
+        "name its own client id"
+    )
+    assert grants.client_refusal(evaluator, "client-eval-1") is None
+    grants.client_used(evaluator, "client-train-1")  # a later use does not take the id over
+    assert grants.client_refusal(evaluator, "client-train-1") is not None

@@ -37,6 +37,7 @@ from pathways_worker.worker.stimuli import (
     ExportWritten,
     GrantId,
     GrantsReceived,
+    ObjectsDropped,
     ProgramLoaded,
     TimerFired,
     ValueArrived,
@@ -403,6 +404,85 @@ def test_a_fetched_output_that_a_later_computation_reads_stays_until_that_comput
     assert [d.grant.node for d in second] == [1]
     ran(state, second[0])
     assert state.store.get(ObjectId("c1", (0, 0))) is None
+
+
+# ---------------------------------------------------------------- objects
+
+
+def bound(call_id: str, source: ObjectId) -> CallLaunched:
+    """A launch of `call_id` whose program input 0 is the object `source`, used in place."""
+    launched = launch(call_id)
+    launched.launch.aliases.add(
+        input=pb.ValueRef(node=INPUT[0], index=INPUT[1]),
+        object=pb.ObjectRef(call_id=source.call_id, value=pb.ValueRef(node=source.ref[0], index=source.ref[1])),
+    )
+    return launched
+
+
+def test_a_released_call_keeps_the_outputs_its_client_holds_until_they_are_dropped() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    run_chain(state, state.handle(grants("c1", 0, 1)))
+
+    state.handle(CallReleased("c1", keep=frozenset({(1, 0)})))
+    (export,) = only(Export, state.handle(fetch("c1", (1, 0))))
+    assert (export.value, export.error) == ("c1-out1", "")
+    assert state.store.used == OUT_BYTES
+
+    dropped = state.handle(ObjectsDropped((ObjectId("c1", (1, 0)),)))
+    assert state.store.get(ObjectId("c1", (1, 0))) is None and state.store.used == 0
+    assert StoreChanged() in dropped
+
+
+def test_a_later_call_reads_a_kept_object_in_place_without_counting_its_bytes_again() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    run_chain(state, state.handle(grants("c1", 0, 1)))
+    state.handle(CallReleased("c1", keep=frozenset({(1, 0)})))
+
+    state.handle(bound("c2", ObjectId("c1", (1, 0))))
+    (dispatch,) = only(Dispatch, state.handle(grants("c2", 0, first_seq=3)))
+
+    assert dispatch.inputs == ("c1-out1",)
+    assert state.store.used == 2 * OUT_BYTES  # the object, and c2's output being made
+
+
+def test_an_input_bound_to_an_object_still_being_computed_waits_for_it() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    state.handle(bound("c2", ObjectId("c1", (1, 0))))
+    first = state.handle(GrantsReceived((GrantId(1, "c1", 0), GrantId(2, "c1", 1), GrantId(3, "c2", 0))))
+
+    dispatches: list[Dispatch] = []
+    pending = only(Dispatch, first)
+    for _ in range(3):
+        dispatches += pending
+        pending = only(Dispatch, ran(state, pending[0])) if pending else []
+
+    assert [(d.grant.call_id, d.grant.node, d.inputs) for d in dispatches] == [
+        ("c1", 0, ("c1-in0",)), ("c1", 1, ("c1-out0",)), ("c2", 0, ("c1-out1",)),
+    ]
+
+
+def test_an_object_dropped_while_still_computed_goes_once_its_bound_inputs_have_it() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    state.handle(bound("c2", ObjectId("c1", (1, 0))))
+    state.handle(ObjectsDropped((ObjectId("c1", (1, 0)),)))
+
+    run_chain(state, state.handle(grants("c1", 0, 1)))
+
+    assert state.store.get(ObjectId("c1", (1, 0))) is None
+    assert state.store.get(ObjectId("c2", INPUT)) is not None
+
+
+def test_an_input_bound_to_an_object_the_host_does_not_hold_fails_its_computation_naming_it() -> None:
+    state = host()
+
+    state.handle(bound("c2", ObjectId("gone", (1, 0))))
+    (batch,) = only(FinishBatch, state.handle(grants("c2", 0)))
+
+    assert "input object output 0 of computation 1 of call gone is not on host host-0" in batch.grants[0].error
 
 
 # ---------------------------------------------------------------- timers

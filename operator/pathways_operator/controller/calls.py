@@ -8,10 +8,17 @@ counts them (`core.call_tracking` decides), keeps the small outputs they carry
 inline, and hands out more grants. A failed call is told to every host of the
 call, so nothing waits for it forever. `run_to_end` is a whole call in one
 round trip for a client whose inputs and outputs are small.
+
+Calls leave objects (`objects`): a call's outputs are entered when it starts,
+a program input that names one is bound in place on the hosts that hold it
+(`Launch.aliases`), and `finish_call` keeps those its client still holds.
+Clients that say `keep_alive` hold a lease (`core.client_leases`): when it
+lapses, their calls and objects are freed on every host.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -20,10 +27,14 @@ from dataclasses import dataclass, field
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.host_link import HostLink
+from pathways_operator.controller.objects import (
+    ObjectKey, ObjectRecord, ObjectTable, object_key, object_label, object_ref,
+)
 from pathways_operator.controller.plans import call_launches, host_program
 from pathways_operator.controller.programs import ProgramRecord, Programs
 from pathways_operator.controller.slices import SliceRecord, SliceTable
 from pathways_operator.core.call_tracking import CallProgress, CallState
+from pathways_operator.core.client_leases import DEFAULT_LEASE_S, lapsed
 from pathways_operator.core.island_scheduler import Grant, IslandScheduler
 
 SHARED_WINDOW = 8
@@ -47,6 +58,7 @@ class CallRecord:
 
     program: ProgramRecord
     progress: CallProgress
+    client: str = ""
     started: float = field(default_factory=time.monotonic)
     values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
     """Outputs that came back inline with their completions."""
@@ -72,6 +84,10 @@ class Calls:
         self._scheduler = IslandScheduler(window=window, shared_window=min(window, shared_window))
         self.dispatched = 0
         """Computations granted so far (the operator's metric)."""
+        self.objects = ObjectTable()
+        self.lease_s = float(os.environ.get("PATHWAYS_CLIENT_LEASE_S", str(DEFAULT_LEASE_S)))
+        self._seen: dict[str, float] = {}
+        """Clients holding a lease -> when they last said KeepAlive (monotonic)."""
 
     def contended_grants(self) -> dict[float, int]:
         """Grants made on slices other calls were waiting for, by weight (the shares between programs)."""
@@ -84,6 +100,8 @@ class Calls:
         call_id: str,
         weight: float,
         inputs: Sequence[pb.InlineValue] = (),
+        objects: Sequence[pb.ObjectInput] = (),
+        client: str = "",
     ) -> pb.RunReply:
         with self._changed:
             prec = self._programs.get(program_id)
@@ -100,8 +118,21 @@ class Calls:
                     )
                 self._slices.wait_ready(rec, time.monotonic() + READY_WAIT_S)
                 slices[vid] = rec
+            aliases = self._aliases(prec, slices, call_id, objects, client)
             reply, launches = call_launches(prec, slices, call_id, inputs)
+            for vid, bound in aliases.items():
+                launches[vid][0].aliases.extend(bound)  # one Launch message per slice
+            for obj in objects:
+                del reply.inputs[obj.index].hosts[:]
+            for ref in program.outputs:
+                if not ref.is_program_input:
+                    rec = slices[program.computations[ref.node].slice]
+                    self.objects.add(
+                        (call_id, ref.node, ref.index),
+                        ObjectRecord(client, rec.slice_id, rec.decl.name, rec.generation),
+                    )
             self._calls[call_id] = CallRecord(
+                client=client,
                 program=prec,
                 progress=CallProgress(
                     call_id=call_id,
@@ -122,6 +153,45 @@ class Calls:
             self._dispatch_grants()
             return reply
 
+    def _aliases(
+        self,
+        prec: ProgramRecord,
+        slices: dict[str, SliceRecord],
+        call_id: str,
+        objects: Sequence[pb.ObjectInput],
+        client: str,
+    ) -> dict[str, list[pb.Alias]]:
+        """Per slice, the program inputs bound to objects its hosts hold already."""
+        program = prec.program
+        aliases: dict[str, list[pb.Alias]] = defaultdict(list)
+        for obj in objects:
+            use = f"program '{program.name}' call {call_id} input {obj.index}"
+            if not 0 <= obj.index < len(program.inputs):
+                raise ControllerError(
+                    "INVALID_ARGUMENT", f"{use}: the program has {len(program.inputs)} inputs"
+                )
+            key, record = self.objects.resolve(obj.object, client, use)
+            holder = self._slices.by_id(record.slice_id)
+            if holder is None or holder.generation != record.generation:
+                raise ControllerError(
+                    "NOT_FOUND",
+                    f"{use}: {object_label(key)} was lost: slice '{record.slice_name}' was "
+                    "released or its gang relaunched since the object was made",
+                )
+            readers = {c.slice for c in program.computations for v in c.inputs
+                       if v.is_program_input and v.index == obj.index}
+            for vid in readers:
+                if slices[vid].slice_id != record.slice_id:
+                    raise ControllerError(
+                        "INVALID_ARGUMENT",
+                        f"{use}: {object_label(key)} lives on slice '{record.slice_name}', but "
+                        f"the input is read on slice '{slices[vid].decl.name}'; pass its value instead",
+                    )
+                aliases[vid].append(
+                    pb.Alias(input=pb.ValueRef(node=-1, index=obj.index), object=obj.object)
+                )
+        return aliases
+
     def run_to_end(
         self,
         program_id: str,
@@ -129,12 +199,13 @@ class Calls:
         weight: float,
         inputs: Sequence[pb.InlineValue],
         wait_s: float,
+        client: str = "",
     ) -> pb.RunReply:
         """Runs the call and answers when it ended, with its inline outputs.
 
         A call that ended with every output inline (or failed) is freed here,
         so the client owes no FinishCall (`released`)."""
-        reply = self.run(program_id, call_id, weight, inputs)
+        reply = self.run(program_id, call_id, weight, inputs, client=client)
         status = self.wait_call(call_id, wait_s)
         reply.status.CopyFrom(status)
         with self._changed:
@@ -232,6 +303,9 @@ class Calls:
     def gang_lost(self, rec: SliceRecord, host_name: str, reason: str) -> None:
         """The gang of `rec` is gone (the caller holds the lock): fail the calls running on it."""
         slice_id = rec.slice_id
+        self.objects.lose_slice(
+            slice_id, f"host {host_name} of slice '{rec.decl.name}' failed ({reason})"
+        )
         affected = self._scheduler.reset_slice(slice_id)
         for call in self._calls.values():
             if call.progress.running and (
@@ -270,12 +344,46 @@ class Calls:
                 gangs[slice_id] = [(link.name, f"{link.name} ({link.address})") for link in rec.links]
         return call.progress.stragglers(gangs)
 
-    def finish_call(self, call_id: str) -> pb.CallStatus:
+    def finish_call(self, call_id: str, keep: Sequence[pb.ValueRef] = ()) -> pb.CallStatus:
+        """Frees the call on every host, but the outputs in `keep`: they stay objects."""
         with self._changed:
             call = self._calls.pop(call_id, None)
             if call is None:
                 return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN)
             if call.progress.running:
                 self._fail_call(call, f"call {call_id} was abandoned by its client")
-            self._send_to_gangs(call, pb.HostCommand(release=pb.ReleaseCall(call_id=call_id)))
+            self.objects.finish(call_id, [(v.node, v.index) for v in keep])
+            release = pb.ReleaseCall(call_id=call_id, keep=keep)
+            self._send_to_gangs(call, pb.HostCommand(release=release))
             return call.status()
+
+    def drop_objects(self, client: str, refs: Sequence[pb.ObjectRef]) -> None:
+        """The client let go of these objects: free them on the hosts that hold them."""
+        with self._changed:
+            self._drop([object_key(r) for r in refs], client)
+
+    def _drop(self, keys: list[ObjectKey], client: str) -> None:
+        for slice_id, dropped in self.objects.drop(keys, client).items():
+            rec = self._slices.by_id(slice_id)
+            if rec is None:
+                continue
+            command = pb.HostCommand(drop=pb.DropObjects(objects=[object_ref(k) for k in dropped]))
+            for link in rec.links:
+                link.send(command)
+
+    def keep_alive(self, client: str, now: float) -> float:
+        """Renews the client's lease; the lease's length, for the client's timer."""
+        with self._changed:
+            self._seen[client] = now
+        return self.lease_s
+
+    def expire_leases(self, now: float) -> list[str]:
+        """Frees every call and object of the clients whose lease lapsed; those clients."""
+        with self._changed:
+            gone = lapsed(self._seen, now, self.lease_s)
+            for client in gone:
+                del self._seen[client]
+                for call_id in [c.call_id for c in self._calls.values() if c.client == client]:
+                    self.finish_call(call_id)
+                self._drop(self.objects.owned_by(client), client)
+            return gone

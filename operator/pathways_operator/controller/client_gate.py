@@ -9,7 +9,8 @@ controller made at start. Without a token, or with an unknown one, the call is r
 against what the client obtained (``core.client_access.Grants``): ``CreateSlice`` only
 for a VirtualSlice of its program, ``LoadProgram`` and ``ReleaseSlice`` only on slices
 it placed, ``Run`` only of programs it loaded, ``WaitCall``/``FinishCall`` only of its
-calls; anything else is ``PERMISSION_DENIED``, naming the program and the slice. So a
+calls, ``DropObjects``/``KeepAlive`` (and ``Run``'s owner) only for a client id it was the
+first to use, so no token drops or keeps another program's objects; anything else is ``PERMISSION_DENIED``, naming the program and the slice. So a
 driver learns only its own slices' tokens (``SliceInfo.token``, ``RunReply.host_tokens``).
 ``Describe`` needs a token and tells no slice tokens.
 """
@@ -109,7 +110,9 @@ class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
         if name == "ReleaseSlice":
             return g.slice_refusal(scope, request.slice_id)
         if name == "Run":
-            return g.program_refusal(scope, request.program_id)
+            return g.program_refusal(scope, request.program_id) or g.client_refusal(scope, request.client)
+        if name in ("DropObjects", "KeepAlive"):
+            return g.client_refusal(scope, request.client)
         if name in ("WaitCall", "FinishCall"):
             return g.call_refusal(scope, request.call_id)
         return None
@@ -120,7 +123,11 @@ class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
             g.slice_placed(scope, reply.slice_id, request.namespace, request.spec.name)
         elif name == "LoadProgram" and isinstance(reply, pb.LoadProgramReply):
             g.program_loaded(scope, reply.program_id)
-        elif name == "Run" and isinstance(reply, pb.RunReply) and not reply.released:
-            g.call_started(scope, request.call_id)  # a released call is over: nothing to keep
+        elif name == "Run" and isinstance(reply, pb.RunReply):
+            g.client_used(scope, request.client)
+            if not reply.released:
+                g.call_started(scope, request.call_id)  # a released call is over: nothing to keep
+        elif name == "KeepAlive":
+            g.client_used(scope, request.client)
         elif name == "FinishCall":
             g.call_finished(request.call_id)

@@ -13,6 +13,8 @@ placed. Everything else is the same on both:
   the controller counts their batched completions.
 * A host that dies fails the calls on its slice at once (every other host of
   those calls is told, so nothing waits forever) and its gang is replaced.
+* Objects (outputs a client keeps) stay on the hosts that made it until the
+  client drops them or its lease lapses (`calls`, `objects`).
 * Every slice has a token (`pathways_wire.slice_token`) its hosts demand on
   every call: the controller presents it on its control streams, hands it to
   its clients in `SliceInfo` and `RunReply.host_tokens`, and puts the
@@ -22,6 +24,7 @@ placed. Everything else is the same on both:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -37,6 +40,9 @@ from pathways_operator.controller.slices import SliceTable
 from pathways_operator.core.placement import Machine
 
 G_co = TypeVar("G_co", bound=Gangs, covariant=True)
+
+LEASE_CHECK_S = 1.0
+"""How often lapsed client leases are looked for."""
 
 WINDOW = 256
 """Grants outstanding per slice while one call has work for it."""
@@ -59,6 +65,13 @@ class Controller(Generic[G_co]):
         self.calls = Calls(self._slices, self._programs, window, shared_window)
         """Program calls: run, wait for, finish."""
         self.gangs: G_co = gangs(self._slices, GangLinks(self._slices, self.calls))
+        self._stopped = threading.Event()
+        threading.Thread(target=self._expire_leases, name="client-leases", daemon=True).start()
+
+    def _expire_leases(self) -> None:
+        """Frees what clients that stopped saying KeepAlive owned (`core.client_leases`)."""
+        while not self._stopped.wait(LEASE_CHECK_S):
+            self.calls.expire_leases(time.monotonic())
 
     @staticmethod
     def embedded(
@@ -110,4 +123,5 @@ class Controller(Generic[G_co]):
         return self._slices.describe()
 
     def close(self) -> None:
+        self._stopped.set()
         self.gangs.close()

@@ -96,7 +96,7 @@ def plan_call(
         source = producer_slice[ref]
         if ref not in outputs_by_slice[source]:
             outputs_by_slice[source].append(ref)
-        reply.outputs.add(hosts=addresses[source])
+        reply.outputs.add(hosts=addresses[source], generation=slices[source].generation)
     for i in range(len(program.inputs)):
         reply.inputs.add(hosts=input_hosts.get(i, []))
     launches: dict[str, list[pb.Launch]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import grpc
@@ -59,10 +60,11 @@ class ControllerService(pb_grpc.ControllerServicer):
             if request.wait:
                 return self.controller.calls.run_to_end(
                     request.program_id, request.call_id, request.weight, request.inputs,
-                    request.wait_s,
+                    request.wait_s, request.client,
                 )
             return self.controller.calls.run(
-                request.program_id, request.call_id, request.weight, request.inputs
+                request.program_id, request.call_id, request.weight, request.inputs,
+                request.objects, request.client,
             )
         except ControllerError as err:
             self._abort(context, err)
@@ -72,7 +74,16 @@ class ControllerService(pb_grpc.ControllerServicer):
         return self.controller.calls.wait_call(request.call_id, request.timeout_s)
 
     def FinishCall(self, request: pb.ReleaseCall, context: grpc.ServicerContext) -> pb.CallStatus:
-        return self.controller.calls.finish_call(request.call_id)
+        return self.controller.calls.finish_call(request.call_id, request.keep)
+
+    def DropObjects(
+        self, request: pb.DropObjectsRequest, context: grpc.ServicerContext
+    ) -> pb.DropObjectsReply:
+        self.controller.calls.drop_objects(request.client, request.objects)
+        return pb.DropObjectsReply()
+
+    def KeepAlive(self, request: pb.KeepAliveRequest, context: grpc.ServicerContext) -> pb.KeepAliveReply:
+        return pb.KeepAliveReply(lease_s=self.controller.calls.keep_alive(request.client, time.monotonic()))
 
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
         info = self.controller.describe()

@@ -82,6 +82,8 @@ class Grants:
         """Slice id -> the clients (``ClientScope.who``) that placed it."""
         self._programs: dict[str, set[str]] = {}
         self._calls: dict[str, str] = {}
+        self._clients: dict[str, str] = {}
+        """Client id (``RunRequest.client``, the owner of objects and leases) -> who first used it."""
 
     def slice_placed(self, scope: ClientScope, slice_id: str, namespace: str, name: str) -> None:
         self._slices[slice_id] = (namespace, name)
@@ -117,3 +119,16 @@ class Grants:
 
     def call_finished(self, call_id: str) -> None:
         self._calls.pop(call_id, None)
+
+    def client_refusal(self, scope: ClientScope, client: str) -> str | None:
+        """Why ``scope`` may not act as client id ``client`` (own objects, drop them, renew
+        their lease), or None. An id belongs to the first caller that used it: objects are
+        owned by the id, so a token of one program must not name another's."""
+        owner = self._clients.get(client)
+        if scope.slices is None or owner is None or owner == scope.who:
+            return None
+        return f"{scope.who} may not act for client {client!r}, which {owner} uses: name its own client id"
+
+    def client_used(self, scope: ClientScope, client: str) -> None:
+        if client:
+            self._clients.setdefault(client, scope.who)

@@ -143,6 +143,8 @@ class Dataflow:
                 self._released.add(call_id)
                 for key in [k for k in self._routes if k[0] == call_id]:
                     del self._routes[key]
+        elif kind == "drop":
+            self.link.send(pb.WorkerCommand(drop=command.drop))
         else:
             log.warning("ignoring empty HostCommand")
 

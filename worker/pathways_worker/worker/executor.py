@@ -112,7 +112,12 @@ class Executor:
         elif kind == "fail":
             self._feed(stimuli.CallFailed(command.fail.call_id, command.fail.message))
         elif kind == "release":
-            self._feed(stimuli.CallReleased(command.release.call_id))
+            release = command.release
+            self._feed(stimuli.CallReleased(release.call_id, frozenset(ref_of(v) for v in release.keep)))
+        elif kind == "drop":
+            self._feed(stimuli.ObjectsDropped(tuple(
+                ObjectId(o.call_id, ref_of(o.value)) for o in command.drop.objects
+            )))
         elif kind == "arrival":
             self._feed(self._arrived(command.arrival))
         elif kind == "export":

@@ -9,11 +9,13 @@ fails every value it still waits for; releasing it drops what it holds and
 makes late messages for it no-ops. Pure: the run order (`host_state`) calls
 in here and passes on the instructions.
 
-A value's lifetime is its holder's, not its call's by construction: values
-are `ObjectId`s in the store and a call is the holder that releases them
-today. Values that outlive their call (owned by a client, consumed by later
-calls) need another holder and a release stimulus of their own, not a new
-store.
+Objects. Releasing a call keeps the outputs its client still holds handles
+to (`CallReleased.keep`): they stay in the store under their call's id until
+`ObjectsDropped` frees them. A later call binds such an object as one of its
+inputs in place (`Launch.aliases`): the input slot takes the object's value
+(no copy, no bytes counted twice) at once, or when the object settles if its
+call is still computing it. An object dropped while aliases wait for it goes
+once they have it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref, ref_name, ref_of
 from pathways_worker.worker.call_plan import CallPlan, LocalComputation, plan_call
 from pathways_worker.worker.instructions import Export, Instruction, Log, StoreChanged
-from pathways_worker.worker.object_store import ObjectId, ObjectStore, Slot
+from pathways_worker.worker.object_store import ObjectId, ObjectStore, Slot, object_name
 from pathways_worker.worker.stimuli import (
     CallFailed,
     CallLaunched,
@@ -33,6 +35,7 @@ from pathways_worker.worker.stimuli import (
     ComputationFailedLate,
     ExportRequested,
     ExportWritten,
+    ObjectsDropped,
     ProgramLoaded,
     ValueArrived,
 )
@@ -63,6 +66,9 @@ class HostCalls:
         self.calls: dict[str, CallState] = {}
         self._released: set[str] = set()
         self._released_order: deque[str] = deque()
+        self._aliases: dict[ObjectId, list[ObjectId]] = {}
+        """Objects not settled yet -> the call inputs bound to them."""
+        self._drop_when_settled: set[ObjectId] = set()
 
     def was_released(self, call_id: str) -> bool:
         return call_id in self._released
@@ -92,6 +98,12 @@ class HostCalls:
                 self.store.slot(ObjectId(call.call_id, ref))  # the output futures
         for arrived in launched.inputs:
             self._settle_arrived(call, arrived, out)
+        for alias in launch.aliases:
+            self._bind_alias(
+                ObjectId(call.call_id, ref_of(alias.input)),
+                ObjectId(alias.object.call_id, ref_of(alias.object.value)),
+                out,
+            )
         for slot in self.store.held_by(call.call_id):
             if slot.settled:
                 self.maybe_free(call, slot.oid.ref)
@@ -112,7 +124,7 @@ class HostCalls:
         call_id = released.call_id
         call = self.calls.pop(call_id, None)
         self._remember_released(call_id)
-        for slot in self.store.release(call_id):
+        for slot in self.store.release(call_id, released.keep):
             for request in slot.waiting_exports:
                 self._export(request, None, f"call {call_id} was released on host {self.host_name}", out)
         if call is not None and call.computations:
@@ -121,6 +133,54 @@ class HostCalls:
                 f"{1e3 * call.busy_s / call.computations:.3f} ms each in the executor"
             ))
         out.append(StoreChanged())
+
+    def drop_objects(self, dropped: ObjectsDropped, out: list[Instruction]) -> None:
+        """The client let go of these objects; one still being computed goes once settled."""
+        for oid in dropped.objects:
+            slot = self.store.get(oid)
+            if slot is None:
+                continue
+            if not slot.settled:
+                self._drop_when_settled.add(oid)
+                continue
+            self.store.drop(oid)
+            call = self.calls.get(oid.call_id)
+            if call is not None:
+                call.freed.add(oid.ref)
+        out.append(StoreChanged())
+
+    def _bind_alias(self, target: ObjectId, source: ObjectId, out: list[Instruction]) -> None:
+        slot = self.store.get(source)
+        if slot is None:
+            self.settle_failed(
+                target,
+                f"input object {object_name(source)} is not on host {self.host_name}: its client "
+                "dropped it, or its gang was relaunched since it was made",
+                out,
+            )
+        elif slot.settled:
+            self._settle_alias(target, slot, out)
+        else:
+            self._aliases.setdefault(source, []).append(target)
+
+    def _settle_alias(self, target: ObjectId, source: Slot, out: list[Instruction]) -> None:
+        call = self.calls.get(target.call_id)
+        existing = self.store.get(target)
+        if call is None or (existing is not None and existing.settled):
+            return
+        if source.state == "failed":
+            self.settle_failed(target, f"input object {object_name(source.oid)} failed: {source.error}", out)
+        else:
+            self.settle_ready(target, source.value, 0, False, out)
+            self.maybe_free(call, target.ref)
+
+    def _settled(self, slot: Slot, out: list[Instruction]) -> None:
+        """Inputs bound to the value get it; a drop that waited for it happens."""
+        for target in self._aliases.pop(slot.oid, ()):
+            self._settle_alias(target, slot, out)
+        if slot.oid in self._drop_when_settled:
+            self._drop_when_settled.discard(slot.oid)
+            self.store.drop(slot.oid)
 
     def arrive(self, arrived: ValueArrived, out: list[Instruction]) -> None:
         """A value from outside the slice (program input or another slice's output)."""
@@ -133,6 +193,13 @@ class HostCalls:
         """The client fetches a value: export it once it exists."""
         request = requested.request
         ref = ref_of(request.value)
+        kept = self.store.get(ObjectId(request.call_id, ref))
+        if kept is not None and request.call_id not in self.calls:  # an object of a released call
+            if kept.settled:
+                self._export(request, kept.value, kept.error, out)
+            else:
+                kept.waiting_exports += (request,)
+            return
         if request.call_id in self._released:
             self._export(
                 request, None, f"call {request.call_id} was released on host {self.host_name}", out
@@ -222,10 +289,14 @@ class HostCalls:
     def settle_ready(
         self, oid: ObjectId, value: object, nbytes: int, prepaid: bool, out: list[Instruction]
     ) -> None:
-        self._flush_exports(self.store.set_ready(oid, value, nbytes, prepaid), out)
+        slot = self.store.set_ready(oid, value, nbytes, prepaid)
+        self._flush_exports(slot, out)
+        self._settled(slot, out)
 
     def settle_failed(self, oid: ObjectId, error: str, out: list[Instruction]) -> None:
-        self._flush_exports(self.store.set_failed(oid, error), out)
+        slot = self.store.set_failed(oid, error)
+        self._flush_exports(slot, out)
+        self._settled(slot, out)
 
     def _flush_exports(self, slot: Slot, out: list[Instruction]) -> None:
         if slot.waiting_exports:

@@ -93,6 +93,7 @@ class HostState:
             GrantsReceived: self._grants_received,
             stimuli.CallFailed: self.calls.fail_call,
             stimuli.CallReleased: self.calls.release,
+            stimuli.ObjectsDropped: self.calls.drop_objects,
             stimuli.ValueArrived: self.calls.arrive,
             stimuli.ExportRequested: self.calls.request_export,
             ComputationDispatched: self._computation_dispatched,

@@ -97,9 +97,15 @@ class ObjectStore:
                 held.discard(oid)
         return slot
 
-    def release(self, holder: str) -> list[Slot]:
-        """Drops everything the holder has; the slots, for their waiting fetches."""
-        slots = [self._slots.pop(oid) for oid in self._held.pop(holder, set())]
+    def release(self, holder: str, keep: frozenset[Ref] = frozenset()) -> list[Slot]:
+        """Drops everything the holder has but the values in `keep` (objects its
+        client still holds, dropped one by one later); the dropped slots, for
+        their waiting fetches."""
+        held = self._held.pop(holder, set())
+        kept = {oid for oid in held if oid.ref in keep}
+        if kept:
+            self._held[holder] = kept
+        slots = [self._slots.pop(oid) for oid in held - kept]
         for slot in slots:
             self._forget_bytes(slot)
         return slots

@@ -69,9 +69,17 @@ class CallFailed:
 
 @dataclass(frozen=True, slots=True)
 class CallReleased:
-    """The client is done with the call: its values may go."""
+    """The client is done with the call: its values may go, except those it keeps as objects."""
 
     call_id: str
+    keep: frozenset[tuple[int, int]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectsDropped:
+    """The client dropped its last handle to these objects (kept values of released calls)."""
+
+    objects: tuple[ObjectId, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,6 @@ class TimerFired:
 
 
 Stimulus = (
-    ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ValueArrived
+    ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ObjectsDropped | ValueArrived
     | ExportRequested | ComputationDispatched | ComputationFailedLate | ExportWritten | TimerFired
 )

@@ -1,0 +1,245 @@
+"""`pw.Array`: a handle to a value that stays on the hosts.
+
+A program call returns one handle per output as soon as the controller has
+accepted the call: a future whose shape and dtype are known at once and whose
+bytes stay in the stores of the hosts that made them. Handing it to the next
+call moves nothing through the client (the hosts use it in place); the client
+waits only where it asks for the bytes — `np.asarray(x)`, `float(x)`,
+`x.item()`, `pw.fetch(tree)` — or for the end (`block_until_ready`). An error
+of the call that makes it surfaces there, at first use.
+
+A small output that came back with the call's reply carries its bytes and
+has no host copy; it behaves the same. Numpy methods and operators on a
+handle (`x.sum()`, `x + 1`) fetch it first and work on the copy.
+
+Handles are pytree leaves. The last reference dropped frees the value on
+every host (`Runtime` batches those drops); `delete()` frees it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from pathways_wire import ir
+from pathways_wire.errors import ExecutionError
+
+
+class CallFuture:
+    """One program call as its handles see it: whether it ended, and how."""
+
+    def __init__(self, program: str, call_id: str) -> None:
+        self.program = program
+        self.call_id = call_id
+        self.error = ""
+        self.live: dict[ir.ValueRef, int] = {}
+        """Outputs with handles, and how many."""
+        self.kept: frozenset[ir.ValueRef] | None = None
+        """Outputs that stayed objects when the call ended (None while it runs)."""
+        self._ended = threading.Event()
+
+    def end(self, error: str) -> None:
+        self.error = error
+        self._ended.set()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def wait_ended(self) -> None:
+        self._ended.wait()
+
+    def wait(self) -> None:
+        """Until the call ended; raises its error, if it failed."""
+        self._ended.wait()
+        if self.error:
+            raise ExecutionError(self.error)
+
+
+class Array(np.lib.mixins.NDArrayOperatorsMixin):
+    """A value of a program call, on the hosts (or, if small, carried along)."""
+
+    def __init__(
+        self,
+        spec: ir.TensorSpec,
+        *,
+        value: np.ndarray | None = None,
+        call: CallFuture | None = None,
+        ref: ir.ValueRef | None = None,
+        hosts: tuple[str, ...] = (),
+        slice_id: str = "",
+        slice_name: str = "",
+        generation: int = 0,
+        fetch: Callable[[Array], np.ndarray] | None = None,
+        sharding: Callable[[], str] | None = None,
+    ) -> None:
+        self.shape = tuple(int(d) for d in spec.shape)
+        self.dtype = np.dtype(spec.dtype)
+        self.call, self.ref = call, ref
+        """The call that makes the value and which of its values it is (None if carried along)."""
+        self.hosts, self.slice_id = hosts, slice_id
+        self.slice = slice_name
+        """The name of the virtual slice whose hosts hold the value ("" if carried along)."""
+        self.generation = generation
+        """The launch of the slice's gang that holds it: a relaunched gang lost it."""
+        self._value, self._fetch = value, fetch
+        self._sharding = sharding
+        self.on_delete: Callable[[], Any] | None = None
+        """Frees the object (once): run by `delete`, or when the last reference goes."""
+        self._deleted = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def carried(value: np.ndarray) -> Array:
+        """A handle for a value the client has (a small output, or an input passed through)."""
+        return Array(ir.TensorSpec.of(value.shape, value.dtype), value=value)
+
+    # ------------------------------------------------------------ where it is
+
+    @property
+    def on_hosts(self) -> bool:
+        """Whether the value is an object in the hosts' stores (not carried along)."""
+        return self.call is not None and not self._deleted
+
+    @property
+    def sharding(self) -> str:
+        """How the value is laid out over its slice's devices, as the computation that made
+        it declared (XLA's HloSharding text; "replicated" when it declared none)."""
+        return self._sharding() if self._sharding is not None else "replicated"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def is_ready(self) -> bool:
+        return self._value is not None or (self.call is not None and self.call.ended)
+
+    def block_until_ready(self) -> Array:
+        """Waits until the value exists; raises the error of the call that makes it."""
+        self._check_live()
+        if self.call is not None:
+            self.call.wait()
+        return self
+
+    def delete(self) -> None:
+        """Frees the value on every host now; the handle cannot be used afterwards."""
+        with self._lock:
+            if self._deleted:
+                return
+            self._deleted = True
+            self._value = None
+        if self.on_delete is not None:
+            self.on_delete()
+
+    # ------------------------------------------------------------ bytes
+
+    def value(self) -> np.ndarray:
+        """The value as numpy, copied to the client once."""
+        self._check_live()
+        with self._lock:
+            if self._value is None:
+                if self.call is not None:
+                    self.call.wait()  # the call's error surfaces here
+                assert self._fetch is not None
+                self._value = self._fetch(self)
+            return self._value
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self.value()
+        return value if dtype is None else value.astype(dtype)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """On the fetched copy; a handle is never written (`x += 1` makes `x` a new numpy array)."""
+        args = [x.value() if isinstance(x, Array) else x for x in inputs]
+        if any(isinstance(o, Array) for o in kwargs.get("out", ())):
+            del kwargs["out"]
+        return getattr(ufunc, method)(*args, **kwargs)
+
+    def __float__(self) -> float:
+        return float(self.value())
+
+    def __int__(self) -> int:
+        return int(self.value())
+
+    def __bool__(self) -> bool:
+        return bool(self.value())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d pw.Array")
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.value()[index]
+
+    def __iter__(self) -> Any:
+        return iter(self.value())
+
+    def item(self) -> Any:
+        return self.value().item()
+
+    def __getattr__(self, name: str) -> Any:
+        """Numpy's methods and attributes (`sum`, `tolist`, `T`...), on the fetched copy."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.value(), name)
+
+    def _check_live(self) -> None:
+        if self._deleted:
+            raise ExecutionError(f"{self.label()} was deleted; it cannot be used any more")
+
+    # ------------------------------------------------------------ words
+
+    def label(self) -> str:
+        shape = ",".join(str(d) for d in self.shape)
+        return f"pw.Array({self.dtype.name}[{shape}])"
+
+    def __repr__(self) -> str:
+        label = self.label()[:-1]
+        if self._deleted:
+            return f"{label}, deleted)"
+        if self.call is None:
+            return f"{label}, carried by the client)"
+        where = f"on slice '{self.slice}' hosts {','.join(self.hosts)}"
+        if not self.call.ended:
+            state = "pending"
+        elif self.call.error:
+            state = "failed"
+        else:
+            state = "ready"
+        return f"{label}, {where} (call {self.call.call_id}); {state})"
+
+
+def fetch(tree: Any) -> Any:
+    """The pytree with every `pw.Array` replaced by its value as numpy, fetched in parallel."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    handles = [x for x in leaves if isinstance(x, Array) and x._value is None]
+    if len(handles) > 1:
+        threads = [threading.Thread(target=_quietly_fetch, args=(h,)) for h in handles]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return jax.tree_util.tree_unflatten(
+        treedef, [x.value() if isinstance(x, Array) else x for x in leaves]
+    )
+
+
+def _quietly_fetch(handle: Array) -> None:
+    """Fetches ahead; an error surfaces again when `fetch` asks for the value itself."""
+    try:
+        handle.value()
+    except Exception:
+        pass

@@ -1,0 +1,247 @@
+"""Values stay on the hosts: `pw.Array` handles, asynchronous calls, client-owned objects.
+
+A call returns handles at once; a handle passed to the next call on the same slice
+moves no bytes through the client (`Runtime.traffic`); an error surfaces where a
+handle is first used; dropping the last handle, or the client dying, frees the value
+in the hosts' stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways as pw
+from bench import mlp
+from pathways.runtime import INLINE_BYTES
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
+from tests.integration.host_pids import host_pid
+
+pytestmark = pytest.mark.timeout(300)
+
+BIG = INLINE_BYTES // 4 + 1024
+"""Elements of a float32 vector too large to come back inline."""
+
+
+def store_bytes(runtime: pw.Runtime, hosts: tuple[str, ...]) -> int:
+    return sum(
+        runtime.host(h).Health(pb.HealthRequest(), timeout=10).worker_store_bytes for h in hosts
+    )
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def test_a_call_returns_handles_that_say_what_and_where_their_value_is(runtime: pw.Runtime) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=1, name="handles")
+    scale = pw.jit(lambda x: x * 2.0, slice=vslice)
+
+    @pw.program(name="handles")
+    def doubled(x: Any) -> Any:
+        return {"y": scale(x)}
+
+    x = np.arange(BIG, dtype=np.float32)
+    out = doubled(x)
+    y = out["y"]
+
+    assert isinstance(y, pw.Array)
+    assert (y.shape, y.dtype) == ((BIG,), np.dtype(np.float32))
+    assert jax.tree_util.tree_leaves(out) == [y], "a handle is a pytree leaf"
+    assert y.block_until_ready() is y and y.is_ready()
+    assert f"pw.Array(float32[{BIG}]" in repr(y) and "on slice 'handles' hosts" in repr(y)
+    assert repr(y).endswith("ready)")
+    np.testing.assert_allclose(np.asarray(y), x * 2.0)
+    np.testing.assert_allclose(pw.fetch(out)["y"], x * 2.0)
+    assert float(doubled(np.ones(BIG, np.float32))["y"][3]) == 2.0
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_a_training_loop_sends_only_its_batches_after_the_first_step(
+    runtime: pw.Runtime, devices: int
+) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=devices)  # 8: two hosts of 4
+    step_fn = pw.jit(mlp.sgd_step, slice=vslice, in_shardings=(None, P("x"), P("x")),
+                     out_shardings=(None, None))
+
+    @pw.program(name=f"train-resident-{devices}")
+    def train(params: Any, x: Any, y: Any) -> Any:
+        return step_fn(params, x, y)
+
+    params: Any = mlp.init_params()
+    expected: Any = params
+    reference = jax.jit(mlp.sgd_step)
+    batches = [mlp.batch(i) for i in range(5)]
+    params, loss = train(params, *batches[0])
+    expected, _ = reference(expected, *batches[0])
+    hosts = 1 if devices == 1 else 2   # each host of the slice gets the whole batch
+    before = runtime.traffic
+    for x, y in batches[1:]:
+        params, loss = train(params, x, y)
+        expected, expected_loss = reference(expected, x, y)
+    loss.block_until_ready()
+    used = runtime.traffic - before
+
+    assert used.sent == 4 * hosts * mlp.batch_bytes(), "no parameter bytes go to the hosts"
+    assert used.received == 0, "nothing comes back until the client asks"
+    assert all(isinstance(p, pw.Array) for p in jax.tree_util.tree_leaves(params))
+    assert params["w1"].sharding in ("replicated", "{replicated}"), params["w1"].sharding
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    got = pw.fetch(params)
+    for name in ("w1", "b1", "w2", "b2"):
+        np.testing.assert_allclose(got[name], np.asarray(expected[name]), rtol=1e-4, atol=1e-6)
+
+
+def test_an_error_surfaces_at_the_first_use_of_a_handle_naming_program_computation_and_host(
+    runtime: pw.Runtime,
+) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=4)
+    good = pw.jit(lambda x: x + 1.0, slice=vslice)
+
+    @pw.program(name="broken-later")
+    def broken(x):  # type: ignore[no-untyped-def]
+        return good(x)
+
+    x = np.ones(BIG, np.float32)
+    traced = broken.trace(x)
+    first = traced.ir.computations[0]
+    corrupt = dataclasses.replace(first, artifact=first.artifact[:64] + b"\x00" * 64)
+    program = dataclasses.replace(traced.ir, computations=(corrupt,))
+
+    (y,) = runtime.run(program, [x])   # accepted: no error yet
+
+    with pytest.raises(pw.ExecutionError) as info:
+        np.asarray(y)
+    text = str(info.value)
+    assert "broken-later" in text and first.name in text and "host-0" in text, text
+    with pytest.raises(pw.ExecutionError):
+        y.block_until_ready()
+
+
+def plus_one_on(name: str, devices: int) -> pw.ProgramFunction:
+    """A program adding one on a new slice called `name`."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=devices, name=name)
+    plus = pw.jit(lambda x: x + 1.0, slice=vslice)
+
+    @pw.program(name=name)
+    def plus_one(x: Any) -> Any:
+        return plus(x)
+
+    return plus_one
+
+
+def test_dropping_the_last_handle_frees_the_value_on_its_hosts(runtime: pw.Runtime) -> None:
+    plus_one = plus_one_on("drops", devices=1)
+    kept = plus_one(np.zeros(BIG, np.float32))
+    hosts = kept.hosts
+    held = plus_one(kept)
+    held.block_until_ready()
+    wait_until("both values held", lambda: store_bytes(runtime, hosts) >= 2 * BIG * 4, 30)
+
+    del held
+    gc.collect()
+    wait_until("the dropped value freed", lambda: store_bytes(runtime, hosts) == BIG * 4, 30)
+    np.testing.assert_allclose(np.asarray(kept), np.ones(BIG))
+    kept.delete()
+    wait_until("the deleted value freed", lambda: store_bytes(runtime, hosts) == 0, 30)
+    with pytest.raises(pw.ExecutionError, match="deleted"):
+        np.asarray(kept)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import pathways as pw
+
+    runtime = pw.connect(sys.argv[1])
+    vslice = pw.make_virtual_device_set().add_slice(devices=1, name="orphans")
+    plus = pw.jit(lambda x: x + 1.0, slice=vslice)
+
+    @pw.program(name="orphans")
+    def plus_one(x):
+        return plus(x)
+
+    held = [plus_one(np.zeros(int(sys.argv[2]), np.float32)) for _ in range(3)]
+    held[-1].block_until_ready()
+    print(",".join(held[0].hosts), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_clients_objects_are_freed_within_its_lease(runtime: pw.Runtime) -> None:
+    assert runtime.cluster is not None
+    token = runtime.cluster.state_dir / CLIENT_TOKEN_FILE  # the second client presents it too
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, runtime.address, str(BIG)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", ENV_PROGRAM_TOKEN_FILE: str(token)},
+    )
+    try:
+        assert child.stdout is not None
+        hosts = tuple(child.stdout.readline().strip().split(","))
+        assert hosts != ("",), "the child printed its hosts"
+        slice_info = next(s for s in runtime.describe().slices if s.name == "orphans")
+        assert {h.address for h in slice_info.hosts} == set(hosts)
+        wait_until("the child's objects held", lambda: store_bytes(runtime, hosts) >= 3 * BIG * 4, 30)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        wait_until("the killed client's objects freed", lambda: store_bytes(runtime, hosts) == 0, 40)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+
+
+def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtime) -> None:
+    plus_one = plus_one_on("lost", devices=4)
+    held = plus_one(np.zeros(BIG, np.float32)).block_until_ready()
+    (before,) = [s for s in runtime.describe().slices if s.name == "lost"]
+    victim = host_pid(runtime, before, 0, "worker")
+    assert victim is not None, "the slice's worker runs"
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(pw.PathwaysError):  # the host's death shows in the next call
+        np.asarray(plus_one(np.zeros(BIG, np.float32)))
+
+    def relaunched() -> bool:
+        now = [s for s in runtime.describe().slices if s.name == "lost"]
+        return bool(now) and now[0].generation > before.generation
+    wait_until("the gang relaunched", relaunched, 120)
+
+    with pytest.raises(pw.ExecutionError) as used:
+        plus_one(held)
+    assert "slice 'lost'" in str(used.value) and "lost" in str(used.value), str(used.value)
+    with pytest.raises(pw.PathwaysError) as fetched:
+        np.asarray(held)
+    assert "slice 'lost'" in str(fetched.value), str(fetched.value)
+
+
+def test_a_handle_consumed_on_another_slice_gives_the_right_values(runtime: pw.Runtime) -> None:
+    """Not in place: today its bytes pass through the client (host to host is still to come)."""
+    first = plus_one_on("here", devices=1)
+    second = plus_one_on("there", devices=4)
+
+    made = first(np.zeros(BIG, np.float32))
+    before = runtime.traffic
+    moved = second(made)
+
+    np.testing.assert_allclose(np.asarray(moved), np.full(BIG, 2.0))
+    assert (runtime.traffic - before).received >= made.nbytes
