@@ -71,7 +71,7 @@ def _loop(ctx: Any) -> dict[str, Any]:
     times: list[float] = []
     for i in range(ctx.start_step, ctx.steps):
         start = time.perf_counter()
-        w = step(w)
+        w = step(w).block_until_ready()
         ctx.step_done(i, state={"w": w})
         times.append(time.perf_counter() - start)
     return {"step_s": np.asarray(times)}

@@ -1,9 +1,10 @@
 """Experiment 1 (paper §5.1, Fig. 5): dispatch overhead, OpByOp / Chained / Fused vs jax.jit.
 
 One slice of one device on the embedded runtime. OpByOp calls a one-computation
-program once per step (its output comes back to the client and goes in again);
-Chained is one program of `CHAIN` computations; Fused is one computation that
-loops `CHAIN` times. The baseline is the same chain of `jax.jit` calls in this
+program once per step, each call consuming the previous call's output handle where
+it lives; Chained is one program of `CHAIN` computations; Fused is one computation
+that loops `CHAIN` times. Calls return futures, so each timing ends when the last
+result exists (`block_until_ready`), as the `jax.jit` baseline's does. The baseline is the same chain of `jax.jit` calls in this
 process, one device.
 """
 
@@ -57,19 +58,20 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int) -> tuple[list[Figur
 
         def per_comp_chained() -> float:
             start = time.perf_counter()
-            chained(x)
+            chained(x).block_until_ready()
             return (time.perf_counter() - start) / CHAIN * 1e6
 
         def per_comp_fused() -> float:
             start = time.perf_counter()
-            fused_prog(x)
+            fused_prog(x).block_until_ready()
             return (time.perf_counter() - start) / CHAIN * 1e6
 
         def per_comp_op() -> float:
-            v: np.ndarray = x
+            v: Any = x
             start = time.perf_counter()
             for _ in range(op_calls):
                 v = op(v)
+            v.block_until_ready()
             return (time.perf_counter() - start) / op_calls * 1e6
 
         jax_us = workloads.jax_chain_us(n, CHAIN, repeats)

@@ -42,7 +42,7 @@ def _contend(programs: list[Any], x: Any, seconds: float) -> tuple[list[float], 
     def tenant(i: int) -> None:
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
-            programs[i](x)
+            programs[i](x).block_until_ready()
             done[i].append((t0, time.perf_counter()))
 
     threads = [threading.Thread(target=tenant, args=(i,)) for i in range(len(programs))]
@@ -73,7 +73,7 @@ def run(target_ms: tuple[float, ...], seconds: float, repeats: int) -> list[Figu
         x = workloads.size_input(n)
         for p in programs:
             p(x)
-        alone = [CHAIN / timed(lambda: programs[0](x)) for _ in range(max(repeats, MIN_REPEATS))]
+        alone = [CHAIN / timed(lambda: programs[0](x).block_until_ready()) for _ in range(max(repeats, MIN_REPEATS))]
         windows = [_contend(programs, x, seconds / repeats) for _ in range(repeats)]
         label = f"{ms:g} ms comps ({workloads.label(n)})"
         want = [w / sum(WEIGHTS) for w in WEIGHTS]
