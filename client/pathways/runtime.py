@@ -50,8 +50,9 @@ down gives each remaining bookkeeping call `EXIT_RPC_TIMEOUT_S`.
 
 The module runs to about 700 lines because it is the one place the client speaks the
 protocol: every call's RPCs, their deadlines and the translation of their errors read
-here. What it presents to the controller and the hosts lives in `credentials`, and the
-objects it owns (their drops and their lease) in `ownership`.
+here. What it presents to the controller and the hosts lives in `credentials`, its channels
+to the hosts in `host_channels`, and the objects it owns (their drops and their lease)
+in `ownership`.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ import numpy as np
 
 from pathways_wire import ir, transfer
 from pathways.array import Array, CallFuture
-from pathways.credentials import PresentToken, client_credentials, slice_token
+from pathways.credentials import PresentToken, client_credentials
 from pathways.embedded import LocalCluster, start_local_cluster
+from pathways.host_channels import GRPC_OPTIONS, HostChannels
 from pathways.ownership import Ownership
 from pathways_wire.errors import (
     ExecutionError,
@@ -99,10 +101,6 @@ as another process (``ClusterInfo.controller_id``) knows none of this client's s
 programs; they are placed and loaded again and the call runs again, once."""
 EXIT_RPC_TIMEOUT_S = 5.0
 """Deadline of the calls that free buffers and slices while the client shuts down."""
-_GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.max_receive_message_length", 64 << 20),
-]
 
 
 @dataclass(frozen=True)
@@ -129,18 +127,15 @@ class Runtime:
         self.address = address
         self.cluster = cluster
         self.client_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         credentials = client_credentials(cluster)
         self.controller = pb_grpc.ControllerStub(
             grpc.intercept_channel(self._channel, PresentToken(lambda: credentials))
         )
-        self._hosts: dict[str, pb_grpc.DataflowStub] = {}
-        self._host_channels: list[grpc.Channel] = []
         self._slices: dict[str, pb.SliceInfo] = {}
-        self._tokens: dict[str, str] = {}
-        """Host address -> its slice's token, as the controller last said."""
         self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._lock = threading.Lock()
+        self._hosts = HostChannels(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pw-io")
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
@@ -191,7 +186,7 @@ class Runtime:
         with self._lock:
             self._slices[decl.id] = info
             if info.token:
-                self._tokens.update((h.address, info.token) for h in info.hosts)
+                self._hosts.learn((h.address, info.token) for h in info.hosts)
         return info
 
     def describe(self) -> pb.ClusterInfo:
@@ -263,7 +258,7 @@ class Runtime:
             with self._lock:
                 self._slices.clear()
                 self._programs.clear()
-                self._tokens.clear()
+                self._hosts.forget_tokens()
                 self._controller_id = found
             return True
         return False
@@ -347,7 +342,7 @@ class Runtime:
             if not isinstance(err, Exception):  # interrupted: nobody waits for the transfers
                 for fut in in_flight:
                     fut.cancel()
-                self._abort_transfers()
+                self._hosts.abort()
             raise
 
     def _handles(
@@ -509,30 +504,13 @@ class Runtime:
 
     # ------------------------------------------------------------ hosts
 
-    def _abort_transfers(self) -> None:
-        """Cancel every call in flight to the hosts; channels reopen on next use."""
-        with self._lock:
-            channels, self._host_channels = self._host_channels, []
-            self._hosts.clear()
-        for channel in channels:
-            channel.close()
-
     def host(self, address: str) -> pb_grpc.DataflowStub:
-        with self._lock:
-            stub = self._hosts.get(address)
-            if stub is None:
-                channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
-                self._host_channels.append(channel)
-                stub = pb_grpc.DataflowStub(
-                    grpc.intercept_channel(channel, PresentToken(lambda: slice_token(self._tokens, address)))
-                )
-                self._hosts[address] = stub
-            return stub
+        return self._hosts.stub(address)
 
     def _learn_tokens(self, reply: pb.RunReply) -> None:
         if reply.host_tokens:
             with self._lock:
-                self._tokens.update(reply.host_tokens)
+                self._hosts.learn(reply.host_tokens.items())
 
     def _put(self, address: str, call_id: str, ref: ir.ValueRef, array: np.ndarray) -> None:
         try:
@@ -605,8 +583,7 @@ class Runtime:
             self.release_slices()
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            for ch in self._host_channels:
-                ch.close()
+            self._hosts.close()
             self._channel.close()
             if self.cluster is not None:
                 self.cluster.stop()
