@@ -64,6 +64,9 @@ entrypoint raised, called ``sys.exit``, or returned results that cannot be store
 keys that are not ConfigMap keys, values that are not JSON, more than 1 MiB); 143
 when stopped by SIGTERM (calls in flight are finished first, freeing their
 buffers on the hosts; no results file is written).
+
+The module runs to about 480 lines because it is one process's contract with the
+operator, read together: its command line, its signals, its reports and its exit statuses.
 """
 
 from __future__ import annotations

@@ -48,10 +48,11 @@ Every call to the controller or a host has a deadline, and an interrupted call
 so the process never waits at exit for a call nobody wants any more; shutting
 down gives each remaining bookkeeping call `EXIT_RPC_TIMEOUT_S`.
 
-The module runs to about 750 lines because it is the one place the client speaks
-the protocol: every RPC, its deadline and the translation of its errors read here,
-and so do the lifetimes of the calls and objects the client owns (which could move
-to a module of their own).
+The module runs to about 700 lines because it is the one place the client speaks the
+protocol: every call's RPCs, their deadlines and the translation of their errors read
+here. What it presents to the controller and the hosts lives in `credentials`, its channels
+to the hosts in `host_channels`, and the objects it owns (their drops and their lease)
+in `ownership`.
 """
 
 from __future__ import annotations
@@ -59,15 +60,13 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import queue
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -75,7 +74,10 @@ import numpy as np
 
 from pathways_wire import ir, transfer
 from pathways.array import Array, CallFuture
+from pathways.credentials import PresentToken, client_credentials
 from pathways.embedded import LocalCluster, start_local_cluster
+from pathways.host_channels import GRPC_OPTIONS, HostChannels
+from pathways.ownership import Ownership
 from pathways_wire.errors import (
     ExecutionError,
     PathwaysError,
@@ -84,13 +86,6 @@ from pathways_wire.errors import (
 )
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.driver_protocol import (
-    CLIENT_TOKEN_METADATA,
-    ENV_PROGRAM,
-    ENV_PROGRAM_TOKEN_FILE,
-    PROGRAM_METADATA,
-)
-from pathways_wire.slice_token import METADATA_KEY
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
@@ -106,10 +101,6 @@ as another process (``ClusterInfo.controller_id``) knows none of this client's s
 programs; they are placed and loaded again and the call runs again, once."""
 EXIT_RPC_TIMEOUT_S = 5.0
 """Deadline of the calls that free buffers and slices while the client shuts down."""
-_GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.max_receive_message_length", 64 << 20),
-]
 
 
 @dataclass(frozen=True)
@@ -136,18 +127,15 @@ class Runtime:
         self.address = address
         self.cluster = cluster
         self.client_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         credentials = client_credentials(cluster)
         self.controller = pb_grpc.ControllerStub(
-            grpc.intercept_channel(self._channel, _PresentToken(lambda: credentials))
+            grpc.intercept_channel(self._channel, PresentToken(lambda: credentials))
         )
-        self._hosts: dict[str, pb_grpc.DataflowStub] = {}
-        self._host_channels: list[grpc.Channel] = []
         self._slices: dict[str, pb.SliceInfo] = {}
-        self._tokens: dict[str, str] = {}
-        """Host address -> its slice's token, as the controller last said."""
         self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._lock = threading.Lock()
+        self._hosts = HostChannels(self._lock)
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pw-io")
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
@@ -158,14 +146,7 @@ class Runtime:
         self._bindings: dict[str, dict[str, str]] = {}
         """Program id -> its virtual slice ids' physical slice ids."""
         self._outstanding = threading.BoundedSemaphore(MAX_OUTSTANDING_CALLS)
-        self._kept: dict[str, CallFuture] = {}
-        """Calls that left objects some handle still holds."""
-        self._gone: queue.SimpleQueue[tuple[CallFuture, ir.ValueRef] | None] = queue.SimpleQueue()
-        """Handles whose last reference went, for the drop thread."""
-        self._stop = threading.Event()
-        self._lease_thread: threading.Thread | None = None
-        self._drop_thread = threading.Thread(target=self._drop_loop, name="pw-drops", daemon=True)
-        self._drop_thread.start()
+        self._ownership = Ownership(self.controller, self.client_id, self._lock, self._rpc_timeout)
         self._sent = 0
         self._received = 0
 
@@ -205,7 +186,7 @@ class Runtime:
         with self._lock:
             self._slices[decl.id] = info
             if info.token:
-                self._tokens.update((h.address, info.token) for h in info.hosts)
+                self._hosts.learn((h.address, info.token) for h in info.hosts)
         return info
 
     def describe(self) -> pb.ClusterInfo:
@@ -277,7 +258,7 @@ class Runtime:
             with self._lock:
                 self._slices.clear()
                 self._programs.clear()
-                self._tokens.clear()
+                self._hosts.forget_tokens()
                 self._controller_id = found
             return True
         return False
@@ -329,7 +310,7 @@ class Runtime:
             self._outstanding.release()
             raise
         outputs = self._handles(program, program_id, reply, call, inputs)
-        self._ensure_lease()
+        self._ownership.ensure_lease()
         # A daemon thread: the process may exit while a call it no longer needs runs.
         threading.Thread(target=self._await_call, args=(call,), name="pw-wait", daemon=True).start()
         return outputs
@@ -361,7 +342,7 @@ class Runtime:
             if not isinstance(err, Exception):  # interrupted: nobody waits for the transfers
                 for fut in in_flight:
                     fut.cancel()
-                self._abort_transfers()
+                self._hosts.abort()
             raise
 
     def _handles(
@@ -397,7 +378,7 @@ class Runtime:
                     sharding=functools.partial(_output_sharding, program.computations[ref.node], ref.index),
                 )
                 call.live[ref] = 1
-                handle.on_delete = weakref.finalize(handle, self._handle_gone, call, ref)
+                handle.on_delete = weakref.finalize(handle, self._ownership.handle_gone, call, ref)
             outputs.append(handle)
         return outputs
 
@@ -415,52 +396,12 @@ class Runtime:
         with self._lock:
             call.kept = frozenset() if error else frozenset(call.live)
             if call.kept:
-                self._kept[call.call_id] = call
+                self._ownership.keep(call)
             call.end(error)
             try:
                 self._finisher.submit(self._finish, call.call_id, tuple(call.kept))
             except RuntimeError:
                 pass  # closing: releasing the slices frees the call
-
-    def _handle_gone(self, call: CallFuture, ref: ir.ValueRef) -> None:
-        """A handle's last reference went (a weakref callback: it only queues, which is
-        safe wherever the garbage collector runs it)."""
-        self._gone.put((call, ref))
-
-    def _drop_loop(self) -> None:
-        """Frees the objects whose handles went, in batches, until `close`."""
-        while True:
-            gone = [self._gone.get()]
-            while not self._gone.empty():
-                gone.append(self._gone.get())
-            drops: list[pb.ObjectRef] = []
-            with self._lock:
-                for item in gone:
-                    if item is not None:
-                        drops += self._forget(*item)
-            if drops:
-                try:
-                    self.controller.DropObjects(
-                        pb.DropObjectsRequest(client=self.client_id, objects=drops),
-                        timeout=self._rpc_timeout(30),
-                    )
-                except grpc.RpcError:
-                    pass  # the lease frees them
-            if None in gone:
-                return
-
-    def _forget(self, call: CallFuture, ref: ir.ValueRef) -> list[pb.ObjectRef]:
-        """Counts a handle gone (the caller holds the lock); the object to drop, if kept."""
-        left = call.live.get(ref, 0) - 1
-        if left > 0:
-            call.live[ref] = left
-            return []
-        call.live.pop(ref, None)
-        if call.kept is None or ref not in call.kept:
-            return []  # the call still runs: its end does not keep it
-        if not call.live:
-            self._kept.pop(call.call_id, None)
-        return [pb.ObjectRef(call_id=call.call_id, value=ref.to_proto())]
 
     def _fetch_object(self, handle: Array) -> np.ndarray:
         assert handle.call is not None and handle.ref is not None
@@ -491,42 +432,6 @@ class Runtime:
             f"{handle.label()} of program '{handle.call.program if handle.call else ''}' on slice "
             f"'{handle.slice}' was lost: {why} since it was made; compute it again"
         )
-
-    def _drop_kept(self) -> None:
-        """The client closes: every object a handle still holds goes."""
-        with self._lock:
-            drops = [
-                pb.ObjectRef(call_id=call.call_id, value=ref.to_proto())
-                for call in self._kept.values() for ref in call.live
-            ]
-            self._kept.clear()
-        if drops:
-            try:
-                self.controller.DropObjects(
-                    pb.DropObjectsRequest(client=self.client_id, objects=drops),
-                    timeout=EXIT_RPC_TIMEOUT_S,
-                )
-            except grpc.RpcError:
-                pass
-
-    def _ensure_lease(self) -> None:
-        with self._lock:
-            if self._lease_thread is not None:
-                return
-            self._lease_thread = threading.Thread(target=self._keep_alive, name="pw-lease", daemon=True)
-        self._lease_thread.start()
-
-    def _keep_alive(self) -> None:
-        """Renews this client's lease on its calls and objects every third of the lease."""
-        period = 1.0
-        while True:
-            try:
-                reply = self.controller.KeepAlive(pb.KeepAliveRequest(client=self.client_id), timeout=10)
-                period = max(0.1, reply.lease_s / 3)
-            except grpc.RpcError:
-                pass
-            if self._stop.wait(period):
-                return
 
     def _run_to_end(
         self, program: ir.Program, request: pb.RunRequest, inputs: list[np.ndarray]
@@ -599,30 +504,13 @@ class Runtime:
 
     # ------------------------------------------------------------ hosts
 
-    def _abort_transfers(self) -> None:
-        """Cancel every call in flight to the hosts; channels reopen on next use."""
-        with self._lock:
-            channels, self._host_channels = self._host_channels, []
-            self._hosts.clear()
-        for channel in channels:
-            channel.close()
-
     def host(self, address: str) -> pb_grpc.DataflowStub:
-        with self._lock:
-            stub = self._hosts.get(address)
-            if stub is None:
-                channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
-                self._host_channels.append(channel)
-                stub = pb_grpc.DataflowStub(
-                    grpc.intercept_channel(channel, _PresentToken(lambda: _slice_token(self._tokens, address)))
-                )
-                self._hosts[address] = stub
-            return stub
+        return self._hosts.stub(address)
 
     def _learn_tokens(self, reply: pb.RunReply) -> None:
         if reply.host_tokens:
             with self._lock:
-                self._tokens.update(reply.host_tokens)
+                self._hosts.learn(reply.host_tokens.items())
 
     def _put(self, address: str, call_id: str, ref: ir.ValueRef, array: np.ndarray) -> None:
         try:
@@ -691,15 +579,11 @@ class Runtime:
         self._closing = True
         try:
             self._finisher.shutdown(wait=True)
-            self._gone.put(None)
-            self._drop_thread.join(timeout=EXIT_RPC_TIMEOUT_S)
-            self._drop_kept()
-            self._stop.set()
+            self._ownership.close(EXIT_RPC_TIMEOUT_S)
             self.release_slices()
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            for ch in self._host_channels:
-                ch.close()
+            self._hosts.close()
             self._channel.close()
             if self.cluster is not None:
                 self.cluster.stop()
@@ -712,65 +596,6 @@ def _output_sharding(computation: ir.Computation, index: int) -> str:
 
     hlo = jax.export.deserialize(bytearray(computation.artifact)).out_shardings_hlo[index]
     return "replicated" if hlo is None else str(hlo)
-
-
-class _PresentToken(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds credentials to every call, looked up per call (a relaunch may change a host's token)."""
-
-    def __init__(self, credentials: Callable[[], tuple[tuple[str, str], ...]]) -> None:
-        self._credentials = credentials
-
-    def _details(self, details: Any) -> Any:
-        extra = self._credentials()
-        if not extra:
-            return details
-        return details._replace(metadata=[*(details.metadata or ()), *extra])
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-
-def _slice_token(tokens: dict[str, str], address: str) -> tuple[tuple[str, str], ...]:
-    token = tokens.get(address, "")
-    return ((METADATA_KEY, token),) if token else ()
-
-
-def client_credentials(cluster: LocalCluster | None) -> tuple[tuple[str, str], ...]:
-    """What this client presents to its controller: its client token, and the program it runs for.
-
-    The embedded runtime's controller made a token at start (``LocalCluster.client_token``);
-    a driver pod reads its program's token from the mounted Secret
-    (``$PATHWAYS_PROGRAM_TOKEN_FILE``) and names its program (``$PATHWAYS_NAMESPACE``,
-    ``$PATHWAYS_PROGRAM``). Anything else presents no token, and the controller says so.
-    """
-    token = cluster.client_token if cluster is not None else ""
-    path = os.environ.get(ENV_PROGRAM_TOKEN_FILE, "")
-    if not token and path:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError as err:
-            raise RuntimeUnavailableError(
-                f"cannot read the client token {path} (${ENV_PROGRAM_TOKEN_FILE}): {err}"
-            ) from None
-    out: tuple[tuple[str, str], ...] = ((CLIENT_TOKEN_METADATA, token),) if token else ()
-    program = os.environ.get(ENV_PROGRAM, "")
-    if program:
-        out += ((PROGRAM_METADATA, f"{os.environ.get('PATHWAYS_NAMESPACE', '')}/{program}"),)
-    return out
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:

@@ -31,6 +31,10 @@ tail of its log. The kubelet is the one piece that is not real: see ``node_agent
 
 Processes run in their own sessions and die with their parent (see ``processes``);
 ``stop`` (or leaving the ``with`` block) terminates them in reverse order.
+
+The module runs to about 430 lines because ``ControlPlane`` is the order above: each
+component's flags name the files and ports of the ones before it; its certificates,
+ports and processes already live in ``pki``, ``ports`` and ``processes``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ tracks coverage, so "complete" means every element arrived exactly once.
 This module is shared by the client and the host sidecar; it imports only numpy
 and the wire protocol. It is one format, written and read: the specs, the pieces,
 the framing and the assembly agree byte for byte, so they stay side by side in one
-module of about 660 lines rather than split into halves that could drift apart.
+module of about 700 lines rather than split into halves that could drift apart.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pathways.runtime import client_credentials
+from pathways.credentials import client_credentials
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA
 from pathways_wire.errors import RuntimeUnavailableError
 

@@ -37,6 +37,10 @@ The decision (:func:`place_on_islands`) asks each island a few questions
 empty, which machines to use). :func:`place_gang` answers them by scanning every
 machine, which is the reference; ``free_capacity.CapacityIndex`` answers them from
 counts it keeps per island, for admission's many decisions against one inventory.
+
+The module runs to about 650 lines because the decision and its explanation are one
+concept: ``Unplaceable`` reads the same per-island fits that choose the island, so the
+message a waiting gang shows cannot disagree with why it waits.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ program's entrypoint. It runs in a pod of its own, owned by the program
   checks are read back from the Secrets;
 * ``kubectl logs <program>-driver`` shows its output; the pod stays after the
   program ends (it holds nothing then) and goes with the program.
+
+The module runs to about 500 lines because it is one concept: the pod, the token Secret
+that is the pod's one credential, and the checking of what the pod reports with that
+token are made, read back and deleted together by :class:`DriverPods`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,137 @@
+"""The objects one client owns on its hosts, and how long they live.
+
+A call's outputs that still have `pw.Array` handles when it ends stay on the hosts
+as objects this client owns. Dropping a handle's last reference queues its object;
+a drop thread frees the queued objects in batches (`DropObjects`). A lease thread
+renews the client's lease (`KeepAlive`) every third of the controller's lease, so
+a client that dies loses its objects within the lease. Closing frees what is left.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from pathways.array import CallFuture
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+
+
+class Ownership:
+    """The calls whose objects some handle still holds, their drops and their lease.
+
+    It shares the runtime's lock: a call's end decides what it keeps under the same
+    lock that counts its handles gone.
+    """
+
+    def __init__(
+        self,
+        controller: pb_grpc.ControllerStub,
+        client_id: str,
+        lock: threading.Lock,
+        rpc_timeout: Callable[[float], float],
+    ) -> None:
+        self._controller = controller
+        self._client_id = client_id
+        self._lock = lock
+        self._rpc_timeout = rpc_timeout
+        self._kept: dict[str, CallFuture] = {}
+        """Calls that left objects some handle still holds."""
+        self._gone: queue.SimpleQueue[tuple[CallFuture, ir.ValueRef] | None] = queue.SimpleQueue()
+        """Handles whose last reference went, for the drop thread."""
+        self._stop = threading.Event()
+        self._lease_thread: threading.Thread | None = None
+        self._drop_thread = threading.Thread(target=self._drop_loop, name="pw-drops", daemon=True)
+        self._drop_thread.start()
+
+    def keep(self, call: CallFuture) -> None:
+        """An ended call left objects that handles hold (the caller holds the lock)."""
+        self._kept[call.call_id] = call
+
+    def handle_gone(self, call: CallFuture, ref: ir.ValueRef) -> None:
+        """A handle's last reference went (a weakref callback: it only queues, which is
+        safe wherever the garbage collector runs it)."""
+        self._gone.put((call, ref))
+
+    def _drop_loop(self) -> None:
+        """Frees the objects whose handles went, in batches, until `close`."""
+        while True:
+            gone = [self._gone.get()]
+            while not self._gone.empty():
+                gone.append(self._gone.get())
+            drops: list[pb.ObjectRef] = []
+            with self._lock:
+                for item in gone:
+                    if item is not None:
+                        drops += self._forget(*item)
+            if drops:
+                try:
+                    self._controller.DropObjects(
+                        pb.DropObjectsRequest(client=self._client_id, objects=drops),
+                        timeout=self._rpc_timeout(30),
+                    )
+                except grpc.RpcError:
+                    pass  # the lease frees them
+            if None in gone:
+                return
+
+    def _forget(self, call: CallFuture, ref: ir.ValueRef) -> list[pb.ObjectRef]:
+        """Counts a handle gone (the caller holds the lock); the object to drop, if kept."""
+        left = call.live.get(ref, 0) - 1
+        if left > 0:
+            call.live[ref] = left
+            return []
+        call.live.pop(ref, None)
+        if call.kept is None or ref not in call.kept:
+            return []  # the call still runs: its end does not keep it
+        if not call.live:
+            self._kept.pop(call.call_id, None)
+        return [pb.ObjectRef(call_id=call.call_id, value=ref.to_proto())]
+
+    def _drop_kept(self, timeout_s: float) -> None:
+        """The client closes: every object a handle still holds goes."""
+        with self._lock:
+            drops = [
+                pb.ObjectRef(call_id=call.call_id, value=ref.to_proto())
+                for call in self._kept.values() for ref in call.live
+            ]
+            self._kept.clear()
+        if drops:
+            try:
+                self._controller.DropObjects(
+                    pb.DropObjectsRequest(client=self._client_id, objects=drops),
+                    timeout=timeout_s,
+                )
+            except grpc.RpcError:
+                pass
+
+    def ensure_lease(self) -> None:
+        with self._lock:
+            if self._lease_thread is not None:
+                return
+            self._lease_thread = threading.Thread(target=self._keep_alive, name="pw-lease", daemon=True)
+        self._lease_thread.start()
+
+    def _keep_alive(self) -> None:
+        """Renews this client's lease on its calls and objects every third of the lease."""
+        period = 1.0
+        while True:
+            try:
+                reply = self._controller.KeepAlive(pb.KeepAliveRequest(client=self._client_id), timeout=10)
+                period = max(0.1, reply.lease_s / 3)
+            except grpc.RpcError:
+                pass
+            if self._stop.wait(period):
+                return
+
+    def close(self, timeout_s: float) -> None:
+        """Drains the drops, frees every object left and stops the lease; each call waits
+        at most `timeout_s`."""
+        self._gone.put(None)
+        self._drop_thread.join(timeout=timeout_s)
+        self._drop_kept(timeout_s)
+        self._stop.set()
