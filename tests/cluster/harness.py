@@ -144,9 +144,21 @@ class Cluster:
             p = self.core.read_namespaced_pod(name, namespace)
             return p if p.status and p.status.phase in phases else None
 
-        return self.poll(
-            in_phase, timeout=timeout, what=f"pod {namespace}/{name} in {sorted(phases)}"
-        )
+        try:
+            return self.poll(
+                in_phase, timeout=timeout, what=f"pod {namespace}/{name} in {sorted(phases)}"
+            )
+        except AssertionError as err:
+            p = self.core.read_namespaced_pod(name, namespace)
+            status = p.status
+            conditions = "; ".join(
+                f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip()
+                for c in (status.conditions or ())
+            ) if status else ""
+            raise AssertionError(
+                f"{err}; the pod is in phase {status.phase if status else None!r} on node "
+                f"{p.spec.node_name!r}, conditions: {conditions or 'none'}"
+            ) from None
 
     def create_namespace(self, prefix: str = "t") -> str:
         """A fresh namespace, ready for pods (service account and root CA published)."""
