@@ -160,7 +160,7 @@ class Cluster:
                 f"{p.spec.node_name!r}, conditions: {conditions or 'none'}"
             ) from None
 
-    def create_namespace(self, prefix: str = "t") -> str:
+    def create_namespace(self, prefix: str = "t", timeout: float = 30.0) -> str:
         """A fresh namespace, ready for pods (service account and root CA published)."""
         name = (
             f"{re.sub(r'[^a-z0-9-]+', '-', prefix.lower())[:40].strip('-')}-{secrets.token_hex(3)}"
@@ -170,7 +170,7 @@ class Cluster:
             "/api/v1/namespaces",
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
         )
-        self.control_plane.wait_namespace_ready(name, timeout=30.0)
+        self.control_plane.wait_namespace_ready(name, timeout=timeout)
         return name
 
     def start_agent(

@@ -137,7 +137,7 @@ def test_extra_agent_serves_its_island_with_rewritten_mount_paths(
     )
 
 
-@pytest.mark.timeout(120, func_only=True)
+@pytest.mark.timeout(240, func_only=True)
 def test_agent_rides_out_an_apiserver_restart(cluster: Cluster, namespace: str) -> None:
     started = time.monotonic()
     cluster.control_plane.restart("kube-apiserver", down_seconds=2.0)
@@ -149,6 +149,9 @@ def test_agent_rides_out_an_apiserver_restart(cluster: Cluster, namespace: str) 
     # machine loaded by a second cluster tier, for the Node's lease to be seen fresh again).
     done = cluster.wait_pod_phase(namespace, "after-restart", {"Succeeded", "Failed"}, timeout=90)
     assert done.status.phase == "Succeeded"
+    # The controller-manager, whose watches the restart cut too, serves a new namespace
+    # again before the next test needs one.
+    cluster.create_namespace("after-restart-probe", timeout=90)
 
 
 @pytest.mark.timeout(60, func_only=True)
