@@ -229,9 +229,16 @@ def exit_after(seconds: float, cleanup: Callable[[], None] = lambda: None, code:
 
 
 def signal_group(pid: int, sig: int) -> bool:
-    """Send ``sig`` to the process group led by ``pid``; False if it is gone."""
+    """Send ``sig`` to the process group led by ``pid``; False if it is gone.
+
+    A SIGTERM is followed by a SIGCONT, as ``kill`` and the kubelet do: a stopped
+    member (SIGSTOP, a debugger) would otherwise keep the SIGTERM pending and sit
+    out the whole grace period before its SIGKILL.
+    """
     try:
         os.killpg(pid, sig)
+        if sig == signal.SIGTERM:
+            os.killpg(pid, signal.SIGCONT)
     except (ProcessLookupError, PermissionError):
         return False
     return True

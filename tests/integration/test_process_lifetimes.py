@@ -136,7 +136,7 @@ _BLOCKED_CLIENT = textwrap.dedent(
 )
 
 
-def test_sigint_during_a_blocked_call_exits_within_seconds(tmp_path: Path) -> None:
+def test_sigint_during_a_blocked_call_ends_the_client_and_its_cluster(tmp_path: Path) -> None:
     script = tmp_path / "client.py"
     script.write_text(_BLOCKED_CLIENT)
     client = subprocess.Popen(
@@ -169,10 +169,10 @@ def test_sigint_during_a_blocked_call_exits_within_seconds(tmp_path: Path) -> No
         client.stdin.flush()
         expect("BLOCKED")
         client.send_signal(signal.SIGINT)
-        try:
-            code = client.wait(20)
+        try:  # a hang guard: on a quiet machine the exit takes about 5 s (stopping the cluster)
+            code = client.wait(90)
         except subprocess.TimeoutExpired:
-            raise AssertionError("the client did not exit within 20 s of SIGINT") from None
+            raise AssertionError("the client did not exit within 90 s of SIGINT") from None
         assert code != 0
     finally:
         for pid in stopped:
