@@ -16,8 +16,9 @@ call is:
 A call is asynchronous: `run` returns `pw.Array` handles (`array`) once the
 controller accepted the call and the inputs are sent; a waiter thread learns
 how it ended and frees it, keeping the outputs that still have handles as
-objects on the hosts. A handle passed to a later call on the same slice is
-bound in place there (`RunRequest.objects`): no bytes through the client.
+objects on the hosts. A handle passed to a later call names its object
+(`RunRequest.objects`): bound in place on the slice that holds it, sent host
+to host to any other slice that reads it; no bytes through the client.
 Dropping a handle's last reference frees its object (`DropObjects`, in
 batches); a client keeps its objects alive with `KeepAlive` every third of
 the controller's lease, so a client that dies loses them within the lease.
@@ -271,7 +272,7 @@ class Runtime:
         )
         arrays: dict[int, np.ndarray] = {}
         for i, given in enumerate(inputs):
-            if isinstance(given, Array) and self._in_place(program, program_id, i, given):
+            if isinstance(given, Array) and self._is_object(given):
                 assert given.call is not None and given.ref is not None
                 request.objects.add(
                     index=i,
@@ -315,17 +316,11 @@ class Runtime:
         threading.Thread(target=self._await_call, args=(call,), name="pw-wait", daemon=True).start()
         return outputs
 
-    def _in_place(self, program: ir.Program, program_id: str, index: int, given: Array) -> bool:
-        """Whether input `index` can be the object itself: every computation reading
-        it runs on the slice that holds it. Otherwise its bytes go through the client."""
-        if not given.on_hosts or getattr(given._fetch, "__self__", None) is not self:
-            return False
-        bindings = self._bindings.get(program_id, {})
-        readers = {
-            bindings.get(c.slice) for c in program.computations
-            for v in c.inputs if v.is_program_input and v.index == index
-        }
-        return readers == {given.slice_id}
+    def _is_object(self, given: Array) -> bool:
+        """Whether the input can name the object itself: the controller binds it in place
+        where its own slice reads it and has its hosts send it to any other slice that does.
+        Otherwise (a carried value, or another runtime's handle) its bytes go through the client."""
+        return given.on_hosts and getattr(given._fetch, "__self__", None) is self
 
     def _put_inputs(self, reply: pb.RunReply, call_id: str, arrays: dict[int, np.ndarray]) -> None:
         in_flight: list[Future[Any]] = []

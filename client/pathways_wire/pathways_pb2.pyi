@@ -1193,7 +1193,9 @@ class Launch(_message.Message):
 
     @_builtins.property
     def aliases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Alias]:
-        """program inputs that are objects in this host's store (same slice)"""
+        """program inputs that are objects in this host's store (same slice); those
+        held on another slice come host to host (`Forward`) and are in `expects`
+        """
 
     def __init__(
         self,
@@ -1262,6 +1264,57 @@ class DropObjects(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DropObjects: _TypeAlias = DropObjects  # noqa: Y015
+
+@_typing.final
+class Forward(_message.Message):
+    """Send `object`, held in this host's store, to the hosts of another slice that
+    read it as program input `input` of call `call_id` (its client passed the
+    handle to a call on that slice): host to host, as routed values go. The
+    object stays; the copy is the call's input, freed with the call.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    DESTINATIONS_FIELD_NUMBER: _builtins.int
+    DESTINATION_TOKENS_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    @_builtins.property
+    def object(self) -> Global___ObjectRef: ...
+    @_builtins.property
+    def input(self) -> Global___ValueRef: ...
+    @_builtins.property
+    def spec(self) -> Global___TensorSpec:
+        """the input's declared spec"""
+
+    @_builtins.property
+    def destinations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """sidecar addresses of the reading hosts"""
+
+    @_builtins.property
+    def destination_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """their slice's token, same order"""
+
+    def __init__(
+        self,
+        *,
+        object: Global___ObjectRef | None = ...,
+        call_id: _builtins.str = ...,
+        input: Global___ValueRef | None = ...,
+        spec: Global___TensorSpec | None = ...,
+        destinations: _abc.Iterable[_builtins.str] | None = ...,
+        destination_tokens: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "object", b"object", "spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "destination_tokens", b"destination_tokens", "destinations", b"destinations", "input", b"input", "object", b"object", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Forward: _TypeAlias = Forward  # noqa: Y015
 
 @_typing.final
 class Route(_message.Message):
@@ -1404,6 +1457,7 @@ class HostCommand(_message.Message):
     FAIL_FIELD_NUMBER: _builtins.int
     RELEASE_FIELD_NUMBER: _builtins.int
     DROP_FIELD_NUMBER: _builtins.int
+    FORWARD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -1416,6 +1470,8 @@ class HostCommand(_message.Message):
     def release(self) -> Global___ReleaseCall: ...
     @_builtins.property
     def drop(self) -> Global___DropObjects: ...
+    @_builtins.property
+    def forward(self) -> Global___Forward: ...
     def __init__(
         self,
         *,
@@ -1425,12 +1481,13 @@ class HostCommand(_message.Message):
         fail: Global___FailCall | None = ...,
         release: Global___ReleaseCall | None = ...,
         drop: Global___DropObjects | None = ...,
+        forward: Global___Forward | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop", "forward"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -1788,6 +1845,7 @@ class WorkerCommand(_message.Message):
     ARRIVAL_FIELD_NUMBER: _builtins.int
     EXPORT_FIELD_NUMBER: _builtins.int
     DROP_FIELD_NUMBER: _builtins.int
+    FORWARD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -1808,6 +1866,10 @@ class WorkerCommand(_message.Message):
 
     @_builtins.property
     def drop(self) -> Global___DropObjects: ...
+    @_builtins.property
+    def forward(self) -> Global___Forward:
+        """write an object's pieces for other hosts"""
+
     def __init__(
         self,
         *,
@@ -1819,12 +1881,13 @@ class WorkerCommand(_message.Message):
         arrival: Global___Arrival | None = ...,
         export: Global___ExportRequest | None = ...,
         drop: Global___DropObjects | None = ...,
+        forward: Global___Forward | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop", "forward"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 

@@ -2,8 +2,9 @@
 
 Inline inputs and outputs count once; a large input counts once per host it is Put
 to; an output counts once, when the client first asks for its bytes; an output that
-is a program input passes nothing; a handle passed to a call on the slice that holds
-it passes nothing either, so a training loop's traffic is its batches.
+is a program input passes nothing; a handle passed to a call passes nothing either
+(used in place on its slice, sent host to host to another), so a training loop's
+traffic is its batches.
 """
 
 from __future__ import annotations

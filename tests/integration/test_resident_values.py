@@ -1,7 +1,8 @@
 """Values stay on the hosts: `pw.Array` handles, asynchronous calls, client-owned objects.
 
-A call returns handles at once; a handle passed to the next call on the same slice
-moves no bytes through the client (`Runtime.traffic`); an error surfaces where a
+A call returns handles at once; a handle passed to the next call moves no bytes
+through the client (`Runtime.traffic`): on the same slice it is used in place, on
+another slice or island it goes host to host; an error surfaces where a
 handle is first used; dropping the last handle, or the client dying, frees the value
 in the hosts' stores.
 """
@@ -229,19 +230,77 @@ def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtim
     with pytest.raises(pw.ExecutionError) as used:
         plus_one(held)
     assert "slice 'lost'" in str(used.value) and "lost" in str(used.value), str(used.value)
+    with pytest.raises(pw.ExecutionError) as elsewhere:
+        plus_one_on("lost-reader", devices=1)(held)
+    text = str(elsewhere.value)
+    assert "program 'lost-reader'" in text and "input 0" in text and "slice 'lost'" in text, text
     with pytest.raises(pw.PathwaysError) as fetched:
         np.asarray(held)
     assert "slice 'lost'" in str(fetched.value), str(fetched.value)
 
 
-def test_a_handle_consumed_on_another_slice_gives_the_right_values(runtime: pw.Runtime) -> None:
-    """Not in place: today its bytes pass through the client (host to host is still to come)."""
-    first = plus_one_on("here", devices=1)
-    second = plus_one_on("there", devices=4)
+def stage_programs(
+    name: str, island: str, reader_island: str, step: Callable[[Any], Any] = lambda v: v * 3.0
+) -> tuple[pw.ProgramFunction, pw.ProgramFunction]:
+    """`step` sharded over two hosts (8 devices) of `island`, and `v + 1` on one host of
+    `reader_island`, replicated: a value read there is resharded on the way."""
+    ds = pw.make_virtual_device_set()
+    holder = ds.add_slice(devices=8, island=island)
+    reader = ds.add_slice(devices=4, island=reader_island)
+    made = pw.jit(step, slice=holder, in_shardings=P("x"), out_shardings=P("x"))
+    plus = pw.jit(lambda v: v + 1.0, slice=reader, in_shardings=P(), out_shardings=P())
 
-    made = first(np.zeros(BIG, np.float32))
+    @pw.program(name=f"{name}-make")
+    def make(v: Any) -> Any:
+        return made(v)
+
+    @pw.program(name=f"{name}-read")
+    def read(v: Any) -> Any:
+        return plus(v)
+
+    return make, read
+
+
+@pytest.mark.parametrize("islands", [("island-a", "island-b"), ("island-a", "island-a")])
+def test_a_handle_read_on_another_slice_goes_host_to_host_and_stays_on_its_own(
+    runtime: pw.Runtime, islands: tuple[str, str]
+) -> None:
+    make, read = stage_programs(f"hop-{islands[1]}", *islands)
+    x = np.arange(BIG, dtype=np.float32)
+    made = make(x)
+    made.block_until_ready()
+
     before = runtime.traffic
-    moved = second(made)
+    moved = read(made)
+    moved.block_until_ready()
+    passed = runtime.traffic - before
 
-    np.testing.assert_allclose(np.asarray(moved), np.full(BIG, 2.0))
-    assert (runtime.traffic - before).received >= made.nbytes
+    assert (passed.sent, passed.received) == (0, 0), "the handle's value went host to host"
+    np.testing.assert_allclose(np.asarray(moved), x * 3.0 + 1.0)
+    assert (runtime.traffic - before).received == moved.nbytes, "only the fetch passes the client"
+    assert set(made.hosts).isdisjoint(moved.hosts) and len(made.hosts) == 2
+    np.testing.assert_allclose(np.asarray(made), x * 3.0)  # the holder keeps its value
+    np.testing.assert_allclose(np.asarray(read(made)), x * 3.0 + 1.0)  # and sends it again
+
+    holder_hosts, reader_hosts = made.hosts, moved.hosts
+    del moved
+    gc.collect()
+    wait_until("the reader's copies freed with its calls", lambda: store_bytes(runtime, reader_hosts) == 0, 30)
+    assert store_bytes(runtime, holder_hosts) == made.nbytes, "the holder's object stays"
+    made.delete()
+    wait_until("the deleted object freed", lambda: store_bytes(runtime, holder_hosts) == 0, 30)
+
+
+def test_a_handle_passed_on_before_its_call_finished_arrives_once_computed(runtime: pw.Runtime) -> None:
+    """The reader is dispatched while the maker still loops: its hosts wait for the value."""
+    loops = 1_000_000  # about half a second here: the reader goes out long before
+    make, read = stage_programs(
+        "hop-early", "island-a", "island-b",
+        step=lambda v: jax.lax.fori_loop(0, loops, lambda i, a: a + 1.0, v),
+    )
+    x = np.zeros(BIG, dtype=np.float32)
+    before = runtime.traffic
+    moved = read(make(x))
+
+    np.testing.assert_allclose(np.asarray(moved), np.full(BIG, loops + 1.0))
+    assert (runtime.traffic - before).sent == 2 * x.nbytes, "only the maker's input, to its two hosts"

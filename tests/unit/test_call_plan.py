@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from pathways_wire import ir
-from pathways_operator.controller.plans import INLINE_OUTPUT_BYTES, call_launches, host_program, plan_call
+from pathways_wire import pathways_pb2 as pb
+from pathways_operator.controller.plans import (
+    INLINE_OUTPUT_BYTES, call_launches, host_program, place_object, plan_call,
+)
 from pathways_operator.controller.programs import ProgramRecord
 from tests.unit.controller_builders import F32, FakeHost, comp, slice_record, two_slice_program
 
@@ -56,8 +59,6 @@ def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
 
 
 def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> None:
-    from pathways_wire import pathways_pb2 as pb
-
     inp0, inp1 = ir.ValueRef(ir.PROGRAM_INPUT, 0), ir.ValueRef(ir.PROGRAM_INPUT, 1)
     program = ir.Program(
         name="p",
@@ -115,3 +116,34 @@ def test_a_new_gang_generation_gets_a_new_plan() -> None:
     _, launches = call_launches(prec, slices, "c2", [])
     assert prec.launch_plan is not first
     assert [list(r.destinations) for r in launches["a"][0].routes] == [["10.0.b.9:1"]]
+
+
+def test_an_object_input_is_used_in_place_on_its_slice_and_sent_host_to_host_to_the_others() -> None:
+    inp = ir.ValueRef(ir.PROGRAM_INPUT, 0)
+    program = ir.Program(
+        name="p", inputs=(F32,),
+        computations=(comp(0, "a", inp), comp(1, "b", inp), comp(2, "c", inp)),
+        outputs=(ir.ValueRef(0, 0),),
+        slices=(ir.SliceDecl("a", "a", 4), ir.SliceDecl("b", "b", 8), ir.SliceDecl("c", "c", 4)),
+    )
+    holder = slice_record("h", 2, token="tok-h")
+    slices = {"a": holder, "b": slice_record("b", 2, token="tok-b"), "c": slice_record("c", 1, token="tok-c")}
+    obj = pb.ObjectRef(call_id="made", value=pb.ValueRef(node=3, index=1))
+
+    placed = place_object(program, "c1", 0, obj, holder, slices)
+
+    assert list(placed.aliases) == ["a"] and placed.aliases["a"].object == obj
+    assert {vid: e.senders for vid, e in placed.expects.items()} == {"b": 2, "c": 2}, "from each holder host"
+    forward = placed.forward
+    assert forward is not None
+    assert (forward.call_id, forward.input.node, forward.input.index, forward.object) == ("c1", -1, 0, obj)
+    assert list(forward.destinations) == ["10.0.b.0:1", "10.0.b.1:1", "10.0.c.0:1"]
+    assert list(forward.destination_tokens) == ["tok-b", "tok-b", "tok-c"]
+    assert forward.spec == F32.to_proto()
+
+
+def test_an_object_read_only_on_its_own_slice_leaves_nothing_to_send() -> None:
+    holder = slice_record("a", 1)
+    slices = {"a": holder, "b": slice_record("b", 1)}
+    placed = place_object(two_slice_program(), "c1", 0, pb.ObjectRef(call_id="made"), holder, slices)
+    assert list(placed.aliases) == ["a"] and placed.expects == {} and placed.forward is None

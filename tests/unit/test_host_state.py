@@ -37,6 +37,7 @@ from pathways_worker.worker.stimuli import (
     ExportWritten,
     GrantId,
     GrantsReceived,
+    ObjectForwarded,
     ObjectsDropped,
     ProgramLoaded,
     TimerFired,
@@ -483,6 +484,52 @@ def test_an_input_bound_to_an_object_the_host_does_not_hold_fails_its_computatio
     (batch,) = only(FinishBatch, state.handle(grants("c2", 0)))
 
     assert "input object output 0 of computation 1 of call gone is not on host host-0" in batch.grants[0].error
+
+
+def forwarded(source: ObjectId, call_id: str = "c9") -> ObjectForwarded:
+    """Call `call_id` on another slice reads `source` as its program input 0."""
+    return ObjectForwarded(source, ObjectId(call_id, INPUT), pb.TensorSpec(shape=[4], dtype="float32"))
+
+
+def test_a_forwarded_object_is_exported_as_the_reading_calls_input_and_stays() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    run_chain(state, state.handle(grants("c1", 0, 1)))
+    state.handle(CallReleased("c1", keep=frozenset({(1, 0)})))
+
+    (export,) = only(Export, state.handle(forwarded(ObjectId("c1", (1, 0)))))
+
+    assert (export.oid, export.token, export.value, export.error, export.release) == (
+        ObjectId("c9", INPUT), 0, "c1-out1", "", False,
+    ), "pushed (token 0) to the reading hosts under the reading call's input"
+    assert state.store.get(ObjectId("c1", (1, 0))) is not None and state.store.used == OUT_BYTES
+
+
+def test_a_forward_of_an_object_still_being_computed_waits_for_it() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+
+    waiting = state.handle(forwarded(ObjectId("c1", (1, 0))))
+    said = run_chain(state, state.handle(grants("c1", 0, 1)))
+
+    assert only(Export, waiting) == []
+    (export,) = only(Export, said)
+    assert (export.oid, export.value) == (ObjectId("c9", INPUT), "c1-out1")
+
+
+def test_a_forward_of_a_failed_or_missing_object_exports_why_naming_it() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))
+    state.handle(forwarded(ObjectId("c1", (1, 0))))
+    failed = state.handle(CallFailed("c1", "a peer failed"))
+    (missing,) = only(Export, state.handle(forwarded(ObjectId("gone", (1, 0)), call_id="c8")))
+
+    (export,) = only(Export, failed)
+    assert export.value is None and export.declared == pb.TensorSpec(shape=[4], dtype="float32")
+    assert "input object output 0 of computation 1 of call c1 failed on host host-0" in export.error
+    assert "a peer failed" in export.error
+    assert missing.oid == ObjectId("c8", INPUT) and missing.value is None
+    assert "output 0 of computation 1 of call gone is not on host host-0" in missing.error
 
 
 # ---------------------------------------------------------------- timers

@@ -11,7 +11,9 @@ round trip for a client whose inputs and outputs are small.
 
 Calls leave objects (`objects`): a call's outputs are entered when it starts,
 a program input that names one is bound in place on the hosts that hold it
-(`Launch.aliases`), and `finish_call` keeps those its client still holds.
+(`Launch.aliases`) and sent host to host to those of any other slice reading
+it (`Forward`; the call fails if that gang is lost while it runs), and
+`finish_call` keeps those its client still holds.
 Clients that say `keep_alive` hold a lease (`core.client_leases`): when it
 lapses, their calls and objects are freed on every host.
 """
@@ -30,7 +32,7 @@ from pathways_operator.controller.host_link import HostLink
 from pathways_operator.controller.objects import (
     ObjectKey, ObjectRecord, ObjectTable, object_key, object_label, object_ref,
 )
-from pathways_operator.controller.plans import call_launches, host_program
+from pathways_operator.controller.plans import ObjectPlacement, call_launches, host_program, place_object
 from pathways_operator.controller.programs import ProgramRecord, Programs
 from pathways_operator.controller.slices import SliceRecord, SliceTable
 from pathways_operator.core.call_tracking import CallProgress, CallState
@@ -62,6 +64,8 @@ class CallRecord:
     started: float = field(default_factory=time.monotonic)
     values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
     """Outputs that came back inline with their completions."""
+    sources: dict[str, list[int]] = field(default_factory=dict)
+    """Slice id -> the program inputs its hosts send to this call (objects, `Forward`)."""
 
     @property
     def call_id(self) -> str:
@@ -118,10 +122,13 @@ class Calls:
                     )
                 self._slices.wait_ready(rec, time.monotonic() + READY_WAIT_S)
                 slices[vid] = rec
-            aliases = self._aliases(prec, slices, call_id, objects, client)
+            placed = self._place_objects(prec, slices, call_id, objects, client)
             reply, launches = call_launches(prec, slices, call_id, inputs)
-            for vid, bound in aliases.items():
-                launches[vid][0].aliases.extend(bound)  # one Launch message per slice
+            for _, p in placed:
+                for vid, alias in p.aliases.items():
+                    launches[vid][0].aliases.append(alias)  # one Launch message per slice
+                for vid, expect in p.expects.items():
+                    launches[vid][0].expects.append(expect)
             for obj in objects:
                 del reply.inputs[obj.index].hosts[:]
             for ref in program.outputs:
@@ -141,6 +148,9 @@ class Calls:
                     total=len(program.computations),
                 ),
             )
+            for holder, p in placed:
+                if p.forward is not None:
+                    self._calls[call_id].sources.setdefault(holder.slice_id, []).append(p.forward.input.index)
             for vid, rec in slices.items():
                 if program_id not in rec.loaded:
                     loaded = host_program(program, program_id, vid)
@@ -149,21 +159,26 @@ class Calls:
                     rec.loaded.add(program_id)
                 for link, launch in zip(rec.links, launches[vid]):
                     link.send(pb.HostCommand(launch=launch))
+            for holder, p in placed:
+                if p.forward is not None:
+                    forward = pb.HostCommand(forward=p.forward)
+                    for link in holder.links:
+                        link.send(forward)
             self._scheduler.submit(call_id, weight if weight > 0 else 1.0, prec.scheduled())
             self._dispatch_grants()
             return reply
 
-    def _aliases(
+    def _place_objects(
         self,
         prec: ProgramRecord,
         slices: dict[str, SliceRecord],
         call_id: str,
         objects: Sequence[pb.ObjectInput],
         client: str,
-    ) -> dict[str, list[pb.Alias]]:
-        """Per slice, the program inputs bound to objects its hosts hold already."""
+    ) -> list[tuple[SliceRecord, ObjectPlacement]]:
+        """Where each object input comes from (`plans.place_object`), with the gang holding it."""
         program = prec.program
-        aliases: dict[str, list[pb.Alias]] = defaultdict(list)
+        placed: list[tuple[SliceRecord, ObjectPlacement]] = []
         for obj in objects:
             use = f"program '{program.name}' call {call_id} input {obj.index}"
             if not 0 <= obj.index < len(program.inputs):
@@ -178,19 +193,8 @@ class Calls:
                     f"{use}: {object_label(key)} was lost: slice '{record.slice_name}' was "
                     "released or its gang relaunched since the object was made",
                 )
-            readers = {c.slice for c in program.computations for v in c.inputs
-                       if v.is_program_input and v.index == obj.index}
-            for vid in readers:
-                if slices[vid].slice_id != record.slice_id:
-                    raise ControllerError(
-                        "INVALID_ARGUMENT",
-                        f"{use}: {object_label(key)} lives on slice '{record.slice_name}', but "
-                        f"the input is read on slice '{slices[vid].decl.name}'; pass its value instead",
-                    )
-                aliases[vid].append(
-                    pb.Alias(input=pb.ValueRef(node=-1, index=obj.index), object=obj.object)
-                )
-        return aliases
+            placed.append((holder, place_object(program, call_id, obj.index, obj.object, holder, slices)))
+        return placed
 
     def run_to_end(
         self,
@@ -308,6 +312,7 @@ class Calls:
         )
         affected = self._scheduler.reset_slice(slice_id)
         for call in self._calls.values():
+            sent = call.sources.pop(slice_id, None)
             if call.progress.running and (
                 slice_id in call.progress.slices or call.call_id in affected
             ):
@@ -316,6 +321,13 @@ class Calls:
                     f"program '{call.program.program.name}' call {call.call_id}: host "
                     f"{host_name} of slice '{rec.decl.name}' failed ({reason}); "
                     "the slice is being relaunched",
+                )
+            elif call.progress.running and sent:
+                self._fail_call(
+                    call,
+                    f"program '{call.program.program.name}' call {call.call_id}: input "
+                    f"{', '.join(map(str, sent))} comes from slice '{rec.decl.name}', whose host "
+                    f"{host_name} failed ({reason}); the object it names is lost",
                 )
             call.progress.forget_slice(slice_id)
 

@@ -7,12 +7,17 @@ where to put its inputs and where its outputs live. The plan depends only on
 the program and the gangs (slice id and generation), so it is made once per
 program and set of gangs and then stamped with each call's id and its small
 inputs. The island scheduler's grants, not the plan, decide when hosts run.
+
+A program input that names an object (a handle the client passed back) is
+placed per call (`place_object`): bound in place on the slice that holds it,
+and sent host to host from the holding hosts to every other slice reading it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pathways_wire import ir
@@ -158,3 +163,55 @@ def call_launches(
         if 0 <= x.value.index < len(reply.inputs):
             del reply.inputs[x.value.index].hosts[:]  # it came with the call
     return reply, stamped
+
+
+@dataclass
+class ObjectPlacement:
+    """Where one object input of a call comes from, per reading slice (virtual id)."""
+
+    aliases: dict[str, pb.Alias] = field(default_factory=dict)
+    """Slices holding the object: the input is the object, in place."""
+    expects: dict[str, pb.Expect] = field(default_factory=dict)
+    """Other slices: the input arrives from every host of the holding slice."""
+    forward: pb.Forward | None = None
+    """What the holding slice's hosts send, and to whom (None: nothing leaves them)."""
+
+
+def place_object(
+    program: ir.Program,
+    call_id: str,
+    index: int,
+    obj: pb.ObjectRef,
+    holder: PlannedGang,
+    slices: Mapping[str, PlannedGang],
+) -> ObjectPlacement:
+    """Program input `index` of the call is the object `obj`, held by the gang `holder`.
+
+    Each slice reading the input on the holder's gang uses the object in place;
+    every other reading slice expects it from each of the holder's hosts, which
+    send it on as the routed values of a program go (the receivers assemble it
+    and take it in their own sharding)."""
+    placed = ObjectPlacement()
+    value = pb.ValueRef(node=ir.PROGRAM_INPUT, index=index)
+    destinations: list[str] = []
+    tokens: list[str] = []
+    readers = sorted({
+        c.slice for c in program.computations
+        for v in c.inputs if v.is_program_input and v.index == index
+    })
+    for vid in readers:
+        gang = slices[vid]
+        if gang.slice_id == holder.slice_id:
+            placed.aliases[vid] = pb.Alias(input=value, object=obj)
+            continue
+        placed.expects[vid] = pb.Expect(value=value, senders=len(holder.hosts))
+        for host in gang.hosts:
+            if host.sidecar_address not in destinations:
+                destinations.append(host.sidecar_address)
+                tokens.append(gang.token)
+    if destinations:
+        placed.forward = pb.Forward(
+            object=obj, call_id=call_id, input=value, spec=program.inputs[index].to_proto(),
+            destinations=destinations, destination_tokens=tokens,
+        )
+    return placed

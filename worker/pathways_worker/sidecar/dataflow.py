@@ -10,7 +10,9 @@
   (`pathways_worker.sidecar.data_channel`), or on the same machine hand over the
   files; its pieces go to the same inbox as Put's.
 * Exports: a routed value the worker wrote to shared memory is pushed to its
-  destinations; a fetched one is streamed back to the client.
+  destinations; a fetched one is streamed back to the client. An object the
+  controller forwards (`Forward`: another slice's call reads it) is routed
+  the same way, once, as that call's program input.
 
 Errors that a caller should see carry a gRPC status code (`HostError`); the
 service turns them into the RPC's status.
@@ -82,6 +84,8 @@ class Dataflow:
         )
         self._lock = threading.Lock()
         self._routes: dict[tuple[str, Ref], tuple[str, ...]] = {}
+        self._forwards: dict[tuple[str, Ref], tuple[str, ...]] = {}
+        """(reading call, its program input) -> destinations, until pushed once."""
         self._released: set[str] = set()
         self._fetches: dict[int, _FetchWaiter] = {}
         self._tokens = itertools.count(1)
@@ -143,8 +147,16 @@ class Dataflow:
                 self._released.add(call_id)
                 for key in [k for k in self._routes if k[0] == call_id]:
                     del self._routes[key]
+                for key in [k for k in self._forwards if k[0] == call_id]:
+                    del self._forwards[key]
         elif kind == "drop":
             self.link.send(pb.WorkerCommand(drop=command.drop))
+        elif kind == "forward":
+            forward = command.forward
+            with self._lock:
+                self._forwards[(forward.call_id, ref_of(forward.input))] = tuple(forward.destinations)
+                self.pusher.learn_tokens(forward.destinations, forward.destination_tokens)
+            self.link.send(pb.WorkerCommand(forward=forward))
         else:
             log.warning("ignoring empty HostCommand")
 
@@ -165,7 +177,7 @@ class Dataflow:
     def _push(self, exported: pb.Exported) -> None:
         key = (exported.call_id, ref_of(exported.value))
         with self._lock:
-            destinations = self._routes.get(key, ())
+            destinations = self._routes.get(key) or self._forwards.pop(key, ())
             released = exported.call_id in self._released
         if released:
             remove_pieces(exported)

@@ -62,6 +62,8 @@ class CallPlan:
     def origin(self, ref: Ref) -> str:
         """Where a value comes from, for errors about a value that never arrived."""
         node = ref[0]
+        if node < 0 and ref in self.expects:
+            return f"the {self.expects[ref]} host(s) holding the object passed as this program input"
         if node < 0:
             return "the client (program input put to this host)"
         if node in self.computations:

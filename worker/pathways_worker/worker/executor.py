@@ -118,6 +118,13 @@ class Executor:
             self._feed(stimuli.ObjectsDropped(tuple(
                 ObjectId(o.call_id, ref_of(o.value)) for o in command.drop.objects
             )))
+        elif kind == "forward":
+            forward = command.forward
+            self._feed(stimuli.ObjectForwarded(
+                ObjectId(forward.object.call_id, ref_of(forward.object.value)),
+                ObjectId(forward.call_id, ref_of(forward.input)),
+                forward.spec,
+            ))
         elif kind == "arrival":
             self._feed(self._arrived(command.arrival))
         elif kind == "export":

@@ -14,8 +14,10 @@ to (`CallReleased.keep`): they stay in the store under their call's id until
 `ObjectsDropped` frees them. A later call binds such an object as one of its
 inputs in place (`Launch.aliases`): the input slot takes the object's value
 (no copy, no bytes counted twice) at once, or when the object settles if its
-call is still computing it. An object dropped while aliases wait for it goes
-once they have it.
+call is still computing it. A call on another slice that reads an object
+gets it host to host (`ObjectForwarded`): the object is exported under that
+call's id and input, at once or once it settles, and stays here. An object
+dropped while aliases or forwards wait for it goes once they have it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathways_worker.worker.stimuli import (
     ComputationFailedLate,
     ExportRequested,
     ExportWritten,
+    ObjectForwarded,
     ObjectsDropped,
     ProgramLoaded,
     ValueArrived,
@@ -68,6 +71,8 @@ class HostCalls:
         self._released_order: deque[str] = deque()
         self._aliases: dict[ObjectId, list[ObjectId]] = {}
         """Objects not settled yet -> the call inputs bound to them."""
+        self._forwards: dict[ObjectId, list[ObjectForwarded]] = {}
+        """Objects not settled yet -> the forwards waiting to send them."""
         self._drop_when_settled: set[ObjectId] = set()
 
     def was_released(self, call_id: str) -> bool:
@@ -149,6 +154,26 @@ class HostCalls:
                 call.freed.add(oid.ref)
         out.append(StoreChanged())
 
+    def forward(self, forwarded: ObjectForwarded, out: list[Instruction]) -> None:
+        """Sends an object to another slice's hosts once it exists; it stays here."""
+        slot = self.store.get(forwarded.source)
+        if slot is None:
+            self._send_forward(
+                forwarded, None,
+                f"input object {object_name(forwarded.source)} is not on host {self.host_name}: its "
+                "client dropped it, or its gang was relaunched since it was made",
+                out,
+            )
+        elif slot.settled:
+            self._send_forward(forwarded, slot.value, slot.error, out)
+        else:
+            self._forwards.setdefault(forwarded.source, []).append(forwarded)
+
+    def _send_forward(self, forwarded: ObjectForwarded, value: object, error: str, out: list[Instruction]) -> None:
+        if error:
+            error = f"input object {object_name(forwarded.source)} failed on host {self.host_name}: {error}"
+        out.append(Export(forwarded.target, 0, value, error, forwarded.declared, release=False))
+
     def _bind_alias(self, target: ObjectId, source: ObjectId, out: list[Instruction]) -> None:
         slot = self.store.get(source)
         if slot is None:
@@ -178,6 +203,8 @@ class HostCalls:
         """Inputs bound to the value get it; a drop that waited for it happens."""
         for target in self._aliases.pop(slot.oid, ()):
             self._settle_alias(target, slot, out)
+        for forwarded in self._forwards.pop(slot.oid, ()):
+            self._send_forward(forwarded, slot.value, slot.error, out)
         if slot.oid in self._drop_when_settled:
             self._drop_when_settled.discard(slot.oid)
             self.store.drop(slot.oid)

@@ -94,6 +94,7 @@ class HostState:
             stimuli.CallFailed: self.calls.fail_call,
             stimuli.CallReleased: self.calls.release,
             stimuli.ObjectsDropped: self.calls.drop_objects,
+            stimuli.ObjectForwarded: self.calls.forward,
             stimuli.ValueArrived: self.calls.arrive,
             stimuli.ExportRequested: self.calls.request_export,
             ComputationDispatched: self._computation_dispatched,

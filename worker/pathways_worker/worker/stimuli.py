@@ -83,6 +83,16 @@ class ObjectsDropped:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectForwarded:
+    """Another slice's call reads an object this host holds: send it there, as that call's input."""
+
+    source: ObjectId
+    target: ObjectId
+    """The reading call and its program input: what the receivers call the value."""
+    declared: pb.TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
 class ValueArrived:
     """A value from outside the worker: a program input, or another slice's output mapped
     from shared memory. Without a `value`, `error` says why it could not be loaded."""
@@ -137,6 +147,6 @@ class TimerFired:
 
 
 Stimulus = (
-    ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ObjectsDropped | ValueArrived
-    | ExportRequested | ComputationDispatched | ComputationFailedLate | ExportWritten | TimerFired
+    ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ObjectsDropped | ObjectForwarded
+    | ValueArrived | ExportRequested | ComputationDispatched | ComputationFailedLate | ExportWritten | TimerFired
 )

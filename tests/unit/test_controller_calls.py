@@ -1,0 +1,85 @@
+"""The call table with objects: what a call's hosts are told when an input names an object.
+
+Hosts are fake links that record the commands sent to them; no process or socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pathways_wire import ir
+from pathways_wire import pathways_pb2 as pb
+from pathways_operator.controller.calls import Calls
+from pathways_operator.controller.programs import Programs
+from pathways_operator.controller.slices import SliceRecord, SliceTable
+from tests.unit.builders import island
+from tests.unit.controller_builders import F32, INPUT_0, comp, slice_record
+
+
+@dataclass
+class FakeLink:
+    name: str
+    sent: list[pb.HostCommand] = field(default_factory=list)
+
+    def send(self, command: pb.HostCommand) -> None:
+        self.sent.append(command)
+
+    def kinds(self) -> list[str]:
+        return [str(c.WhichOneof("command")) for c in self.sent]
+
+
+def ready_slice(table: SliceTable, vid: str, hosts: int) -> SliceRecord:
+    rec = slice_record(vid, hosts, token=f"tok-{vid}")
+    rec.links = [FakeLink(h.name) for h in rec.hosts]  # type: ignore[misc]
+    rec.gang = "ready"
+    table._slices[vid] = rec
+    return rec
+
+
+def one_step(name: str, vslice: str, devices: int) -> ir.Program:
+    return ir.Program(
+        name=name, inputs=(F32,), computations=(comp(0, vslice, INPUT_0),),
+        outputs=(ir.ValueRef(0, 0),), slices=(ir.SliceDecl(vslice, vslice, devices),),
+    )
+
+
+def calls_with_object() -> tuple[Calls, SliceTable, SliceRecord, SliceRecord]:
+    """Call "made" on slice h (2 hosts) made an object; call "read" on slice r (1 host) reads it."""
+    table = SliceTable(lambda: island("island-a", 3, 4))
+    holder, reader = ready_slice(table, "h", 2), ready_slice(table, "r", 1)
+    programs = Programs()
+    live = {rec.slice_id: rec.decl for rec in (holder, reader)}.get
+    make = programs.load(one_step("make", "h", 8), {"h": holder.slice_id}, live)
+    read = programs.load(one_step("read", "r", 4), {"r": reader.slice_id}, live)
+    calls = Calls(table, programs, window=4, shared_window=4)
+    calls.run(make, "made", 1.0, client="me")
+    obj = pb.ObjectRef(call_id="made", value=pb.ValueRef(node=0, index=0))
+    reply = calls.run(read, "read", 1.0, objects=[pb.ObjectInput(index=0, object=obj)], client="me")
+    assert list(reply.inputs[0].hosts) == [], "nothing for the client to put"
+    return calls, table, holder, reader
+
+
+def test_an_object_read_on_another_slice_is_forwarded_by_its_holding_hosts() -> None:
+    _, _, holder, reader = calls_with_object()
+
+    for link in holder.links:
+        forward = link.sent[-1].forward  # type: ignore[attr-defined]
+        assert (forward.call_id, forward.object.call_id, forward.input.index) == ("read", "made", 0)
+        assert list(forward.destinations) == ["10.0.r.0:1"] and list(forward.destination_tokens) == ["tok-r"]
+    (launch,) = [c.launch for c in reader.links[0].sent if c.HasField("launch")]  # type: ignore[attr-defined]
+    assert [(e.value.node, e.value.index, e.senders) for e in launch.expects] == [(-1, 0, 2)]
+    assert not launch.aliases
+
+
+def test_losing_the_holding_gang_fails_a_running_reader_naming_program_input_and_slice() -> None:
+    calls, table, holder, _ = calls_with_object()
+
+    with table.lock:
+        calls.gang_lost(holder, "h/host-1", "worker exited")
+
+    status = calls.wait_call("read", 0)
+    assert status.state == pb.CallStatus.FAILED
+    assert status.message == (
+        "program 'read' call read: input 0 comes from slice 'h', whose host h/host-1 failed "
+        "(worker exited); the object it names is lost"
+    )
