@@ -21,9 +21,11 @@ slices holds devices yet and whose driver pod is not running, and the group is
 admitted only with its driver on a Node (``core.admission``). The driver's
 CPU and memory stay promised on that Node (the driver ledger, by group) until
 its pod exists and holds them itself; :meth:`AdmissionQueue.driver_node` tells
-the driver pod where to go. The driver ledger is not rebuilt after an operator
-restart: a driver whose pod does not exist yet is placed anew when it starts,
-on the Nodes of that moment, as is the driver of a program without a group.
+the driver pod where to go. The driver ledger is recomputed, not stored: after
+an operator restart, a group whose slices hold devices and whose driver pod
+does not exist yet is promised a Node again by the first pass, before anything
+else is admitted (or by :meth:`AdmissionQueue.driver_node` when the driver
+starts first), as is the driver of a program without a group when it starts.
 Pods still terminating count as freed for this decision only, so one preemptor
 never evicts more than it needs while its victims drain.
 
@@ -42,6 +44,7 @@ from collections.abc import Callable, Sequence
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.admission_policy import priority_class_refusal
 from pathways_operator.core.driver_placement import DriverPlacement, DriverRequest, NodeRoom
+from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.placement import GangRequest, HostResources, Machine, Unplaceable
 from pathways_operator.core.preemption import RunningGang, choose_victims
 from pathways_operator.core.reasons import Reason
@@ -278,7 +281,10 @@ class AdmissionQueue:
                 if group and not other.deleting and (self.ledger.get(other.key) or owned.get(other.key)):
                     holding[group] = holding.get(group, 0) + 1
             self._release_drivers(slices, all_pods)
-            drivers = self._driver_requests(queue, slices, all_pods, holding)
+            drivers, at_once = self._unplaced_drivers(queue, slices, all_pods, holding)
+            if at_once:
+                used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
+                self._promise_drivers(at_once, NodeRoom(inventory.nodes(nodes, used)))
             machines = inventory.machines(nodes, all_pods, self.ledger.all(), self._drivers.values())
             self._machines = machines
             every_node = (inventory.nodes(nodes, inventory.in_use(all_pods, self.ledger.all(), self._drivers.values()))
@@ -334,34 +340,57 @@ class AdmissionQueue:
             self._drivers[group] = where
             return where.node
 
-    def _driver_requests(
+    def _unplaced_drivers(
         self,
         queue: Sequence[QueuedGang],
         slices: Sequence[VirtualSliceObject],
         pods: Sequence[PodView],
         holding: dict[str, int],
-    ) -> dict[str, DriverRequest]:
-        """The driver of each queued group none of whose slices holds devices and whose driver is not placed."""
+    ) -> tuple[dict[str, DriverRequest], dict[str, DriverRequest]]:
+        """Programs' drivers not placed yet, by group: those admitted with their queued slices, and those to
+        promise a Node at once because their slices hold devices and their pod does not exist (the driver
+        ledger is not kept across an operator restart)."""
         if not self._driver_pods:
-            return {}
-        running = {(p.namespace, p.name, p.controller_uid) for p in pods if p.live}
-        requests: dict[str, DriverRequest] = {}
-        for group in sorted({g.group for g in queue if g.group}):
-            if holding.get(group) or group in self._drivers:
-                continue
+            return {}, {}
+        pod_live = {(p.namespace, p.name, p.controller_uid): p.live for p in pods if not p.deleting}
+        with_slices: dict[str, DriverRequest] = {}
+        at_once: dict[str, DriverRequest] = {}
+        for group in sorted(set(holding) | {g.group for g in queue if g.group}):
             member = next((s for s in slices if s.admission_group == group), None)
             name = member.labels.get(PROGRAM_LABEL, "") if member is not None else ""
-            if member is None or not name or (member.namespace, driver_pod_name(name), group) in running:
+            if group in self._drivers or member is None or not name:
                 continue
-            raw = self._api.get_program(member.namespace, name)
-            program = ProgramObject.from_manifest(raw) if raw is not None else None
-            if program is None or program.uid != group:
-                continue  # not a program's group: no driver comes with it
-            try:
-                requests[group] = spec_request(program.key, program.spec.driver)
-            except ValueError as err:
-                log.info("%s: spec.driver is not read for admission: %s", program.key, err)
-        return requests
+            pod = (member.namespace, driver_pod_name(name), group)
+            if holding.get(group) and pod in pod_live:
+                continue  # its pod holds its own requests, or held them and is done
+            if not holding.get(group) and pod_live.get(pod):
+                continue
+            request = self._program_driver(member.namespace, name, group)
+            if request is not None:
+                (at_once if holding.get(group) else with_slices)[group] = request
+        return with_slices, at_once
+
+    def _program_driver(self, namespace: str, name: str, group: str) -> DriverRequest | None:
+        """What the driver of program ``namespace/name`` requests, if that program is the group's and may run."""
+        raw = self._api.get_program(namespace, name)
+        program = ProgramObject.from_manifest(raw) if raw is not None else None
+        if program is None or program.uid != group:
+            return None  # not a program's group: no driver comes with it
+        if program.spec.suspend or is_terminal(program.status.phase or ProgramPhase.PENDING):
+            return None
+        try:
+            return spec_request(program.key, program.spec.driver)
+        except ValueError as err:
+            log.info("%s: spec.driver is not read for admission: %s", program.key, err)
+            return None
+
+    def _promise_drivers(self, requests: dict[str, DriverRequest], room: NodeRoom) -> None:
+        """Promise each driver a Node with room now, if one has."""
+        for group, request in requests.items():
+            where = room.place(request)
+            if isinstance(where, DriverPlacement):
+                room.take(where)
+                self._drivers[group] = where
 
     def _release_drivers(self, slices: Sequence[VirtualSliceObject], pods: Sequence[PodView]) -> None:
         """Forget promised drivers whose pod holds its own requests now, or whose group is gone."""
