@@ -44,9 +44,8 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
