@@ -235,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
         wake=lambda key: wakeups.wake(handlers.slice_key(*key.split("/", 1))),
         allow_system_priority_classes=args.allow_system_priority_classes,
+        driver_pods=driver_pods is not None,
     )
+    if driver_pods is not None:
+        driver_pods.placer = slices.driver_node
     drivers = driver_pods or DriverSupervisor(args.state_dir, address)
     allowed_text = args.allowed_entrypoints
     if allowed_text is None:

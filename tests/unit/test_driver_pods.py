@@ -19,6 +19,8 @@ from pathways_wire.driver_protocol import (
     result_report,
     steps_completed,
 )
+from pathways_operator.core.driver_placement import DriverRequest, Toleration
+from pathways_operator.core.placement import HostResources
 from pathways_operator.core.program_lifecycle import DriverState, Reported
 from pathways_operator.k8s.cluster_api import AlreadyExists
 from pathways_operator.k8s.driver_pods import (
@@ -27,9 +29,11 @@ from pathways_operator.k8s.driver_pods import (
     UnknownProgramToken,
     driver_pod,
     pod_fact,
+    spec_request,
 )
 from pathways_operator.k8s.drivers import DriverLaunch
 from pathways_operator.k8s.pathways_program import DriverSpec
+from pathways_wire.kube_names import SCHEDULER_NAME
 
 OWNER = {"apiVersion": "pathways.dev/v1alpha1", "kind": "PathwaysProgram", "name": "train", "uid": "uid-1",
          "controller": True, "blockOwnerDeletion": True}
@@ -129,6 +133,11 @@ class FakeApi:
         self.pods: dict[str, dict[str, Any]] = {}
         self.secrets: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
+        self.bound: list[tuple[str, str]] = []
+
+    def bind_pod(self, namespace: str, pod: str, node: str) -> None:
+        self.bound.append((pod, node))
+        self.pods[pod]["spec"]["nodeName"] = node
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.pods.get(name)
@@ -247,3 +256,48 @@ def test_each_runs_start_is_kept_with_the_driver_log(tmp_path: Path) -> None:
     drivers.report_start(token_of(api), RunStart(0, None))
     drivers.report_start(token_of(api), RunStart(6, 6))
     assert run_starts(drivers.log_text("ns", "train", "uid-1", 1 << 20)) == [RunStart(0, None), RunStart(6, 6)]
+
+
+def test_a_driver_admitted_with_its_slices_is_bound_to_the_node_admission_chose(tmp_path: Path) -> None:
+    drivers, api = pods(tmp_path)
+    asked: list[tuple[str, DriverRequest]] = []
+
+    def placer(group: str, request: DriverRequest) -> str:
+        asked.append((group, request))
+        return "cpu-0"
+
+    drivers.placer = placer
+    resources = {"requests": {"cpu": "2", "memory": "1Gi"}}
+    drivers.start(launch(pod=DriverSpec(resources=resources, node_selector={"pool": "drivers"})))
+    assert asked == [("uid-1", DriverRequest("ns/train", HostResources(2000, 1 << 30), {"pool": "drivers"}))]
+    assert api.pods["train-driver"]["spec"]["schedulerName"] == SCHEDULER_NAME
+    assert api.bound == [("train-driver", "cpu-0")]
+
+
+def test_a_driver_no_node_has_room_for_at_its_start_is_left_to_the_scheduler(tmp_path: Path) -> None:
+    drivers, api = pods(tmp_path)
+    drivers.placer = lambda group, request: None
+    drivers.start(launch())
+    assert "schedulerName" not in api.pods["train-driver"]["spec"]
+    assert api.bound == []
+
+
+def test_a_restarted_operator_binds_a_driver_pod_created_but_not_bound(tmp_path: Path) -> None:
+    drivers, api = pods(tmp_path)
+    drivers.start(launch())
+    api.pods["train-driver"]["spec"]["schedulerName"] = SCHEDULER_NAME  # created for binding, then stopped
+    restarted = DriverPods(api, tmp_path, SETTINGS)  # type: ignore[arg-type]
+    restarted.placer = lambda group, request: "cpu-1"
+    assert restarted.status("ns", "train", "uid-1").state is DriverState.RUNNING
+    assert api.bound == [("train-driver", "cpu-1")]
+    restarted.status("ns", "train", "uid-1")
+    assert api.bound == [("train-driver", "cpu-1")], "bound once"
+
+
+def test_spec_driver_resources_become_the_request_admission_checks() -> None:
+    spec = DriverSpec(resources={"limits": {"cpu": "500m", "memory": "2Gi"}},
+                      tolerations=({"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"},))
+    assert spec_request("ns/train", spec) == DriverRequest(
+        "ns/train", HostResources(500, 2 << 30), {}, (Toleration("dedicated", "Exists", "", "NoSchedule"),))
+    with pytest.raises(ValueError, match="spec.driver.resources.requests.cpu"):
+        spec_request("ns/train", DriverSpec(resources={"requests": {"cpu": "lots"}}))

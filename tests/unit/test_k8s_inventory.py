@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from pathways_operator.core.driver_placement import DriverPlacement, Node, Taint
 from pathways_operator.core.placement import HostResources, Machine
 from pathways_operator.k8s.gang_pods import PodView
-from pathways_operator.k8s.inventory import Reservation, ReservationLedger, machines, unreachable
+from pathways_operator.k8s.inventory import Reservation, ReservationLedger, in_use, machines, nodes, unreachable
+from pathways_wire.kube_names import ISLAND_LABEL
 from tests.unit.k8s_builders import node, placement, pod
 
 NODES = [node("a-0", "island-a", 4), node("a-1", "island-a", 4), node("b-0", "island-b", 8)]
@@ -94,3 +96,30 @@ def test_cpu_and_memory_are_allocatable_minus_requests_of_live_pods_and_promised
 def test_unreadable_node_quantities_count_as_nothing_allocatable() -> None:
     [found] = machines([node("a-0", "island-a", 4, cpu="lots", memory="-1Gi")], [], [])
     assert (found.allocatable_cpu_millis, found.allocatable_memory_bytes) == (0, 0)
+
+
+def test_every_node_is_listed_for_drivers_with_its_cpu_memory_labels_and_taints() -> None:
+    plain = node("plain", None, 0, cpu="2", memory="4Gi")
+    plain["metadata"]["labels"] = {"pool": "drivers"}
+    plain["spec"] = {"taints": [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]}
+    listed = [node("a-0", "island-a", 4, cpu="8", memory="16Gi"), plain]
+    worker = pod("w", node="a-0", devices=4, requests={"cpu": "3", "memory": "1Gi"})
+    found = nodes(listed, in_use(views(worker), [], []))
+    assert found == [
+        Node("a-0", True, 8000, 16 << 30, 3000, 1 << 30, labels={ISLAND_LABEL: "island-a"},
+             island="island-a"),
+        Node("plain", True, 2000, 4 << 30, labels={"pool": "drivers"}, taints=(Taint("dedicated", "x", "NoSchedule"),)),
+    ]
+
+
+def test_an_admitted_driver_holds_its_node_until_its_pod_is_bound_there() -> None:
+    listed = [node("a-0", "island-a", 4, cpu="8"), node("plain", None, 0, cpu="2")]
+    driver = DriverPlacement("ns/train", "a-0", HostResources(2000))
+    assert [n.used_cpu_millis for n in nodes(listed, in_use([], [], [driver]))] == [2000, 0]
+    assert machines(listed, [], [], [driver])[0].used_cpu_millis == 2000, "a machine's cpu is the Node's"
+    unbound = pod("train-driver", requests={"cpu": "2"}, phase="Pending")
+    assert [n.used_cpu_millis for n in nodes(listed, in_use(views(unbound), [], [driver]))] == [2000, 0]
+    bound = pod("train-driver", node="a-0", requests={"cpu": "2"})
+    assert [n.used_cpu_millis for n in nodes(listed, in_use(views(bound), [], [driver]))] == [2000, 0], "counted once"
+    elsewhere = pod("train-driver", namespace="other", node="plain", requests={"cpu": "2"})
+    assert [n.used_cpu_millis for n in nodes(listed, in_use(views(elsewhere), [], [driver]))] == [2000, 2000]

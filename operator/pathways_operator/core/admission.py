@@ -47,6 +47,24 @@ whose gangs are not all known yet (queued now, or already holding devices:
 from its first gang in queue order. When a group does not fit, the gang that
 did not fit keeps its own reason (and may reserve its island like any gang);
 the others wait with ``AdmissionGroupWaiting``, naming it.
+
+Drivers
+-------
+A program's driver pod is part of its gang: a group may carry the driver's
+request (``drivers``, by group), and is then admitted only if, once its gangs
+are placed on the trial inventory, the driver also fits on some Node's free
+CPU and memory (``core.driver_placement``; any Node, with or without devices,
+the group's own hosts counted as used). Otherwise nothing of the group is
+admitted and every gang of it waits with ``InsufficientDriverResources``, whose
+message names the driver, what it requests and the most a Node offers. The
+gangs are placed first, as they would be without a driver, and the driver
+takes what they leave: admission does not move hosts to make room for the
+driver, so a group whose driver would fit only if its hosts went to other
+machines waits until room frees up. Gangs without a group carry no driver:
+the slices a program names (``spec.slices[].ref``) may be shared and are
+admitted on their own; a program made only of those has no group, and its
+driver is placed when it starts (``NodeRoom.place`` on the Nodes of that
+moment), like a pod of its own.
 """
 
 from __future__ import annotations
@@ -55,9 +73,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from pathways_wire.wording import plural
+from pathways_operator.core.driver_placement import DriverPlacement, DriverRequest, Node, NodeRoom
 from pathways_operator.core.free_capacity import CapacityIndex
 from pathways_operator.core.placement import (
     GangRequest,
+    HostAssignment,
     Inventory,
     Machine,
     Placement,
@@ -92,6 +112,8 @@ class AdmissionResult:
     waiting: list[Unplaceable]
     reserved: dict[str, str] = dataclasses.field(default_factory=dict)
     """Island name -> the waiting slice holding it (so operators can see why an island idles)."""
+    drivers: dict[str, DriverPlacement] = dataclasses.field(default_factory=dict)
+    """Admission group -> where its driver goes, for each group admitted with a driver."""
 
 
 def queue_order(queue: Sequence[QueuedGang]) -> list[QueuedGang]:
@@ -121,16 +143,23 @@ def admit(
     now: float,
     reserve_after: float = DEFAULT_RESERVE_AFTER_S,
     holding: Mapping[str, int] | None = None,
+    drivers: Mapping[str, DriverRequest] | None = None,
+    nodes: Sequence[Node] = (),
 ) -> AdmissionResult:
     """Decide which gangs of ``queue`` are placed now; the rest wait, each with its reason.
 
     ``machines`` must already count the devices of every running gang as used.
     ``holding`` maps an admission group to how many of its gangs already hold
     devices (admitted earlier; they count towards the group being complete).
+    ``drivers`` maps an admission group to its driver's request, for groups
+    whose driver is not placed yet; such a group is admitted only with its
+    driver on one of ``nodes`` (every Node, machines included, with the CPU and
+    memory in use counted as ``machines`` count them).
     Raises ValueError if a slice is queued twice, a group size is below 1, or
     the inventory is impossible.
     """
-    return admit_on(CapacityIndex(machines), queue, now=now, reserve_after=reserve_after, holding=holding)
+    return admit_on(CapacityIndex(machines), queue, now=now, reserve_after=reserve_after, holding=holding,
+                    drivers=drivers, nodes=nodes)
 
 
 def admit_on(
@@ -140,6 +169,8 @@ def admit_on(
     now: float,
     reserve_after: float = DEFAULT_RESERVE_AFTER_S,
     holding: Mapping[str, int] | None = None,
+    drivers: Mapping[str, DriverRequest] | None = None,
+    nodes: Sequence[Node] = (),
 ) -> AdmissionResult:
     """:func:`admit` against ``inventory``, which it leaves holding the admitted gangs.
 
@@ -160,6 +191,9 @@ def admit_on(
     admitted: list[Placement] = []
     waiting: list[Unplaceable] = []
     reserved: dict[str, str] = {}
+    wanted = drivers or {}
+    room = NodeRoom(nodes)
+    placed_drivers: dict[str, DriverPlacement] = {}
     for unit in admission_units(queue):
         missing = _missing_members(unit, held)
         if missing:
@@ -175,7 +209,21 @@ def admit_on(
                 break
             placed.append(outcome)
             previous.extend(inventory.reserve(outcome))
+        driver = wanted.get(unit[0].group) if unit[0].group else None
+        if refused is None and driver is not None:
+            where = room.place(driver, beside=placed)
+            if isinstance(where, str):
+                inventory.restore(previous)
+                waiting.extend(_driver_refused(unit, where))
+                continue
+            room.take(where)
+            placed_drivers[unit[0].group] = where
+            on_island = room.island_of(where.node)
+            if on_island:  # a machine: no later host in this pass may take the driver's cpu there
+                hold = HostAssignment(0, where.node, 0)
+                inventory.reserve(Placement(f"driver of {driver.program}", on_island, (hold,), where.resources))
         if refused is None:
+            room.take_hosts(placed)
             admitted.extend(placed)
             continue
         inventory.restore(previous)
@@ -191,7 +239,7 @@ def admit_on(
             reserved[island] = gang.request.slice
     position = {g.request.slice: i for i, g in enumerate(queue_order(queue))}
     waiting.sort(key=lambda w: position[w.slice])
-    return AdmissionResult(admitted, waiting, reserved)
+    return AdmissionResult(admitted, waiting, reserved, placed_drivers)
 
 
 def _group_size(unit: Sequence[QueuedGang]) -> int:
@@ -241,6 +289,20 @@ def _group_refused(
                 )
             )
     return result
+
+
+def _driver_refused(unit: Sequence[QueuedGang], why: str) -> list[Unplaceable]:
+    """Every gang of ``unit`` waiting, because its program's driver fits no Node."""
+    group, size = unit[0].group, _group_size(unit)
+    return [
+        Unplaceable(
+            g.request.slice,
+            Reason.INSUFFICIENT_DRIVER_RESOURCES,
+            f"slice {g.request.slice!r} holds no devices until its program's driver fits too: {why}; "
+            f"admission group {group!r} ({size} slices) is admitted with its driver, whole or not at all",
+        )
+        for g in unit
+    ]
 
 
 def _place_outside(

@@ -92,6 +92,8 @@ class Reason(enum.StrEnum):
     """Some slices of the slice's admission group do not exist yet; none is admitted before all are."""
     ADMISSION_GROUP_WAITING = "AdmissionGroupWaiting"
     """The slice would fit, but another slice of its admission group does not: none is admitted."""
+    INSUFFICIENT_DRIVER_RESOURCES = "InsufficientDriverResources"
+    """The slices would fit, but their program's driver pod fits no Node's free CPU and memory: none is admitted."""
     OBJECT_NOT_OWNED = "ObjectNotOwned"
     """An object the slice needs (its token Secret, a pod name) exists and is not the slice's own."""
     # Programs.

@@ -14,6 +14,18 @@ A slice left waiting for devices asks ``core.preemption.choose_victims``
 whether evicting running gangs of strictly lower priority (its
 ``priorityClassName``'s value, read from the scheduling API) makes room on one
 island; the victims are told at their next look (:meth:`AdmissionQueue.evicting`).
+
+With drivers in pods, a program's driver is admitted with its admission group:
+the pass reads the program's ``spec.driver`` for each group none of whose
+slices holds devices yet and whose driver pod is not running, and the group is
+admitted only with its driver on a Node (``core.admission``). The driver's
+CPU and memory stay promised on that Node (the driver ledger, by group) until
+its pod exists and holds them itself; :meth:`AdmissionQueue.driver_node` tells
+the driver pod where to go. The driver ledger is recomputed, not stored: after
+an operator restart, a group whose slices hold devices and whose driver pod
+does not exist yet is promised a Node again by the first pass, before anything
+else is admitted (or by :meth:`AdmissionQueue.driver_node` when the driver
+starts first), as is the driver of a program without a group when it starts.
 Pods still terminating count as freed for this decision only, so one preemptor
 never evicts more than it needs while its victims drain.
 
@@ -31,16 +43,21 @@ from collections.abc import Callable, Sequence
 
 from pathways_operator.core.admission import QueuedGang, admit
 from pathways_operator.core.admission_policy import priority_class_refusal
+from pathways_operator.core.driver_placement import DriverPlacement, DriverRequest, NodeRoom
+from pathways_operator.core.phases import ProgramPhase, is_terminal
 from pathways_operator.core.placement import GangRequest, HostResources, Machine, Unplaceable
 from pathways_operator.core.preemption import RunningGang, choose_victims
 from pathways_operator.core.reasons import Reason
 from pathways_operator.core.slice_phase import SliceRecord, current_generation, parse_record
 from pathways_operator.k8s import inventory
 from pathways_operator.k8s.cluster_api import ClusterApi, Json
+from pathways_operator.k8s.driver_pods import spec_request
 from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults, host_resources, placement_from_json
 from pathways_operator.k8s.inventory import Reservation, ReservationLedger
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_wire.kube_names import FAILURE_ANNOTATION, RESTARTS_ANNOTATION
+from pathways_operator.k8s.pathways_program import ProgramObject
+from pathways_wire.driver_protocol import driver_pod_name
+from pathways_wire.kube_names import FAILURE_ANNOTATION, PROGRAM_LABEL, RESTARTS_ANNOTATION
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 
 log = logging.getLogger(__name__)
@@ -79,8 +96,10 @@ class AdmissionQueue:
         clock: Callable[[], float],
         metrics: OperatorMetrics,
         allow_system_priority_classes: bool,
+        driver_pods: bool = False,
     ) -> None:
         self._api = api
+        self._driver_pods = driver_pods
         self._defaults = defaults
         self._wake = wake
         self._clock = clock
@@ -99,6 +118,8 @@ class AdmissionQueue:
         """Slice key -> the object in its way (kept out of the admission queue until it is gone)."""
         self._refusals: dict[str, tuple[int, float, Unplaceable]] = {}
         """Slice key -> (pod refusals in a row, when it may be placed again, why) after the API refused a pod."""
+        self._drivers: dict[str, DriverPlacement] = {}
+        """Admission group (its program's uid) -> where its driver goes, until the driver pod exists."""
 
     # ------------------------------------------------------------ memory, per slice
 
@@ -259,9 +280,17 @@ class AdmissionQueue:
                 group = other.admission_group
                 if group and not other.deleting and (self.ledger.get(other.key) or owned.get(other.key)):
                     holding[group] = holding.get(group, 0) + 1
-            machines = inventory.machines(nodes, all_pods, self.ledger.all())
+            self._release_drivers(slices, all_pods)
+            drivers, at_once = self._unplaced_drivers(queue, slices, all_pods, holding)
+            if at_once:
+                used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
+                self._promise_drivers(at_once, NodeRoom(inventory.nodes(nodes, used)))
+            machines = inventory.machines(nodes, all_pods, self.ledger.all(), self._drivers.values())
             self._machines = machines
-            result = admit(queue, machines, now=self._clock(), holding=holding)
+            every_node = (inventory.nodes(nodes, inventory.in_use(all_pods, self.ledger.all(), self._drivers.values()))
+                          if drivers else [])
+            result = admit(queue, machines, now=self._clock(), holding=holding, drivers=drivers, nodes=every_node)
+            self._drivers.update(result.drivers)
             mine_result: Reservation | Unplaceable | None = None
             now = self._clock()
             created = {s.key: s.created for s in slices}
@@ -287,6 +316,89 @@ class AdmissionQueue:
             if isinstance(mine_result, Unplaceable) and mine_result.reason is Reason.INSUFFICIENT_DEVICES:
                 mine_result = self._preempt_for(vslice, mine_result, slices, all_pods, nodes, needs)
             return mine_result
+
+    # ------------------------------------------------------------ drivers
+
+    def driver_node(self, group: str, request: DriverRequest) -> str | None:
+        """The Node the driver of the program whose uid is ``group`` goes to; None if none has room now.
+
+        A driver admitted with its group goes where admission put it; any other (a
+        program without a group, or one admitted before the operator restarted) is
+        placed now on the Nodes as they are, and promised there until its pod exists.
+        """
+        with self._lock:
+            held = self._drivers.get(group)
+            if held is not None:
+                return held.node
+            all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
+            used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
+            room = NodeRoom(inventory.nodes(self._api.list_nodes(), used))
+            where = room.place(request)
+            if isinstance(where, str):
+                log.info("%s: %s; its pod is left to the Kubernetes scheduler", request.program, where)
+                return None
+            self._drivers[group] = where
+            return where.node
+
+    def _unplaced_drivers(
+        self,
+        queue: Sequence[QueuedGang],
+        slices: Sequence[VirtualSliceObject],
+        pods: Sequence[PodView],
+        holding: dict[str, int],
+    ) -> tuple[dict[str, DriverRequest], dict[str, DriverRequest]]:
+        """Programs' drivers not placed yet, by group: those admitted with their queued slices, and those to
+        promise a Node at once because their slices hold devices and their pod does not exist (the driver
+        ledger is not kept across an operator restart)."""
+        if not self._driver_pods:
+            return {}, {}
+        pod_live = {(p.namespace, p.name, p.controller_uid): p.live for p in pods if not p.deleting}
+        with_slices: dict[str, DriverRequest] = {}
+        at_once: dict[str, DriverRequest] = {}
+        for group in sorted(set(holding) | {g.group for g in queue if g.group}):
+            member = next((s for s in slices if s.admission_group == group), None)
+            name = member.labels.get(PROGRAM_LABEL, "") if member is not None else ""
+            if group in self._drivers or member is None or not name:
+                continue
+            pod = (member.namespace, driver_pod_name(name), group)
+            if holding.get(group) and pod in pod_live:
+                continue  # its pod holds its own requests, or held them and is done
+            if not holding.get(group) and pod_live.get(pod):
+                continue
+            request = self._program_driver(member.namespace, name, group)
+            if request is not None:
+                (at_once if holding.get(group) else with_slices)[group] = request
+        return with_slices, at_once
+
+    def _program_driver(self, namespace: str, name: str, group: str) -> DriverRequest | None:
+        """What the driver of program ``namespace/name`` requests, if that program is the group's and may run."""
+        raw = self._api.get_program(namespace, name)
+        program = ProgramObject.from_manifest(raw) if raw is not None else None
+        if program is None or program.uid != group:
+            return None  # not a program's group: no driver comes with it
+        if program.spec.suspend or is_terminal(program.status.phase or ProgramPhase.PENDING):
+            return None
+        try:
+            return spec_request(program.key, program.spec.driver)
+        except ValueError as err:
+            log.info("%s: spec.driver is not read for admission: %s", program.key, err)
+            return None
+
+    def _promise_drivers(self, requests: dict[str, DriverRequest], room: NodeRoom) -> None:
+        """Promise each driver a Node with room now, if one has."""
+        for group, request in requests.items():
+            where = room.place(request)
+            if isinstance(where, DriverPlacement):
+                room.take(where)
+                self._drivers[group] = where
+
+    def _release_drivers(self, slices: Sequence[VirtualSliceObject], pods: Sequence[PodView]) -> None:
+        """Forget promised drivers whose pod holds its own requests now, or whose group is gone."""
+        groups = {s.admission_group for s in slices if s.admission_group and not s.deleting}
+        bound = {(p.namespace, p.name) for p in pods if p.live and p.node}
+        for group, placed in list(self._drivers.items()):
+            if group not in groups or inventory.driver_pod_key(placed) in bound:
+                del self._drivers[group]
 
     def _admissible_needs(self, vslice: VirtualSliceObject) -> HostResources | None:
         """What one host of another queued slice needs, or None if that slice is not to be placed now."""
@@ -359,7 +471,7 @@ class AdmissionQueue:
         if not any(g.priority < priority for g in running):
             return waiting
         draining = [p for p in all_pods if not p.deleting]
-        machines = inventory.machines(nodes, draining, self.ledger.all())
+        machines = inventory.machines(nodes, draining, self.ledger.all(), self._drivers.values())
         request = GangRequest(vslice.key, vslice.spec.devices, self._host_size(vslice), vslice.spec.island, needs)
         plan = choose_victims(request, priority, running, machines)
         if plan is None or not plan.victims:

@@ -19,8 +19,14 @@ program's entrypoint. It runs in a pod of its own, owned by the program
 * its exit code (``pathways_wire.driver_protocol``) and what it reported drive
   the program's phase; a pod deleted or evicted before it reported is a lost host
   (``core.program_lifecycle.driver_pod_state``);
-* a restarted operator finds the pod running and leaves it alone; the tokens it
-  checks are read back from the Secrets;
+* it is admitted with the program's slices (``core.admission``): the pod is
+  bound, as gang pods are, to the Node admission chose for it, so it never
+  waits for room once the slices run (:attr:`DriverPods.placer`); a driver no
+  Node has room for when it starts (placed anew after an operator restart, or
+  of a program without an admission group) is left to the Kubernetes scheduler;
+* a restarted operator finds the pod running and leaves it alone (binding it
+  if it was created but not bound yet); the tokens it checks are read back from
+  the Secrets;
 * ``kubectl logs <program>-driver`` shows its output; the pod stays after the
   program ends (it holds nothing then) and goes with the program.
 
@@ -38,7 +44,7 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -63,13 +69,17 @@ from pathways_wire.kube_names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PROGRAM_LABEL,
+    SCHEDULER_NAME,
 )
 from pathways_wire.slice_token import new_token
 
 from pathways_operator.core.client_access import ClientScope
+from pathways_operator.core.driver_placement import DriverRequest, Toleration
 from pathways_operator.core.program_lifecycle import DriverPodFact, DriverState, Reported, driver_pod_state
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json
 from pathways_operator.k8s.drivers import DriverLaunch, DriverStatus, read_outcome
+from pathways_operator.k8s.gang_pods import check_resources, requested_resources
+from pathways_operator.k8s.pathways_program import DriverSpec
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +227,32 @@ def driver_pod(launch: DriverLaunch, settings: DriverPodSettings, checkpoint_cla
     }
 
 
+def driver_request(program: str, pod: Mapping[str, Any]) -> DriverRequest:
+    """What the driver pod ``pod`` of ``program`` (``namespace/name``) asks of a Node."""
+    spec = pod.get("spec") or {}
+    tolerations = tuple(
+        Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""),
+                   str(t.get("effect") or ""))
+        for t in spec.get("tolerations") or [] if isinstance(t, Mapping)
+    )
+    selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+    return DriverRequest(program, requested_resources(pod), selector, tolerations)
+
+
+def spec_request(program: str, spec: DriverSpec) -> DriverRequest:
+    """What the driver pod of ``spec.driver`` will ask of a Node; ValueError naming a malformed field."""
+    check_resources(spec.resources, "spec.driver.resources")
+    return driver_request(program, {"spec": {
+        "containers": [{"resources": dict(spec.resources)}],
+        "nodeSelector": dict(spec.node_selector),
+        "tolerations": [dict(t) for t in spec.tolerations],
+    }})
+
+
+Placer = Callable[[str, DriverRequest], "str | None"]
+"""(program uid, what its driver requests) -> the Node its pod goes to, or None: any the scheduler finds."""
+
+
 def pod_fact(pod: Mapping[str, Any] | None) -> DriverPodFact:
     """The driver pod as the core reads it."""
     if pod is None:
@@ -259,6 +295,8 @@ class DriverPods:
         self._suspend: set[str] = set()
         self._slices: dict[str, frozenset[str]] = {}
         """Program key -> the VirtualSlices its token grants."""
+        self.placer: Placer | None = None
+        """Where admission put each driver (``AdmissionQueue.driver_node``); None: the scheduler places them."""
 
     # ------------------------------------------------------------ the reconciler's side
 
@@ -290,6 +328,8 @@ class DriverPods:
             started = program.key in self._started
         where = driver_pod_state(pod_fact(pod), reported=reported, started_here=started,
                                  pod_name=driver_pod_name(name))
+        if where.state is DriverState.RUNNING and pod is not None:
+            self._bind_if_unbound(ProgramKey(namespace, name, _owner_uid(pod) or uid), pod)
         if where.state is DriverState.RUNNING:
             self._register(program)
             with self._lock:
@@ -316,15 +356,33 @@ class DriverPods:
         claim = ""
         if launch.checkpoint_dir:
             claim = PurePosixPath(launch.checkpoint_dir).parent.name
+        manifest = driver_pod(launch, self.settings, claim)
+        node = None if self.placer is None else self.placer(launch.uid, driver_request(program.key, manifest))
+        if node is not None:
+            manifest["spec"]["schedulerName"] = SCHEDULER_NAME
         try:
-            self._api.create_pod(launch.namespace, driver_pod(launch, self.settings, claim))
+            self._api.create_pod(launch.namespace, manifest)
         except AlreadyExists:
             log.info("%s: driver pod already exists", program.key)
+        else:
+            if node is not None:
+                self._api.bind_pod(launch.namespace, driver_pod_name(launch.name), node)
         with self._lock:
             self._started.add(program.key)
             self._suspend.discard(program.key)
         log.info("%s: driver pod %s created, starting at step %d", program.key,
                  driver_pod_name(launch.name), launch.start_step)
+
+    def _bind_if_unbound(self, program: ProgramKey, pod: Json) -> None:
+        """Bind a driver pod created for binding but not bound (the operator stopped in between)."""
+        spec = pod.get("spec") or {}
+        if self.placer is None or spec.get("schedulerName") != SCHEDULER_NAME or spec.get("nodeName"):
+            return
+        node = self.placer(program.uid, driver_request(program.key, pod))
+        if node is None:
+            return  # no Node has room now: it is bound once one has, at a later look
+        self._api.bind_pod(program.namespace, driver_pod_name(program.name), node)
+        log.info("%s: driver pod %s bound to %s", program.key, driver_pod_name(program.name), node)
 
     def stop(self, namespace: str, name: str, uid: str) -> None:
         """Delete the driver pod if it still runs (a finished one stays for ``kubectl logs``)."""

@@ -12,7 +12,12 @@ promised:
 * for every admitted gang (a :class:`Reservation`), the hosts whose pod does
   not exist yet, each with the gang's devices per host, CPU and memory. Host 0 of a gang is created first and the others only once its
   IP is known, so without this a second gang could be admitted onto devices
-  the first one is about to take.
+  the first one is about to take;
+* for every admitted program driver (a ``DriverPlacement``) whose pod does not
+  exist yet, its CPU and memory on the Node admission chose for it.
+
+:func:`nodes` lists every Node, with devices or not, with the CPU and memory in
+use counted the same way: a driver pod may go to any of them.
 
 Everything here is a pure function of what was listed from the API and the
 reservation ledger; :class:`ReservationLedger` is the one piece of state, and
@@ -24,11 +29,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pathways_operator.core.driver_placement import DriverPlacement, Node, Taint
 from pathways_operator.core.placement import Machine, Placement
 from pathways_operator.k8s.gang_pods import PodView, quantity
+from pathways_wire.driver_protocol import driver_pod_name
 from pathways_wire.kube_names import DEVICE_RESOURCE, ISLAND_LABEL
 
 
@@ -102,6 +109,12 @@ def unreachable(node: Mapping[str, Any]) -> bool:
     return any(t.get("key") == UNREACHABLE_TAINT and t.get("effect") == "NoExecute" for t in taints)
 
 
+def _machine_island(node: Mapping[str, Any]) -> str:
+    """The island of a Node that is a machine (labelled, with devices); "" for any other Node."""
+    island = ((node.get("metadata") or {}).get("labels") or {}).get(ISLAND_LABEL)
+    return str(island) if island and _allocatable_devices(node) > 0 else ""
+
+
 def _schedulable(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
@@ -109,14 +122,12 @@ def _schedulable(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def machines(
-    nodes: Iterable[Mapping[str, Any]],
-    pods: Iterable[PodView],
-    reservations: Iterable[Reservation],
-) -> list[Machine]:
-    """Every machine with its devices in use; see the module docstring for what counts."""
+def in_use(
+    pods: Iterable[PodView], reservations: Iterable[Reservation], drivers: Iterable[DriverPlacement]
+) -> dict[str, list[int]]:
+    """Node -> [devices, cpu millicores, memory bytes] held by live pods and promised to pods not there yet."""
     live = [p for p in pods if p.live and p.node]  # unbound pods hold nothing yet
-    used: dict[str, list[int]] = {}  # node -> [devices, cpu millicores, memory bytes]
+    used: dict[str, list[int]] = {}
     for pod in live:
         held = used.setdefault(pod.node, [0, 0, 0])
         held[0] += pod.devices
@@ -131,13 +142,36 @@ def machines(
                 held[0] += host.devices
                 held[1] += needs.cpu_millis
                 held[2] += needs.memory_bytes
+    driver_pods = {(p.namespace, p.name) for p in live}  # bound: it holds its own requests
+    for d in drivers:
+        if driver_pod_key(d) not in driver_pods:
+            held = used.setdefault(d.node, [0, 0, 0])
+            held[1] += d.resources.cpu_millis
+            held[2] += d.resources.memory_bytes
+    return used
+
+
+def driver_pod_key(driver: DriverPlacement) -> tuple[str, str]:
+    """(namespace, pod name) of the driver pod ``driver`` is promised to."""
+    namespace, _, program = driver.program.partition("/")
+    return namespace, driver_pod_name(program)
+
+
+def machines(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[PodView],
+    reservations: Iterable[Reservation],
+    drivers: Iterable[DriverPlacement] = (),
+) -> list[Machine]:
+    """Every machine with its devices in use; see the module docstring for what counts."""
+    used = in_use(pods, reservations, drivers)
     result: list[Machine] = []
     for node in nodes:
-        meta = node.get("metadata") or {}
-        island = (meta.get("labels") or {}).get(ISLAND_LABEL)
-        allocatable = _allocatable_devices(node)
-        if not island or allocatable <= 0:
+        island = _machine_island(node)
+        if not island:
             continue
+        meta = node.get("metadata") or {}
+        allocatable = _allocatable_devices(node)
         name = str(meta.get("name"))
         devices, cpu, memory = used.get(name, (0, 0, 0))
         result.append(Machine(
@@ -148,3 +182,27 @@ def machines(
             used_memory_bytes=memory,
         ))
     return sorted(result, key=lambda m: m.name)
+
+
+def nodes(listed: Iterable[Mapping[str, Any]], used: Mapping[str, Sequence[int]]) -> list[Node]:
+    """Every Node, with or without devices, with the CPU and memory :func:`in_use` counts there."""
+    result = []
+    for node in listed:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        _, cpu, memory = used.get(name, (0, 0, 0))
+        taints = tuple(
+            Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+            for t in (node.get("spec") or {}).get("taints") or []
+        )
+        result.append(Node(
+            name, _schedulable(node),
+            allocatable_cpu_millis=_allocatable(node, "cpu", 1000),
+            allocatable_memory_bytes=_allocatable(node, "memory", 1),
+            used_cpu_millis=cpu,
+            used_memory_bytes=memory,
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+            taints=taints,
+            island=_machine_island(node),
+        ))
+    return sorted(result, key=lambda n: n.name)

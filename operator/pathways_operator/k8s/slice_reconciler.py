@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from pathways_operator.core.driver_placement import DriverRequest
 from pathways_operator.core.object_names import slice_name_problem
 from pathways_operator.core.ownership import Ownership
 from pathways_operator.core.placement import Machine, Unplaceable
@@ -71,13 +72,14 @@ class SliceReconciler:
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics | None = None,
         allow_system_priority_classes: bool = False,
+        driver_pods: bool = False,
     ) -> None:
         self._api = api
         self._defaults = defaults
         metrics = metrics or OperatorMetrics()
         self._queue = AdmissionQueue(
             api, defaults=defaults, wake=wake, clock=clock, metrics=metrics,
-            allow_system_priority_classes=allow_system_priority_classes,
+            allow_system_priority_classes=allow_system_priority_classes, driver_pods=driver_pods,
         )
         self._gangs = GangRegistrations(registry, wake)
         self._status = StatusWriter(api, api.patch_slice_status, metrics.slice_phase,
@@ -97,6 +99,10 @@ class SliceReconciler:
     def machines(self) -> list[Machine]:
         """The inventory of the last admission pass (for the controller's Describe)."""
         return self._queue.machines()
+
+    def driver_node(self, group: str, request: DriverRequest) -> str | None:
+        """Where the driver of the program whose uid is ``group`` goes (``AdmissionQueue.driver_node``)."""
+        return self._queue.driver_node(group, request)
 
     def explain(self, key: str) -> str:
         """Why the slice ``namespace/name`` is not usable, from its last reconcile."""
