@@ -238,16 +238,21 @@ class Runtime:
         except RuntimeUnavailableError:
             if not self._controller_replaced():
                 raise
+        except PathwaysError:
+            # A controller that restarted between two calls answers the next one, refusing a
+            # program it never loaded: the client learns of the restart here, not from an outage.
+            if not self._controller_replaced(wait_s=10.0):
+                raise
         return self._run(program, inputs, weight)
 
-    def _controller_replaced(self) -> bool:
-        """Wait (up to RECONNECT_S) for the controller; True when another process now serves it.
+    def _controller_replaced(self, wait_s: float = RECONNECT_S) -> bool:
+        """Wait (up to `wait_s`) for the controller; True when another process now serves it.
 
         Then this client's slices and programs are forgotten, to be placed and loaded again.
         """
         if RECONNECT_S <= 0 or not self._controller_id:
             return False
-        deadline = time.monotonic() + RECONNECT_S
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             try:
                 found = self.controller.Describe(pb.ClusterInfoRequest(), timeout=10).controller_id
