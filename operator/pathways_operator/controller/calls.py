@@ -149,7 +149,9 @@ class Calls:
                     rec.loaded.add(program_id)
                 for link, launch in zip(rec.links, launches[vid]):
                     link.send(pb.HostCommand(launch=launch))
-            self._scheduler.submit(call_id, weight if weight > 0 else 1.0, prec.scheduled())
+            self._scheduler.submit(
+                call_id, weight if weight > 0 else 1.0, prec.scheduled(), tenant=f"{client}/{program_id}"
+            )
             self._dispatch_grants()
             return reply
 

@@ -44,7 +44,14 @@ Programs sharing slices receive grants in proportion to their ``weight``
 lowest pass gets the next grant and advances its pass by ``STRIDE / weight``.
 A newly submitted call starts at the current global pass, so it neither jumps
 ahead of calls already running (it earned no credit) nor waits behind their
-accumulated passes. A call whose next computation's slice window is full is
+accumulated passes. That holds per *tenant* (the caller names it: one client's
+calls of one program), not per call: a tenant's next call goes on from the pass
+its last call ended at, or the global pass if that is further on. A client
+that calls again as soon as its previous call ended would otherwise start each
+call afresh at the global pass, ahead of the others by up to one stride, and a
+tenant of short calls would get a grant whenever it came back whatever its
+weight; a tenant idle for a while finds the global pass beyond its own and
+banks nothing. A call whose next computation's slice window is full is
 skipped for now; it does not bank credit while blocked (its pass is brought up
 to the global pass when it next runs), so it cannot monopolise a slice after.
 Ties go to the call submitted first.
@@ -123,6 +130,7 @@ class _Call:
     stride: float
     pass_: float
     order: int
+    tenant: str
     todo: deque[ScheduledComputation]
     slices: frozenset[str]
     outstanding: int = 0
@@ -147,6 +155,8 @@ class IslandScheduler:
         self._global_pass = 0.0
         self._submissions = 0
         self._calls: dict[str, _Call] = {}
+        self._tenant_pass: dict[str, float] = {}
+        """Tenant -> the pass its last finished call ended at, while that is beyond the global pass."""
         self._granted: dict[str, dict[int, tuple[str, int]]] = {}
         """slice -> seq -> (call, node) of grants not yet completed."""
         self._contended: dict[float, int] = {}
@@ -165,9 +175,16 @@ class IslandScheduler:
         return dict(self._contended)
 
     def submit(
-        self, call_id: str, weight: float, computations: Sequence[ScheduledComputation]
+        self,
+        call_id: str,
+        weight: float,
+        computations: Sequence[ScheduledComputation],
+        tenant: str = "",
     ) -> None:
         """Queue one program call's computations, in topological order, for granting.
+
+        ``tenant`` names whose turn the call continues (see the module
+        docstring); calls without one each start at the global pass.
 
         Raises ValueError, naming the call, for a weight that is not a finite
         number > 0, a call id still active, a repeated node, or a dependency on
@@ -205,8 +222,9 @@ class IslandScheduler:
             call_id=call_id,
             weight=float(weight),
             stride=STRIDE / weight,
-            pass_=self._global_pass,
+            pass_=max(self._global_pass, self._tenant_pass.pop(tenant, 0.0) if tenant else 0.0),
             order=self._submissions,
+            tenant=tenant,
             todo=deque(computations),
             slices=frozenset(c.slice_id for c in computations),
         )
@@ -324,3 +342,6 @@ class IslandScheduler:
     def _forget_if_done(self, call: _Call) -> None:
         if not call.todo and call.outstanding == 0:
             del self._calls[call.call_id]
+            if call.tenant:
+                self._tenant_pass[call.tenant] = max(call.pass_, self._tenant_pass.get(call.tenant, 0.0))
+            self._tenant_pass = {t: p for t, p in self._tenant_pass.items() if p > self._global_pass}
