@@ -392,6 +392,24 @@ def test_a_tenant_of_short_calls_gets_its_weight_not_a_grant_per_call() -> None:
     assert fresh["light"] / sum(fresh.values()) > 0.4, fresh
 
 
+def test_a_tenant_with_two_calls_at_once_gets_its_weight_not_twice_it() -> None:
+    sched = IslandScheduler(window=1)
+    sched.submit("a-0", 1.0, chain("s", 100), tenant="a")
+    sched.submit("a-1", 1.0, chain("s", 100), tenant="a")  # queued behind a-0, as async dispatch does
+    sched.submit("b-0", 1.0, chain("s", 200), tenant="b")
+    order = [g.call_id for g in drain_in_order(sched)]
+    assert Counter(order[:200]) == {"a-0": 100, "b-0": 100}
+    assert Counter(order[200:]) == {"a-1": 100, "b-0": 100}
+
+
+def test_contended_grants_count_only_grants_another_tenant_waited_for() -> None:
+    sched = IslandScheduler(window=2)
+    sched.submit("a-0", 1.0, chain("s", 10), tenant="a")
+    sched.submit("a-1", 1.0, chain("s", 10), tenant="a")
+    drain_in_order(sched)
+    assert sched.contended_grants == {}
+
+
 def test_a_tenant_idle_for_a_while_banks_no_credit() -> None:
     sched = IslandScheduler(window=1)
 
@@ -488,7 +506,7 @@ def test_random_programs_on_shared_slices_never_deadlock(seed: int) -> None:
         for c in comps:
             deps[(call_id, c.node)] = c.deps
         submitted[call_id] = len(comps)
-        sched.submit(call_id, rng.choice([0.5, 1.0, 2.0, 3.0, 7.5]), comps)
+        sched.submit(call_id, rng.choice([0.5, 1.0, 2.0, 3.0, 7.5]), comps, tenant=rng.choice(["", "t0", "t1"]))
 
     for i in range(rng.randint(2, 6)):
         submit(f"call{i}")
