@@ -2,14 +2,29 @@
 
 Four client threads each call their own chained program (`CHAIN` computations
 of a calibrated cost) on one named 1-device slice for a window of time, and the
-window is repeated. With more computations queued than the island scheduler's
-window, stride scheduling decides the order. In each window a program's share is
-its rate of completed computations (counted over whole calls, from its first
-call's start to its last call's end) over the sum of the rates, judged relative
-to its weight's share (`bench.verdicts.SHARE_TOLERANCE`). Utilization is the
+window is repeated. Each keeps its next call queued behind the running one
+(calls return futures, as asynchronous dispatch has it), so no tenant leaves
+the slice between its calls. With more computations queued than the island
+scheduler's window, stride scheduling decides the order. A window lasts until
+every program has finished a call (the lightest, with a fifteenth of the
+slice, takes about fifteen times as long per call as alone).
+
+In each window a program's share is its rate of completed computations over
+the sum of the rates, judged relative to its weight's share
+(`bench.verdicts.SHARE_TOLERANCE`). A rate counts the whole calls that ended
+while all programs were still calling, over the time from the window's start
+to the last of them: calls ending later ran with fewer tenants and would
+flatter the light ones, whose one call outlasts the window. Utilization is the
 window's completed computations per second over the baseline: the same slice's
-throughput with one tenant alone, measured in the same run as separate calls of
-the same program. Above 1 it means that baseline is wrong, and the verdict says so.
+throughput with one tenant alone, calling the same program the same way,
+measured in the same run. Above 1 it means that baseline is wrong, and the
+verdict says so.
+
+A window that begins after the slice was calm measures the onset of
+contention, not the shares: a tenant alone on a slice has a whole scheduler
+window (256 computations) granted ahead, and whoever comes next waits behind
+it. So one window after the single-tenant baseline is run and not counted; the
+windows after it begin where the one before left the slice, contended.
 """
 
 from __future__ import annotations
@@ -21,38 +36,53 @@ from typing import Any
 
 import pathways as pw
 from bench import workloads
-from bench.measure import Figure, figure, timed
+from bench.measure import Figure, figure
 from bench.verdicts import MIN_REPEATS, SHARE_TOLERANCE, share_error, share_met
 
 EXP = "5 multi-tenancy"
 WEIGHTS = (1.0, 2.0, 4.0, 8.0)
 CHAIN = 128
+ALONE_S = 1.0
+"""Length of each window of the single-tenant baseline: several of its calls."""
 
 
 def _contend(programs: list[Any], x: Any, seconds: float) -> tuple[list[float], float, list[int]]:
-    """Every program called in a loop by its own thread for ``seconds``.
+    """Every program called in a loop by its own thread, until ``seconds`` have passed
+    and each has finished a call.
 
-    Returns each program's rate (computations/s over its own calls), the rate of
-    all computations completed over the window's wall time, and each one's calls.
+    Returns each program's rate (computations/s over the calls it finished before
+    the stop, from the common start to the last of them), the rate of all
+    computations completed over the window's wall time, and each one's counted calls.
+    Calls that end after the stop are not counted: from then on the programs leave
+    one by one, and a call still running has the slice more to itself.
     """
-    done: list[list[tuple[float, float]]] = [[] for _ in programs]
+    ended: list[list[float]] = [[] for _ in programs]
+    stop = threading.Event()
     start = time.perf_counter()
-    stop = start + seconds
 
     def tenant(i: int) -> None:
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
-            programs[i](x).block_until_ready()
-            done[i].append((t0, time.perf_counter()))
+        running = programs[i](x)
+        while not stop.is_set():
+            queued = programs[i](x)
+            running.block_until_ready()
+            ended[i].append(time.perf_counter())
+            running = queued
+        running.block_until_ready()
+        ended[i].append(time.perf_counter())
 
     threads = [threading.Thread(target=tenant, args=(i,)) for i in range(len(programs))]
     for t in threads:
         t.start()
+    while all(t.is_alive() for t in threads) and (time.perf_counter() < start + seconds or not all(ended)):
+        time.sleep(0.01)
+    stopped = time.perf_counter()
+    stop.set()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    rates = [CHAIN * len(d) / (d[-1][1] - d[0][0]) if d else 0.0 for d in done]
-    return rates, CHAIN * sum(len(d) for d in done) / wall, [len(d) for d in done]
+    counted = [[at for at in e if at <= stopped] for e in ended]
+    rates = [CHAIN * len(c) / (c[-1] - start) if c else 0.0 for c in counted]
+    return rates, CHAIN * sum(len(e) for e in ended) / wall, [len(c) for c in counted]
 
 
 def run(target_ms: tuple[float, ...], seconds: float, repeats: int) -> list[Figure]:
@@ -71,9 +101,9 @@ def run(target_ms: tuple[float, ...], seconds: float, repeats: int) -> list[Figu
                 return x
             programs.append(pw.program(chain, name=f"tenant-w{w:g}-{n}", weight=w))
         x = workloads.size_input(n)
-        for p in programs:
-            p(x)
-        alone = [CHAIN / timed(lambda: programs[0](x).block_until_ready()) for _ in range(max(repeats, MIN_REPEATS))]
+        _contend(programs[:1], x, ALONE_S)  # warm-up: the first calls ran slow in every run
+        alone = [_contend(programs[:1], x, ALONE_S)[0][0] for _ in range(max(repeats, MIN_REPEATS))]
+        _contend(programs, x, 0.0)  # the onset of contention, not counted (see the module docstring)
         windows = [_contend(programs, x, seconds / repeats) for _ in range(repeats)]
         label = f"{ms:g} ms comps ({workloads.label(n)})"
         want = [w / sum(WEIGHTS) for w in WEIGHTS]

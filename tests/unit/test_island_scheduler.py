@@ -326,6 +326,109 @@ def test_a_slice_calm_for_a_whole_window_gets_the_whole_window_again() -> None:
     assert sched.outstanding("s") == 8
 
 
+def tenants_calling_back_to_back(
+    weights: Mapping[str, float],
+    length: int,
+    gap: int,
+    ticks: int,
+    tenanted: bool = True,
+    shared_window: int = 8,
+) -> tuple[Counter[str], IslandScheduler]:
+    """Each tenant calls a chain of ``length`` computations on one slice, and calls
+    again ``gap`` ticks after its call ended; one host runs one grant per tick, in
+    seq order. Returns the computations each tenant completed in ``ticks`` ticks."""
+    sched = IslandScheduler(window=256, shared_window=shared_window)
+    calls = Counter[str]()
+    left: dict[str, int] = {}
+    returning: dict[int, list[str]] = {}
+
+    def call(tenant: str) -> None:
+        call_id = f"{tenant}-{calls[tenant]}"
+        calls[tenant] += 1
+        sched.submit(call_id, weights[tenant], chain("s", length), tenant=tenant if tenanted else "")
+        left[call_id] = length
+
+    for tenant in weights:
+        call(tenant)
+    done = Counter[str]()
+    queue: deque[Grant] = deque()
+    for tick in range(ticks):
+        for tenant in returning.pop(tick, []):
+            call(tenant)
+        queue.extend(sched.grants())
+        if not queue:
+            continue
+        g = queue.popleft()
+        sched.complete(g.slice_id, g.seq)
+        tenant = g.call_id.rsplit("-", 1)[0]
+        done[tenant] += 1
+        left[g.call_id] -= 1
+        if not left[g.call_id]:
+            returning.setdefault(tick + 1 + gap, []).append(tenant)
+    return done, sched
+
+
+@pytest.mark.parametrize("gap", [0, 2, 5])
+def test_weights_1_2_4_8_share_a_slice_within_10_percent_over_back_to_back_calls(gap: int) -> None:
+    weights = {"w1": 1.0, "w2": 2.0, "w4": 4.0, "w8": 8.0}
+    done, sched = tenants_calling_back_to_back(weights, length=128, gap=gap, ticks=20_000)
+    contended = sched.contended_grants
+    for tenant, w in weights.items():
+        want = w / sum(weights.values())
+        assert done[tenant] / sum(done.values()) == pytest.approx(want, rel=0.1), (tenant, done)
+        assert contended[w] / sum(contended.values()) == pytest.approx(want, rel=0.1), (w, contended)
+
+
+def test_a_tenant_of_short_calls_gets_its_weight_not_a_grant_per_call() -> None:
+    """One-computation calls, each submitted the moment the last one ended, one grant
+    outstanding: were every call to start afresh at the global pass, the tenant that
+    has just finished would win the next turn, whatever the weights."""
+    weights = {"light": 1.0, "heavy": 4.0}
+    done, _ = tenants_calling_back_to_back(weights, length=1, gap=0, ticks=5_000, shared_window=1)
+    assert done["light"] / sum(done.values()) == pytest.approx(0.2, rel=0.1), done
+    fresh, _ = tenants_calling_back_to_back(
+        weights, length=1, gap=0, ticks=5_000, tenanted=False, shared_window=1
+    )
+    assert fresh["light"] / sum(fresh.values()) > 0.4, fresh
+
+
+def test_a_tenant_with_two_calls_at_once_gets_its_weight_not_twice_it() -> None:
+    sched = IslandScheduler(window=1)
+    sched.submit("a-0", 1.0, chain("s", 100), tenant="a")
+    sched.submit("a-1", 1.0, chain("s", 100), tenant="a")  # queued behind a-0, as async dispatch does
+    sched.submit("b-0", 1.0, chain("s", 200), tenant="b")
+    order = [g.call_id for g in drain_in_order(sched)]
+    assert Counter(order[:200]) == {"a-0": 100, "b-0": 100}
+    assert Counter(order[200:]) == {"a-1": 100, "b-0": 100}
+
+
+def test_contended_grants_count_only_grants_another_tenant_waited_for() -> None:
+    sched = IslandScheduler(window=2)
+    sched.submit("a-0", 1.0, chain("s", 10), tenant="a")
+    sched.submit("a-1", 1.0, chain("s", 10), tenant="a")
+    drain_in_order(sched)
+    assert sched.contended_grants == {}
+
+
+def test_a_tenant_idle_for_a_while_banks_no_credit() -> None:
+    sched = IslandScheduler(window=1)
+
+    def next_grants(n: int) -> list[str]:
+        order = []
+        for _ in range(n):
+            (g,) = sched.grants()
+            order.append(g.call_id)
+            sched.complete(g.slice_id, g.seq)
+        return order
+
+    sched.submit("a-0", 1.0, chain("s", 10), tenant="a")
+    sched.submit("b-0", 1.0, chain("s", 2000), tenant="b")
+    assert Counter(next_grants(20)) == {"a-0": 10, "b-0": 10}
+    next_grants(1000)  # b alone on the slice while a is idle
+    sched.submit("a-1", 1.0, chain("s", 100), tenant="a")
+    assert Counter(next_grants(20)) == {"a-1": 10, "b-0": 10}
+
+
 def test_without_a_shared_window_every_call_gets_the_window() -> None:
     sched = IslandScheduler(window=16)
     assert sched.shared_window == 16
@@ -403,7 +506,7 @@ def test_random_programs_on_shared_slices_never_deadlock(seed: int) -> None:
         for c in comps:
             deps[(call_id, c.node)] = c.deps
         submitted[call_id] = len(comps)
-        sched.submit(call_id, rng.choice([0.5, 1.0, 2.0, 3.0, 7.5]), comps)
+        sched.submit(call_id, rng.choice([0.5, 1.0, 2.0, 3.0, 7.5]), comps, tenant=rng.choice(["", "t0", "t1"]))
 
     for i in range(rng.randint(2, 6)):
         submit(f"call{i}")

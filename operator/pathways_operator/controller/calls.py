@@ -164,7 +164,9 @@ class Calls:
                     forward = pb.HostCommand(forward=p.forward)
                     for link in holder.links:
                         link.send(forward)
-            self._scheduler.submit(call_id, weight if weight > 0 else 1.0, prec.scheduled())
+            self._scheduler.submit(
+                call_id, weight if weight > 0 else 1.0, prec.scheduled(), tenant=f"{client}/{program_id}"
+            )
             self._dispatch_grants()
             return reply
 

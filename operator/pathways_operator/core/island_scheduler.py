@@ -40,18 +40,27 @@ meanwhile, and the shares drift towards equal.
 Sharing between calls: stride scheduling
 ----------------------------------------
 Programs sharing slices receive grants in proportion to their ``weight``
-(``PathwaysProgram.spec.weight``). Each call has a *pass*; the call with the
-lowest pass gets the next grant and advances its pass by ``STRIDE / weight``.
-A newly submitted call starts at the current global pass, so it neither jumps
-ahead of calls already running (it earned no credit) nor waits behind their
-accumulated passes. A call whose next computation's slice window is full is
-skipped for now; it does not bank credit while blocked (its pass is brought up
-to the global pass when it next runs), so it cannot monopolise a slice after.
-Ties go to the call submitted first.
+(``PathwaysProgram.spec.weight``). Shares are kept per *tenant*, which the
+caller names (one client's calls of one program; a call that names none is a
+tenant of its own). Each tenant has a *pass*; the tenant with the lowest pass
+gets the next grant, for the first of its calls (in submission order) whose
+next computation's slice has room, and advances its pass by ``STRIDE / weight``.
+So a client that keeps a second call queued behind the first, as asynchronous
+dispatch does, gets its weight and not twice it. A tenant that arrives starts at
+the current global pass, so it neither jumps ahead of tenants already running
+(it earned no credit) nor waits behind their accumulated passes; a tenant
+that calls again goes on from its own pass, if that is further on: otherwise a
+client calling again as soon as its call ended would be one stride ahead at
+every call, and one of short calls would win a grant each time it came back,
+whatever its weight. A tenant idle for a while finds the global pass beyond its
+own and banks nothing. A tenant none of whose calls has room is skipped for
+now; it does not bank credit while blocked (its pass is brought up to the
+global pass when it next runs), so it cannot monopolise a slice after. Ties go
+to the tenant whose oldest call was submitted first.
 
 Shares are observable: `contended_grants` counts, by the weight of the call that got
-it, every grant made on a slice that another call was also waiting for. Grants a call
-gets alone on a slice take nothing from anyone, so only these follow the weights
+it, every grant made on a slice that another tenant was also waiting for. Grants a
+tenant gets alone on a slice take nothing from anyone, so only these follow the weights
 (the operator exports them as ``pathways_contended_grants_total{weight}``).
 
 Everything here is plain in-memory state driven by calls; no clocks, no I/O.
@@ -121,8 +130,8 @@ class _Call:
     call_id: str
     weight: float
     stride: float
-    pass_: float
     order: int
+    tenant: str
     todo: deque[ScheduledComputation]
     slices: frozenset[str]
     outstanding: int = 0
@@ -147,6 +156,8 @@ class IslandScheduler:
         self._global_pass = 0.0
         self._submissions = 0
         self._calls: dict[str, _Call] = {}
+        self._passes: dict[str, float] = {}
+        """Tenant -> its pass, while it has calls or its pass is beyond the global pass."""
         self._granted: dict[str, dict[int, tuple[str, int]]] = {}
         """slice -> seq -> (call, node) of grants not yet completed."""
         self._contended: dict[float, int] = {}
@@ -165,9 +176,16 @@ class IslandScheduler:
         return dict(self._contended)
 
     def submit(
-        self, call_id: str, weight: float, computations: Sequence[ScheduledComputation]
+        self,
+        call_id: str,
+        weight: float,
+        computations: Sequence[ScheduledComputation],
+        tenant: str = "",
     ) -> None:
         """Queue one program call's computations, in topological order, for granting.
+
+        ``tenant`` names whose share the call draws on (see the module
+        docstring); a call without one is a tenant of its own.
 
         Raises ValueError, naming the call, for a weight that is not a finite
         number > 0, a call id still active, a repeated node, or a dependency on
@@ -201,12 +219,14 @@ class IslandScheduler:
             seen.add(comp.node)
         if not computations:
             return
+        tenant = tenant or call_id
+        self._passes[tenant] = max(self._global_pass, self._passes.get(tenant, 0.0))
         self._calls[call_id] = _Call(
             call_id=call_id,
             weight=float(weight),
             stride=STRIDE / weight,
-            pass_=self._global_pass,
             order=self._submissions,
+            tenant=tenant,
             todo=deque(computations),
             slices=frozenset(c.slice_id for c in computations),
         )
@@ -214,52 +234,62 @@ class IslandScheduler:
 
     def grants(self) -> list[Grant]:
         """Grant everything grantable now, in seq order; each computation is granted once."""
-        ready = [(c.pass_, c.order, c.call_id) for c in self._calls.values() if c.todo]
+        waiting: dict[str, list[_Call]] = {}
+        for active in self._calls.values():  # in submission order
+            if active.todo:
+                waiting.setdefault(active.tenant, []).append(active)
+        ready = [(self._passes[t], calls[0].order, t) for t, calls in waiting.items()]
         heapq.heapify(ready)
         limit = self._limits()
         wanting = self._wanting()
         issued: list[Grant] = []
         while ready:
-            _, _, call_id = heapq.heappop(ready)
-            call = self._calls[call_id]
-            comp = call.todo[0]
-            on_slice = self._granted.setdefault(comp.slice_id, {})
-            if len(on_slice) >= limit.get(comp.slice_id, self._window):
-                continue  # skipped until complete() frees room on that slice
+            _, _, tenant = heapq.heappop(ready)
+            calls = waiting[tenant]
+            call = next((c for c in calls if self._has_room(c.todo[0].slice_id, limit)), None)
+            if call is None:
+                continue  # skipped until complete() frees room on a slice it waits for
+            comp = call.todo.popleft()
             self._count_calm(comp.slice_id)
-            call.todo.popleft()
-            if wanting.get(comp.slice_id, 0) > 1:
+            if len(wanting.get(comp.slice_id, {})) > 1:
                 self._contended[call.weight] = self._contended.get(call.weight, 0) + 1
             if not call.todo:
+                calls.remove(call)
                 for slice_id in call.slices:
-                    wanting[slice_id] -= 1
+                    wanting[slice_id][tenant] -= 1
+                    if not wanting[slice_id][tenant]:
+                        del wanting[slice_id][tenant]
             seq = self._next_seq
             self._next_seq += 1
-            on_slice[seq] = (call_id, comp.node)
+            self._granted[comp.slice_id][seq] = (call.call_id, comp.node)
             call.outstanding += 1
-            issued.append(Grant(comp.slice_id, seq, call_id, comp.node))
-            self._global_pass = max(self._global_pass, call.pass_)
-            call.pass_ = self._global_pass + call.stride
-            if call.todo:
-                heapq.heappush(ready, (call.pass_, call.order, call_id))
+            issued.append(Grant(comp.slice_id, seq, call.call_id, comp.node))
+            self._global_pass = max(self._global_pass, self._passes[tenant])
+            self._passes[tenant] = self._global_pass + call.stride
+            if calls:
+                heapq.heappush(ready, (self._passes[tenant], calls[0].order, tenant))
         return issued
+
+    def _has_room(self, slice_id: str, limit: dict[str, int]) -> bool:
+        return len(self._granted.setdefault(slice_id, {})) < limit.get(slice_id, self._window)
 
     def _limits(self) -> dict[str, int]:
         """The window of each slice that is, or lately was, contended."""
         if self._shared_window == self._window:
             return {}
-        for slice_id, n in self._wanting().items():
-            if n > 1:
+        for slice_id, tenants in self._wanting().items():
+            if len(tenants) > 1:
                 self._calm[slice_id] = 0
         return {s: self._shared_window for s in self._calm}
 
-    def _wanting(self) -> dict[str, int]:
-        """Slice -> calls with ungranted work that touch it."""
-        wanting: dict[str, int] = {}
+    def _wanting(self) -> dict[str, dict[str, int]]:
+        """Slice -> tenant -> its calls with ungranted work that touch the slice."""
+        wanting: dict[str, dict[str, int]] = {}
         for call in self._calls.values():
             if call.todo:
                 for slice_id in call.slices:
-                    wanting[slice_id] = wanting.get(slice_id, 0) + 1
+                    tenants = wanting.setdefault(slice_id, {})
+                    tenants[call.tenant] = tenants.get(call.tenant, 0) + 1
         return wanting
 
     def _count_calm(self, slice_id: str) -> None:
@@ -324,3 +354,5 @@ class IslandScheduler:
     def _forget_if_done(self, call: _Call) -> None:
         if not call.todo and call.outstanding == 0:
             del self._calls[call.call_id]
+            active = {c.tenant for c in self._calls.values()}
+            self._passes = {t: p for t, p in self._passes.items() if t in active or p > self._global_pass}
