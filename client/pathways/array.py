@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from pathways_wire import ir
 from pathways_wire.errors import ExecutionError
@@ -75,7 +76,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         slice_name: str = "",
         generation: int = 0,
         fetch: Callable[[Array], np.ndarray] | None = None,
-        sharding: Callable[[], str] | None = None,
+        sharding: Callable[[], PartitionSpec] | None = None,
     ) -> None:
         self.shape = tuple(int(d) for d in spec.shape)
         self.dtype = np.dtype(spec.dtype)
@@ -106,10 +107,10 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         return self.call is not None and not self._deleted
 
     @property
-    def sharding(self) -> str:
-        """How the value is laid out over its slice's devices, as the computation that made
-        it declared (XLA's HloSharding text; "replicated" when it declared none)."""
-        return self._sharding() if self._sharding is not None else "replicated"
+    def sharding(self) -> PartitionSpec:
+        """How the value is laid out over its slice's mesh, as the computation that made it
+        declared: a ``PartitionSpec`` over the mesh's axes (``PartitionSpec()``: replicated)."""
+        return self._sharding() if self._sharding is not None else PartitionSpec()
 
     @property
     def ndim(self) -> int:

@@ -72,6 +72,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from pathways_wire import ir, transfer
 from pathways.array import Array, CallFuture
@@ -590,12 +591,15 @@ class Runtime:
 
 
 @functools.lru_cache(maxsize=256)
-def _output_sharding(computation: ir.Computation, index: int) -> str:
-    """What the exported computation says of output `index`'s layout (read on first ask)."""
+def _output_sharding(computation: ir.Computation, index: int) -> PartitionSpec:
+    """The ``PartitionSpec`` the exported computation declares for output `index`, over the
+    mesh it was traced on (read on first ask; ``PartitionSpec()`` when it declares none)."""
     import jax
 
-    hlo = jax.export.deserialize(bytearray(computation.artifact)).out_shardings_hlo[index]
-    return "replicated" if hlo is None else str(hlo)
+    exported = jax.export.deserialize(bytearray(computation.artifact))
+    mesh = AbstractMesh(tuple(computation.mesh_shape), tuple(computation.mesh_axes))
+    declared = exported.out_shardings_jax(mesh)[index]
+    return declared.spec if isinstance(declared, NamedSharding) else PartitionSpec()
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:
