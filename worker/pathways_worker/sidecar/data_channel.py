@@ -262,16 +262,17 @@ class DataLink:
         """Sends one value (its pieces' bytes, or on one machine their files) and
         waits for the receiver's answer; returns the pieces it received."""
         try:
-            self._send_pieces(exported, handover, movable)
+            self.send_pieces(exported, handover, movable)
         except OSError as err:  # the receiver may have refused and closed: say why
             try:
-                self._answer()
+                self.answer()
             except (DataChannelError, OSError):
                 raise
             raise err
-        return self._answer()
+        return self.answer()
 
-    def _send_pieces(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
+    def send_pieces(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
+        """The value's frames, without waiting for the answer (`answer`)."""
         for header, piece in _headers(exported, self._sender):
             path = piece.path if piece is not None else ""
             if path and handover:
@@ -289,7 +290,8 @@ class DataLink:
                     if sent != header.nbytes:
                         raise DataChannelError("INTERNAL", f"{path} ended after {sent} of {header.nbytes} bytes")
 
-    def _answer(self) -> int:
+    def answer(self) -> int:
+        """The receiver's answer to the value sent last: the pieces it received."""
         reply = pb.PutReply()
         try:
             read_frame(self._sock, REPLY, reply)
