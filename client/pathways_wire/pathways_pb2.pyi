@@ -1903,6 +1903,7 @@ class Arrival(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     SPARE_DIR_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     path: _builtins.str
     """file under the shared-memory dir; "" with error"""
@@ -1910,6 +1911,10 @@ class Arrival(_message.Message):
     spare_dir: _builtins.str
     """Where the file goes as a spare once the value is dropped: the directory of
     the host on this machine whose file it was (handed over whole); "" for here.
+    """
+    data: _builtins.bytes
+    """A small value (`transfer.moves_inline`) arrives as its C-order bytes here,
+    with no file (`path` is "").
     """
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
@@ -1924,10 +1929,11 @@ class Arrival(_message.Message):
         path: _builtins.str = ...,
         error: _builtins.str = ...,
         spare_dir: _builtins.str = ...,
+        data: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "path", b"path", "spare_dir", b"spare_dir", "spec", b"spec", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "data", b"data", "error", b"error", "path", b"path", "spare_dir", b"spare_dir", "spec", b"spec", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1971,8 +1977,13 @@ class Piece(_message.Message):
     STOP_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     NBYTES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     nbytes: _builtins.int
+    data: _builtins.bytes
+    """A small routed value (`transfer.moves_inline`) leaves the worker as its
+    bytes here instead of a file (`path` is "").
+    """
     @_builtins.property
     def start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -1984,10 +1995,11 @@ class Piece(_message.Message):
         stop: _abc.Iterable[_builtins.int] | None = ...,
         path: _builtins.str = ...,
         nbytes: _builtins.int = ...,
+        data: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nbytes", b"nbytes", "path", b"path", "start", b"start", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "nbytes", b"nbytes", "path", b"path", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,6 +37,9 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_CHUNK_BYTES = 4 << 20
 # gRPC message limit both ends should configure: a chunk plus its header.
 MAX_MESSAGE_BYTES = 8 << 20
+INLINE_MOVE_BYTES = 32 << 10
+"""A value up to this size moves between hosts without shared-memory files:
+making, mapping and removing a file costs more than the copies it saves."""
 
 Shape = tuple[int, ...]
 
@@ -114,6 +117,12 @@ def parse_spec(spec: pb.TensorSpec, field: str = "spec") -> tuple[Shape, np.dtyp
 
 def spec_of(array: np.ndarray) -> pb.TensorSpec:
     return pb.TensorSpec(shape=list(array.shape), dtype=array.dtype.name)
+
+
+def moves_inline(nbytes: int) -> bool:
+    """Whether a value (or a host's run of it) of `nbytes` travels in the
+    messages between worker and sidecar rather than through files."""
+    return nbytes <= INLINE_MOVE_BYTES
 
 
 def spec_nbytes(spec: pb.TensorSpec) -> int:

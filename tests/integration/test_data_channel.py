@@ -112,6 +112,33 @@ def test_a_whole_movable_piece_is_moved(receiver: Receiver, tmp_path: Path) -> N
     assert os.path.dirname(receiver.arrivals[0].path) == receiver.shm.path
 
 
+SMALL = np.arange(8 * 256, dtype=np.float32).reshape(8, 256)
+
+
+def inline_value(value: np.ndarray, shards: int, call_id: str = "call-1") -> pb.Exported:
+    """A small value split into `shards` row blocks, each carried inline as the worker exports it."""
+    exported = pb.Exported(call_id=call_id, spec=transfer.spec_of(value))
+    exported.value.node, exported.value.index = 3, 0
+    rows = value.shape[0] // shards
+    for i in range(shards):
+        block = value[i * rows : (i + 1) * rows]
+        exported.pieces.add(
+            start=(i * rows, 0), stop=((i + 1) * rows, value.shape[1]), data=block.tobytes(), nbytes=block.nbytes,
+        )
+    return exported
+
+
+@pytest.mark.parametrize("handover", [False, True])
+def test_a_small_value_travels_inline_and_arrives_without_a_file(receiver: Receiver, handover: bool) -> None:
+    assert transfer.moves_inline(SMALL.nbytes)
+    assert receiver.link().send(inline_value(SMALL, 2), handover=handover, movable=True) == 2
+    assert len(receiver.arrivals) == 1 and not receiver.arrivals[0].error, receiver.arrivals
+    arrival = receiver.arrivals[0]
+    assert arrival.path == ""
+    np.testing.assert_array_equal(np.frombuffer(arrival.data, np.float32).reshape(SMALL.shape), SMALL)
+    assert not [n for n in os.listdir(receiver.shm.path) if n.endswith(".bin")]
+
+
 def test_a_failed_value_reaches_the_consumer_as_an_error(receiver: Receiver) -> None:
     exported = pb.Exported(call_id="call-1", error="producer exploded")
     exported.value.node = 3

@@ -323,3 +323,10 @@ def test_a_run_written_in_order_is_byte_for_byte_its_block() -> None:
 
 def test_a_scalar_is_one_run_of_its_own() -> None:
     assert transfer.piece_runs((), [((), ())]) == [[0]]
+
+
+def test_only_small_values_move_inline() -> None:
+    assert transfer.moves_inline(0)
+    assert transfer.moves_inline(4096)
+    assert transfer.moves_inline(transfer.INLINE_MOVE_BYTES)
+    assert not transfer.moves_inline(transfer.INLINE_MOVE_BYTES + 1)

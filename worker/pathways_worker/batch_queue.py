@@ -16,10 +16,14 @@ class BatchQueue(Generic[T]):
         self._cv = threading.Condition()
         self._items: list[T] = []
         self._nudged = False
+        self._urgent = False
 
-    def put(self, item: T) -> None:
+    def put(self, item: T, urgent: bool = False) -> None:
+        """`urgent`: someone waits for this item, so the batch it joins goes
+        without lingering for company."""
         with self._cv:
             self._items.append(item)
+            self._urgent = self._urgent or urgent
             self._cv.notify_all()
 
     def put_many(self, items: list[T]) -> None:
@@ -42,17 +46,20 @@ class BatchQueue(Generic[T]):
         a nudge arrived. With `linger_s`, once something is there it waits that
         much longer for company: a few hundred microseconds turn a stream of
         one-completion messages into a few large ones. `more_coming` says
-        whether lingering can pay off; when it says no, the batch goes now."""
+        whether lingering can pay off; when it says no, or an urgent item is
+        queued, the batch goes now."""
         with self._cv:
             if not self._items and not self._nudged:
                 self._cv.wait(timeout_s)
             if not self._items and not self._nudged:
                 return [], False
-        if linger_s > 0 and (more_coming is None or more_coming()):
+            urgent = self._urgent
+        if linger_s > 0 and not urgent and (more_coming is None or more_coming()):
             time.sleep(linger_s)
         with self._cv:
             items, self._items = self._items, []
             nudged, self._nudged = self._nudged, False
+            self._urgent = False
             return items, nudged
 
     def __len__(self) -> int:

@@ -180,7 +180,8 @@ class ShmDir:
         """The piece files of a value sent on: kept as spares for the next
         writer of their size (their pages are warm), or removed."""
         for piece in exported.pieces:
-            self.recycle(piece.path, piece.nbytes)
+            if piece.path:
+                self.recycle(piece.path, piece.nbytes)
 
     def recycle(self, path: str, nbytes: int, into: str = "") -> None:
         """A file done with: kept as a spare (in this directory, or `into`
@@ -372,9 +373,21 @@ def exported_chunks(
         header.start.extend(piece.start)
         header.stop.extend(piece.stop)
         header.nbytes = piece.nbytes
-        yield from piece_file_chunks(header, piece.path, chunk_bytes)
+        if piece.path:
+            yield from piece_file_chunks(header, piece.path, chunk_bytes)
+        else:
+            yield from _inline_chunks(header, piece.data, chunk_bytes)
+
+
+def _inline_chunks(header: pb.BufferHeader, data: bytes, chunk_bytes: int) -> Iterator[pb.BufferChunk]:
+    """A piece that left the worker inline, as chunks, the header on the first."""
+    view = memoryview(data)
+    yield pb.BufferChunk(header=header, data=bytes(view[:chunk_bytes]))
+    for at in range(chunk_bytes, len(view), chunk_bytes):
+        yield pb.BufferChunk(data=bytes(view[at : at + chunk_bytes]))
 
 
 def remove_pieces(exported: pb.Exported) -> None:
     for piece in exported.pieces:
-        remove(piece.path)
+        if piece.path:
+            remove(piece.path)

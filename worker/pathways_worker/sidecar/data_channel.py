@@ -12,8 +12,10 @@ without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
 followed by the piece's `nbytes` raw bytes, which the sender sends straight
-from the worker's piece file (`socket.sendfile`) and the receiver reads
-straight into the value's shared-memory file. After the sender's last piece of
+from the worker's piece file (`socket.sendfile`), or for a small piece that
+left the worker inline in the same write as its header, and the receiver
+reads straight into the value (a shared-memory file, or for a small value
+memory: `inbox`). After the sender's last piece of
 a value the receiver answers with a `PutReply` (an `error` and gRPC-style
 `code` if something was wrong). A malformed frame gets such an answer naming
 the field, and the connection is closed; the receiver keeps serving others.
@@ -96,9 +98,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def send_frame(sock: socket.socket, kind: int, message: Message) -> None:
+def send_frame(sock: socket.socket, kind: int, message: Message, data: bytes = b"") -> None:
+    """One frame, and after it in the same write the `data` it announces (a
+    small piece's bytes): one segment on the wire, not two."""
     body = message.SerializeToString()
-    sock.sendall(FRAME.pack(kind, len(body)) + body)
+    sock.sendall(b"".join((FRAME.pack(kind, len(body)), body, data)))
 
 
 def read_frame(sock: socket.socket, kind: int, message: Message) -> None:
@@ -258,22 +262,26 @@ class DataLink:
         """Sends one value (its pieces' bytes, or on one machine their files) and
         waits for the receiver's answer; returns the pieces it received."""
         try:
-            self._send_pieces(exported, handover, movable)
+            self.send_pieces(exported, handover, movable)
         except OSError as err:  # the receiver may have refused and closed: say why
             try:
-                self._answer()
+                self.answer()
             except (DataChannelError, OSError):
                 raise
             raise err
-        return self._answer()
+        return self.answer()
 
-    def _send_pieces(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
-        for header, path in _headers(exported, self._sender):
+    def send_pieces(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
+        """The value's frames, without waiting for the answer (`answer`)."""
+        for header, piece in _headers(exported, self._sender):
+            path = piece.path if piece is not None else ""
             if path and handover:
                 st = os.stat(path)
                 header.path, header.file_device, header.file_inode = path, st.st_dev, st.st_ino
                 header.movable = movable and len(exported.pieces) == 1
                 send_frame(self._sock, PIECE, header)
+            elif piece is not None and not path:
+                send_frame(self._sock, PIECE, header, piece.data)
             else:
                 send_frame(self._sock, PIECE, header)
                 if header.nbytes:
@@ -282,7 +290,8 @@ class DataLink:
                     if sent != header.nbytes:
                         raise DataChannelError("INTERNAL", f"{path} ended after {sent} of {header.nbytes} bytes")
 
-    def _answer(self) -> int:
+    def answer(self) -> int:
+        """The receiver's answer to the value sent last: the pieces it received."""
         reply = pb.PutReply()
         try:
             read_frame(self._sock, REPLY, reply)
@@ -293,17 +302,17 @@ class DataLink:
         return int(reply.pieces)
 
 
-def _headers(exported: pb.Exported, sender: str) -> Iterator[tuple[pb.BufferHeader, str]]:
-    """The headers a value's pieces travel under, with each piece's file (as
-    `shared_memory.exported_chunks` makes them for Put)."""
+def _headers(exported: pb.Exported, sender: str) -> Iterator[tuple[pb.BufferHeader, pb.Piece | None]]:
+    """The headers a value's pieces travel under, with each piece (its file, or
+    its bytes inline), as `shared_memory.exported_chunks` makes them for Put."""
     value, spec = exported.value, exported.spec
     if exported.error:
         header = piece_header(exported.call_id, value, spec, None, sender, True)
         header.error = exported.error
-        yield header, ""
+        yield header, None
         return
     if not exported.pieces:
-        yield piece_header(exported.call_id, value, spec, None, sender, True), ""
+        yield piece_header(exported.call_id, value, spec, None, sender, True), None
         return
     last = len(exported.pieces) - 1
     for i, piece in enumerate(exported.pieces):
@@ -311,4 +320,4 @@ def _headers(exported: pb.Exported, sender: str) -> Iterator[tuple[pb.BufferHead
         header.start.extend(piece.start)
         header.stop.extend(piece.stop)
         header.nbytes = piece.nbytes
-        yield header, piece.path
+        yield header, piece

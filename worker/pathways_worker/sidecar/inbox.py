@@ -4,8 +4,9 @@ Pieces come from Put streams: the client's whole program inputs, or the pieces
 each host of a producer slice holds of a routed value. The first piece of a
 value reserves its size in the byte budget (waiting if the store is full) and
 creates one shared-memory file of the global array (a warm one from the pool,
-unless a file handed over on this machine will replace it); every piece is
-written at its place in it. A value is complete when its whole piece arrived,
+unless a file handed over on this machine will replace it), or for a small
+value (`transfer.moves_inline`) an array in memory that goes to the worker
+inside its Arrival; every piece is written at its place in it. A value is complete when its whole piece arrived,
 or when as many distinct senders as the call's Launch expects have sent their
 last piece. A Put may overtake its Launch: the value then waits, held, until
 the Launch says how many senders to count. Complete values, and values a sender reported
@@ -24,7 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pathways_wire.transfer import PieceAssembler, PieceInfo, PieceWriter, TransferError, value_name
+from pathways_wire.transfer import (
+    PieceAssembler, PieceInfo, PieceWriter, TransferError, moves_inline, value_name,
+)
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.shared_memory import FileWriter, ShmDir, remove
 from pathways_worker.sidecar.byte_budget import ByteBudget
@@ -116,6 +119,9 @@ class InboundValue:
     whole_done: bool = False
     delivered: bool = False
     spare_dir: str = ""
+    in_memory: bool = False
+    """A small value (`transfer.moves_inline`): assembled in memory, it goes to
+    the worker inline in its Arrival, with no file."""
 
     @property
     def name(self) -> str:
@@ -251,13 +257,22 @@ class Inbox:
                 if existing is not None:
                     return existing
                 return InboundValue(info.call_id, key[1], header.spec, delivered=True)
+            spec = pb.TensorSpec(shape=list(info.shape), dtype=info.dtype.name)
+            if moves_inline(nbytes):
+                target = np.empty(info.shape, info.dtype)
+                entry = InboundValue(
+                    info.call_id, key[1], spec, target=target, assembler=PieceAssembler(target),
+                    reserved=nbytes, in_memory=True,
+                )
+                self._values[key] = entry
+                return entry
             replaced = bool(header.movable and header.path) and info.nbytes == nbytes
             path, target = self._shm.create_value(info.shape, info.dtype, warm=not replaced)
             file = FileWriter(path)
             entry = InboundValue(
                 call_id=info.call_id,
                 ref=key[1],
-                spec=pb.TensorSpec(shape=list(info.shape), dtype=info.dtype.name),
+                spec=spec,
                 path=path,
                 target=target,
                 file=file,
@@ -308,10 +323,11 @@ class Inbox:
                 )
 
     def _deliver_value(self, entry: InboundValue) -> None:
+        data = entry.target.tobytes() if entry.in_memory and entry.target is not None else b""
         self._close(entry)
         entry.delivered = True
         arrival = pb.Arrival(
-            call_id=entry.call_id, spec=entry.spec, path=entry.path, spare_dir=entry.spare_dir
+            call_id=entry.call_id, spec=entry.spec, path=entry.path, spare_dir=entry.spare_dir, data=data
         )
         arrival.value.node, arrival.value.index = entry.ref
         self._deliver(arrival)

@@ -10,6 +10,9 @@ The first push to a peer asks its `Health` for its data channel
 sent straight from the piece files, or on the same machine (same boot id and
 shared-memory device) the files themselves handed over. Otherwise, and for a
 peer that refuses a handover, they stream over `Dataflow.Put` in 1 MiB chunks.
+A small value that left the worker inline is written to an idle connection
+at once, on the thread that got it from the worker; only the wait for the
+answer goes to a pool thread.
 
 Each push presents the receiving slice's token, which the controller put on
 the Launch's routes (`learn_tokens`); a peer it has none for gets this
@@ -125,9 +128,10 @@ class PeerPusher:
         left = [len(destinations)]
         movable = len(destinations) == 1
 
-        def one(address: str) -> None:
+        def one(address: str, sent: DataLink | None) -> None:
             try:
-                self._push_one(exported, address, movable)
+                if sent is None or not self._answered(exported, address, sent):
+                    self._push_one(exported, address, movable)
             finally:
                 with self._lock:
                     left[0] -= 1
@@ -135,8 +139,42 @@ class PeerPusher:
                 if last:
                     self._done_with(exported)
 
+        at_once = sends_at_once(exported)
         for address in destinations:
-            self._pool.submit(one, address)
+            sent = self._send_now(exported, address, movable) if at_once else None
+            self._pool.submit(one, address, sent)
+
+    def _send_now(self, exported: pb.Exported, address: str, movable: bool) -> DataLink | None:
+        """Sends a small value on the caller's thread over an idle link to a
+        known peer, so its bytes leave without waiting for a pool thread; the
+        link waiting for the answer, or None if there was none to use."""
+        with self._lock:
+            peer = self._peers.get(address)
+            idle = self._idle.get(address)
+            link = idle.pop() if idle and peer is not None and peer.address else None
+        if link is None or peer is None:
+            return None
+        try:
+            link.send_pieces(exported, handover=peer.same_node, movable=movable)
+        except OSError:
+            link.close()
+            return None
+        return link
+
+    def _answered(self, exported: pb.Exported, address: str, link: DataLink) -> bool:
+        """Waits for the answer to a value sent by `_send_now`; False if there
+        was none or it was a refusal (the value is then pushed as usual, which
+        retries or reports it)."""
+        try:
+            link.answer()
+        except (DataChannelError, OSError):
+            link.close()
+            return False
+        path: TransferPath = "handover" if self._peers[address].same_node else "data-channel"
+        self.transfers.add("out", path, sum(p.nbytes for p in exported.pieces))
+        with self._lock:
+            self._idle.setdefault(address, []).append(link)
+        return True
 
     def _push_one(self, exported: pb.Exported, address: str, movable: bool) -> None:
         what = f"{value_name(exported.value)} of call {exported.call_id}"
@@ -233,6 +271,13 @@ class PeerPusher:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+
+
+def sends_at_once(exported: pb.Exported) -> bool:
+    """Whether a value is sent on the thread that got it from the worker: its
+    pieces are all inline (`transfer.moves_inline`), so sending them is one
+    short write and reads no file."""
+    return all(not piece.path for piece in exported.pieces)
 
 
 def _status(err: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -169,14 +169,18 @@ class Executor:
         return stimuli.ValueArrived(oid, value, int(value.nbytes))
 
     def _arrived(self, arrival: pb.Arrival) -> stimuli.ValueArrived:
-        """A value from outside the slice, mapped from the file the sidecar wrote."""
+        """A value from outside the slice, mapped from the file the sidecar wrote
+        (or, for a small one, decoded from the Arrival's bytes)."""
         oid = ObjectId(arrival.call_id, ref_of(arrival.value))
         if arrival.error:
             return stimuli.ValueArrived(oid, None, 0, arrival.error)
         try:
             shape, dtype = parse_spec(arrival.spec)
-            path = self._shm.resolve(arrival.path)
-            value = self._shm.map_arrived(path, shape, dtype, arrival.spare_dir)
+            if arrival.path:
+                path = self._shm.resolve(arrival.path)
+                value = self._shm.map_arrived(path, shape, dtype, arrival.spare_dir)
+            else:
+                value = np.frombuffer(arrival.data, dtype).reshape(shape)
         except Exception as err:
             error = f"cannot load arrived {ref_name(oid.ref)} on host {self.host_name}: {err}"
             return stimuli.ValueArrived(oid, None, 0, error)

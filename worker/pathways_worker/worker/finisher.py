@@ -7,7 +7,8 @@ messages as it can, and writes the values that leave the host — routed to
 another slice, or fetched by the client — to shared memory for the sidecar.
 A host's shards that follow each other in the value's C order (a value split
 by rows) leave as one piece, written once into one warm file; on the same
-machine that file becomes the consumer's value as it is.
+machine that file becomes the consumer's value as it is. A small routed piece
+(`transfer.moves_inline`) leaves as bytes in the message, with no file.
 What it learns on the way (a computation failed after dispatch, a fetch that
 releases its value was written) goes back to the machine as a stimulus.
 """
@@ -24,7 +25,7 @@ import jax
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.transfer import Piece, piece_runs, run_block, value_pieces
+from pathways_wire.transfer import Piece, moves_inline, piece_runs, run_block, value_pieces
 from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
 from pathways_worker.worker.object_store import ObjectId, object_name
@@ -122,11 +123,14 @@ class Finisher:
                 pieces = self._pieces(job.value)
                 bounds = [(p.start, p.stop) for p in pieces]
                 for run in piece_runs(tuple(spec.shape), bounds):
-                    path = self._shm.write_run([pieces[i] for i in run])
                     start, stop = run_block(bounds, run)
-                    exported.pieces.append(pb.Piece(
-                        start=start, stop=stop, path=path, nbytes=sum(pieces[i].data.nbytes for i in run),
-                    ))
+                    nbytes = sum(pieces[i].data.nbytes for i in run)
+                    piece = pb.Piece(start=start, stop=stop, nbytes=nbytes)
+                    if job.token == 0 and moves_inline(nbytes):
+                        piece.data = b"".join(pieces[i].data.tobytes() for i in run)
+                    else:
+                        piece.path = self._shm.write_run([pieces[i] for i in run])
+                    exported.pieces.append(piece)
             except Exception as err:
                 for p in exported.pieces:
                     remove(p.path)

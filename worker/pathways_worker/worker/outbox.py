@@ -29,7 +29,7 @@ class WorkerOutbox:
         self._queue.put_many(list(done))
 
     def exported(self, exported: pb.Exported) -> None:
-        self._queue.put(exported)
+        self._queue.put(exported, urgent=True)
 
     def nudge(self) -> None:
         self._queue.nudge()
