@@ -329,13 +329,16 @@ class Runtime:
         return given.on_hosts and getattr(given._fetch, "__self__", None) is self
 
     def _put_inputs(self, reply: pb.RunReply, call_id: str, arrays: dict[int, np.ndarray]) -> None:
+        """Each host's inputs go in one Put stream: one stream per host, not per input."""
+        per_host: dict[str, list[tuple[ir.ValueRef, np.ndarray]]] = {}
+        for i, array in arrays.items():
+            if array.nbytes > INLINE_BYTES:
+                for host in reply.inputs[i].hosts:
+                    per_host.setdefault(host, []).append((ir.ValueRef(ir.PROGRAM_INPUT, i), array))
         in_flight: list[Future[Any]] = []
         try:
             in_flight += [
-                self._pool.submit(self._put, host, call_id, ir.ValueRef(ir.PROGRAM_INPUT, i), array)
-                for i, array in arrays.items()
-                if array.nbytes > INLINE_BYTES
-                for host in reply.inputs[i].hosts
+                self._pool.submit(self._put, host, call_id, values) for host, values in per_host.items()
             ]
             for fut in in_flight:
                 fut.result()
@@ -513,15 +516,18 @@ class Runtime:
             with self._lock:
                 self._hosts.learn(reply.host_tokens.items())
 
-    def _put(self, address: str, call_id: str, ref: ir.ValueRef, array: np.ndarray) -> None:
+    def _put(self, address: str, call_id: str, values: Sequence[tuple[ir.ValueRef, np.ndarray]]) -> None:
+        chunks = (
+            chunk
+            for ref, array in values
+            for chunk in transfer.whole_value_chunks(call_id, ref.to_proto(), np.ascontiguousarray(array))
+        )
         try:
-            self.host(address).Put(
-                transfer.whole_value_chunks(call_id, ref.to_proto(), np.ascontiguousarray(array)),
-                timeout=CALL_TIMEOUT_S,
-            )
+            self.host(address).Put(chunks, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as err:
-            raise _translate(err, f"sending {ref} to host {address}") from None
-        self._count(sent=array.nbytes)
+            names = ", ".join(str(ref) for ref, _ in values)
+            raise _translate(err, f"sending {names} to host {address}") from None
+        self._count(sent=sum(array.nbytes for _, array in values))
 
     def _fetch(
         self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec, release: bool = True
