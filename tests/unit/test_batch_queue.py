@@ -1,7 +1,8 @@
-"""BatchQueue: what a take returns, and when a batch lingers for company."""
+"""BatchQueue: what a take returns, when a batch lingers for company, and which nudges end a wait."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from pathways_worker.batch_queue import BatchQueue
@@ -34,3 +35,28 @@ def test_a_batch_without_urgent_items_asks_whether_to_linger() -> None:
     items, _ = queue.take(0.0, linger_s=60.0, more_coming=recording(False, asked))
     assert items == [2]
     assert asked == [False]
+
+
+def test_a_nudge_alone_ends_a_take_with_an_empty_batch() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    queue.nudge()
+    assert queue.take(5.0) == ([], True)
+    assert queue.take(0.0) == ([], False), "the nudge was taken"
+
+
+def test_a_take_that_nudges_do_not_wake_reports_the_nudge_when_nothing_came() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    queue.nudge()
+    assert queue.take(0.01, nudges_wake=False) == ([], True)
+    assert queue.take(0.0) == ([], False), "the nudge was taken"
+
+
+def test_a_take_that_nudges_do_not_wake_ends_with_the_next_item_and_the_nudge() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    queue.nudge()
+    arriving = threading.Timer(0.01, queue.put, args=(7,))
+    arriving.start()
+    try:
+        assert queue.take(30.0, nudges_wake=False) == ([7], True)
+    finally:
+        arriving.cancel()

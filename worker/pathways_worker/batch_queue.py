@@ -40,19 +40,25 @@ class BatchQueue(Generic[T]):
             self._cv.notify_all()
 
     def take(
-        self, timeout_s: float, linger_s: float = 0.0, more_coming: Callable[[], bool] | None = None
+        self,
+        timeout_s: float,
+        linger_s: float = 0.0,
+        more_coming: Callable[[], bool] | None = None,
+        nudges_wake: bool = True,
     ) -> tuple[list[T], bool]:
         """Everything queued (waiting up to timeout_s for something), and whether
         a nudge arrived. With `linger_s`, once something is there it waits that
         much longer for company: a few hundred microseconds turn a stream of
         one-completion messages into a few large ones. `more_coming` says
         whether lingering can pay off; when it says no, or an urgent item is
-        queued, the batch goes now."""
+        queued, the batch goes now. Without `nudges_wake`, only items end the
+        wait (a nudge is still reported)."""
         with self._cv:
-            if not self._items and not self._nudged:
-                self._cv.wait(timeout_s)
-            if not self._items and not self._nudged:
-                return [], False
+            if not self._items and not (nudges_wake and self._nudged):
+                self._cv.wait_for(lambda: self._items or (nudges_wake and self._nudged), timeout_s)
+            if not self._items and not (nudges_wake and self._nudged):
+                nudged, self._nudged = self._nudged, False
+                return [], nudged
             urgent = self._urgent
         if linger_s > 0 and not urgent and (more_coming is None or more_coming()):
             time.sleep(linger_s)

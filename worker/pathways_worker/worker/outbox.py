@@ -2,7 +2,10 @@
 
 A batch lingers for company only while more completions are on their way
 (`busy()`: grants still queued on the executor); the last completion of a call
-and every export go out at once, since someone is waiting for them.
+and every export go out at once, since someone is waiting for them. A change of
+the byte count alone (a nudge) waits up to `STATS_LINGER_S` for something to
+ride with: only health and metrics read it, and a call moves the count several
+times, which would otherwise cost a message each.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
 
 EVENT_LINGER_S = float(os.environ.get("PATHWAYS_EVENT_LINGER_S", "0.001"))
+STATS_LINGER_S = float(os.environ.get("PATHWAYS_STATS_LINGER_S", "0.02"))
 
 
 class WorkerOutbox:
@@ -38,6 +42,8 @@ class WorkerOutbox:
         items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._busy)
         if not items and not nudged:
             return None
+        if not items:
+            items, _ = self._queue.take(STATS_LINGER_S, EVENT_LINGER_S, self._busy, nudges_wake=False)
         event = self.stats_event()
         for item in items:
             if isinstance(item, pb.Completion):
