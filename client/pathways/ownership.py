@@ -1,8 +1,10 @@
 """The objects one client owns on its hosts, and how long they live.
 
 A call's outputs that still have `pw.Array` handles when it ends stay on the hosts
-as objects this client owns. Dropping a handle's last reference queues its object;
-a drop thread frees the queued objects in batches (`DropObjects`). A lease thread
+as objects this client owns (the controller keeps those that had handles when the call
+started, and those whose handles went meanwhile are dropped as it ends). Dropping a
+handle's last reference queues its object; a drop thread frees the queued objects in
+batches (`DropObjects`). A lease thread
 renews the client's lease (`KeepAlive`) every third of the controller's lease, so
 a client that dies loses its objects within the lease. Closing frees what is left.
 """
@@ -51,6 +53,13 @@ class Ownership:
     def keep(self, call: CallFuture) -> None:
         """An ended call left objects that handles hold (the caller holds the lock)."""
         self._kept[call.call_id] = call
+
+    def drop_unheld(self, call: CallFuture) -> None:
+        """The controller freed the call as it ended, keeping every output that had a
+        handle when it started: those whose handles went while it ran are dropped now, as
+        a handle that goes later is (the caller holds the lock)."""
+        for ref in (call.kept or frozenset()) - call.live.keys():
+            self._gone.put((call, ref))
 
     def handle_gone(self, call: CallFuture, ref: ir.ValueRef) -> None:
         """A handle's last reference went (a weakref callback: it only queues, which is

@@ -15,10 +15,11 @@ call is:
 
 A call is asynchronous: `run` returns `pw.Array` handles (`array`) once the
 controller accepted the call and the inputs are sent; a waiter thread learns
-how it ended and frees it, keeping the outputs that still have handles as
-objects on the hosts. A handle passed to a later call names its object
-(`RunRequest.objects`): bound in place on the slice that holds it, sent host
-to host to any other slice that reads it; no bytes through the client.
+how it ended, and the controller frees it as it ends (`WaitCall` with `finish`),
+keeping the outputs that still have handles as objects on the hosts. A handle
+passed to a later call names its object (`RunRequest.objects`): bound in place
+on the slice that holds it, sent host to host to any other slice that reads it;
+no bytes through the client.
 Dropping a handle's last reference frees its object (`DropObjects`, in
 batches); a client keeps its objects alive with `KeepAlive` every third of
 the controller's lease, so a client that dies loses them within the lease.
@@ -387,9 +388,18 @@ class Runtime:
         return outputs
 
     def _await_call(self, call: CallFuture) -> None:
-        """The waiter: learns how the call ended, then frees it but the outputs with handles."""
+        """The waiter: learns how the call ended, then frees it but the outputs with handles.
+
+        The controller frees the call as it ends (`WaitCall` with `finish`), keeping every
+        output that had a handle when the call started; those whose handles went meanwhile
+        are dropped here, as a handle that goes later is. Only a wait that failed or timed
+        out leaves the freeing to a `FinishCall`."""
+        with self._lock:
+            keep = frozenset(call.live)
+        released = False
         try:
-            status = self._wait(call.call_id, call.program)
+            status = self._wait(call.call_id, call.program, keep)
+            released = status.released
             error = "" if status.state == pb.CallStatus.SUCCEEDED else (
                 status.message or f"program '{call.program}' call {call.call_id} failed"
             )
@@ -398,10 +408,13 @@ class Runtime:
         finally:
             self._outstanding.release()
         with self._lock:
-            call.kept = frozenset() if error else frozenset(call.live)
+            call.kept = frozenset() if error else (keep if released else frozenset(call.live))
             if call.kept:
                 self._ownership.keep(call)
             call.end(error)
+            if released:
+                self._ownership.drop_unheld(call)
+                return
             try:
                 self._finisher.submit(self._finish, call.call_id, tuple(call.kept))
             except RuntimeError:
@@ -483,10 +496,13 @@ class Runtime:
         except grpc.RpcError:
             pass
 
-    def _wait(self, call_id: str, name: str) -> pb.CallStatus:
+    def _wait(self, call_id: str, name: str, keep: frozenset[ir.ValueRef]) -> pb.CallStatus:
         try:
             status: pb.CallStatus = self.controller.WaitCall(
-                pb.CallStatusRequest(call_id=call_id, timeout_s=CALL_TIMEOUT_S),
+                pb.CallStatusRequest(
+                    call_id=call_id, timeout_s=CALL_TIMEOUT_S, finish=True,
+                    keep=[ref.to_proto() for ref in keep],
+                ),
                 timeout=CALL_TIMEOUT_S + 30,
             )
         except grpc.RpcError as err:

@@ -750,18 +750,28 @@ class CallStatusRequest(_message.Message):
 
     CALL_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    FINISH_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     timeout_s: _builtins.float
     """wait up to this long for the call to end"""
+    finish: _builtins.bool
+    """Once the call ended, free it as FinishCall would, keeping the outputs in `keep`
+    as objects (none if it failed); the status then says `released`.
+    """
+    @_builtins.property
+    def keep(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValueRef]: ...
     def __init__(
         self,
         *,
         call_id: _builtins.str = ...,
         timeout_s: _builtins.float = ...,
+        finish: _builtins.bool = ...,
+        keep: _abc.Iterable[Global___ValueRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "finish", b"finish", "keep", b"keep", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -793,11 +803,14 @@ class CallStatus(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     COMPLETED_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     state: Global___CallStatus.State.ValueType
     message: _builtins.str
     completed: _builtins.int
     total: _builtins.int
+    released: _builtins.bool
+    """WaitCall with `finish` freed the call: no FinishCall is owed"""
     def __init__(
         self,
         *,
@@ -806,10 +819,11 @@ class CallStatus(_message.Message):
         message: _builtins.str = ...,
         completed: _builtins.int = ...,
         total: _builtins.int = ...,
+        released: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "completed", b"completed", "message", b"message", "state", b"state", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "completed", b"completed", "message", b"message", "released", b"released", "state", b"state", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

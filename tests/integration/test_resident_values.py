@@ -180,6 +180,34 @@ def test_dropping_the_last_handle_frees_the_value_on_its_hosts(runtime: pw.Runti
         np.asarray(kept)
 
 
+
+def test_a_handle_dropped_while_its_call_runs_leaves_no_object_when_the_call_ends(
+    runtime: pw.Runtime,
+) -> None:
+    """The controller frees a call as it ends, keeping the outputs that had handles when
+    it started; one whose handle went meanwhile is dropped then, so only the held one stays."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=1, name="dropped-early")
+
+    def slow_pair(x: Any) -> Any:
+        spun = jax.lax.fori_loop(0, 200, lambda i, v: jax.numpy.tanh(v + 1.0), x)
+        return spun, x + 1.0
+
+    pair = pw.jit(slow_pair, slice=vslice)
+
+    @pw.program(name="dropped-early")
+    def both(x: Any) -> Any:
+        return pair(x)
+
+    dropped, held = both(np.zeros(BIG, np.float32))
+    hosts = held.hosts
+    del dropped
+    gc.collect()
+    held.block_until_ready()
+    wait_until("only the held output stays", lambda: store_bytes(runtime, hosts) == BIG * 4, 30)
+    np.testing.assert_allclose(np.asarray(held), np.ones(BIG))
+    held.delete()
+    wait_until("the deleted value freed", lambda: store_bytes(runtime, hosts) == 0, 30)
+
 CHILD = textwrap.dedent(
     """
     import sys, time

@@ -1,4 +1,5 @@
-"""The call table with objects: what a call's hosts are told when an input names an object.
+"""The call table: what a call's hosts are told when an input names an object, and what
+waiting for a call with `finish` frees.
 
 Hosts are fake links that record the commands sent to them; no process or socket.
 """
@@ -83,3 +84,66 @@ def test_losing_the_holding_gang_fails_a_running_reader_naming_program_input_and
         "program 'read' call read: input 0 comes from slice 'h', whose host h/host-1 failed "
         "(worker exited); the object it names is lost"
     )
+
+
+# ---------------------------------------------------------------- waiting with finish
+
+
+def one_call_on(hosts: int) -> tuple[Calls, SliceRecord]:
+    """Call "c" of a one-computation program on a slice of `hosts` hosts, granted and running."""
+    table = SliceTable(lambda: island("island-a", 3, 4))
+    rec = ready_slice(table, "s", hosts)
+    for link, host in zip(rec.links, rec.hosts):
+        link.slice_id, link.address = rec.slice_id, host.sidecar_address
+    programs = Programs()
+    program_id = programs.load(one_step("step", "s", 4 * hosts), {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
+    calls = Calls(table, programs, window=4, shared_window=4)
+    calls.run(program_id, "c", 1.0, client="me")
+    return calls, rec
+
+
+def complete(calls: Calls, rec: SliceRecord, ok: bool = True) -> None:
+    for link in rec.links:
+        (grant,) = [g for c in link.sent if c.HasField("grants") for g in c.grants.grants]  # type: ignore[attr-defined]
+        done = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=ok,
+                             error="" if ok else "boom")
+        calls.on_host_event(link, pb.HostEvent(completions=[done]))
+
+
+def releases(rec: SliceRecord) -> list[list[tuple[int, int]]]:
+    return [[(v.node, v.index) for v in c.release.keep]
+            for link in rec.links for c in link.sent if c.HasField("release")]  # type: ignore[attr-defined]
+
+
+def test_waiting_with_finish_frees_an_ended_call_on_every_host_keeping_the_named_outputs() -> None:
+    calls, rec = one_call_on(hosts=2)
+    complete(calls, rec)
+
+    status = calls.wait_call("c", 5.0, finish=True, keep=[pb.ValueRef(node=0, index=0)])
+
+    assert (status.state, status.released) == (pb.CallStatus.SUCCEEDED, True)
+    assert releases(rec) == [[(0, 0)], [(0, 0)]]
+    assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "the call is gone"
+    key, _ = calls.objects.resolve(pb.ObjectRef(call_id="c", value=pb.ValueRef(node=0, index=0)), "me", "input 0")
+    assert key == ("c", 0, 0)
+
+
+def test_waiting_with_finish_frees_a_failed_call_keeping_nothing() -> None:
+    calls, rec = one_call_on(hosts=1)
+    complete(calls, rec, ok=False)
+
+    status = calls.wait_call("c", 5.0, finish=True, keep=[pb.ValueRef(node=0, index=0)])
+
+    assert (status.state, status.released) == (pb.CallStatus.FAILED, True)
+    assert releases(rec) == [[]]
+
+
+def test_waiting_with_finish_leaves_a_call_that_is_still_running() -> None:
+    calls, rec = one_call_on(hosts=1)
+
+    status = calls.wait_call("c", 0, finish=True, keep=[pb.ValueRef(node=0, index=0)])
+
+    assert (status.state, status.released) == (pb.CallStatus.RUNNING, False)
+    assert releases(rec) == []
+    complete(calls, rec)
+    assert calls.wait_call("c", 5.0).state == pb.CallStatus.SUCCEEDED, "the client may still wait and finish it"

@@ -13,7 +13,8 @@ Calls leave objects (`objects`): a call's outputs are entered when it starts,
 a program input that names one is bound in place on the hosts that hold it
 (`Launch.aliases`) and sent host to host to those of any other slice reading
 it (`Forward`; the call fails if that gang is lost while it runs), and
-`finish_call` keeps those its client still holds.
+`finish_call` keeps those its client still holds (or `wait_call` with `finish`,
+which saves the client that round trip).
 Clients that say `keep_alive` hold a lease (`core.client_leases`): when it
 lapses, their calls and objects are freed on every host.
 """
@@ -333,7 +334,19 @@ class Calls:
                 )
             call.progress.forget_slice(slice_id)
 
-    def wait_call(self, call_id: str, timeout_s: float) -> pb.CallStatus:
+    def wait_call(
+        self, call_id: str, timeout_s: float, finish: bool = False, keep: Sequence[pb.ValueRef] = ()
+    ) -> pb.CallStatus:
+        """The call's status once it ended, or when `timeout_s` is up. With `finish`, a call
+        that ended is freed here as `finish_call` would (a failed one keeping nothing), and
+        the status says `released`: the client owes no FinishCall."""
+        status = self._await_end(call_id, timeout_s)
+        if finish and status.state in (pb.CallStatus.SUCCEEDED, pb.CallStatus.FAILED):
+            self.finish_call(call_id, keep if status.state == pb.CallStatus.SUCCEEDED else ())
+            status.released = True
+        return status
+
+    def _await_end(self, call_id: str, timeout_s: float) -> pb.CallStatus:
         deadline = time.monotonic() + max(timeout_s, 0.0)
         with self._changed:
             while True:

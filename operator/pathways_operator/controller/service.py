@@ -71,7 +71,9 @@ class ControllerService(pb_grpc.ControllerServicer):
             raise
 
     def WaitCall(self, request: pb.CallStatusRequest, context: grpc.ServicerContext) -> pb.CallStatus:
-        return self.controller.calls.wait_call(request.call_id, request.timeout_s)
+        return self.controller.calls.wait_call(
+            request.call_id, request.timeout_s, request.finish, request.keep
+        )
 
     def FinishCall(self, request: pb.ReleaseCall, context: grpc.ServicerContext) -> pb.CallStatus:
         return self.controller.calls.finish_call(request.call_id, request.keep)
