@@ -41,7 +41,7 @@ from pathways_worker.worker import stimuli
 from pathways_worker.worker.alarm_clock import AlarmClock
 from pathways_worker.worker.call_plan import layout_program
 from pathways_worker.worker.executables import Executable, ExecutableCache, LoadError
-from pathways_worker.worker.finisher import Finisher
+from pathways_worker.worker.finisher import Finisher, is_ready
 from pathways_worker.worker.host_state import HostState
 from pathways_worker.worker.instructions import (
     CancelTimer,
@@ -223,27 +223,35 @@ class Executor:
     def _dispatch(self, dispatch: Dispatch) -> ComputationDispatched:
         started = time.perf_counter()
         comp = dispatch.comp
+        overlapped = False
         try:
+            if dispatch.wait_first:
+                jax.block_until_ready(dispatch.in_flight)
             exe = self._executables[dispatch.program_id][comp.index]
-            args = [self._as_input(v, s) for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)]
+            args = [
+                self._as_input(v, s, dispatch.in_flight)
+                for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)
+            ]
+            overlapped = not all(is_ready(x) for x in dispatch.in_flight)
             outputs = tuple(jax.tree.leaves(exe.fn(*args)))
             if len(outputs) != comp.num_outputs:
                 raise RuntimeError(
                     f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"
                 )
-            if dispatch.wait:
-                jax.block_until_ready(outputs)
         except Exception as err:
             where = comp.where(dispatch.grant.call_id, self.host_name)
             error = f"{where} failed: {type(err).__name__}: {err}"
             return ComputationDispatched(dispatch.grant, (), error, time.perf_counter() - started)
-        return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started)
+        return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started, overlapped)
 
-    def _as_input(self, value: Any, sharding: Sharding) -> Any:
+    def _as_input(self, value: Any, sharding: Sharding, in_flight: tuple[object, ...]) -> Any:
         """A stored value as an argument with the consumer's input sharding.
 
         Whether two shardings are equivalent is remembered: asking jax builds
-        HLO shardings, which costs more than dispatching a small computation."""
+        HLO shardings, which costs more than dispatching a small computation.
+        A reshard is a computation of its own, which may communicate across
+        the slice's processes and need not follow the one in flight, so it
+        waits for that one (see `host_state`, Overlap)."""
         if isinstance(value, np.ndarray):
             host = value
             return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
@@ -256,4 +264,5 @@ class Executor:
             same = self._equivalent[key] = bool(have.is_equivalent_to(sharding, value.ndim))
         if same:
             return value
+        jax.block_until_ready(in_flight)
         return jax.device_put(value, sharding)

@@ -29,7 +29,7 @@ from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
 from pathways_worker.worker.object_store import ObjectId, object_name
 from pathways_worker.worker.outbox import WorkerOutbox
-from pathways_worker.worker.stimuli import ComputationFailedLate, ExportWritten, Stimulus
+from pathways_worker.worker.stimuli import BatchFinished, ComputationFailedLate, ExportWritten, Stimulus
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class Finisher:
             try:
                 if isinstance(job, FinishBatch):
                     self._finish(job.grants)
+                    if job.report:
+                        self._report(BatchFinished(tuple(f.grant for f in job.grants)))
                 else:
                     self._write(job)
             except Exception:
@@ -78,8 +80,8 @@ class Finisher:
         for job in grants:
             grant = job.grant
             error = job.error
-            if not error and job.outputs and job.await_outputs:
-                if done and not all(_is_ready(x) for x in job.outputs):
+            if not error and job.outputs:
+                if done and not all(is_ready(x) for x in job.outputs):
                     self._outbox.completions(done)
                     done = []
                 try:
@@ -150,6 +152,7 @@ def spec_of(value: Any) -> pb.TensorSpec:
     return pb.TensorSpec(shape=list(value.shape), dtype=np.dtype(value.dtype).name)
 
 
-def _is_ready(value: Any) -> bool:
-    is_ready = getattr(value, "is_ready", None)
-    return bool(is_ready()) if is_ready is not None else True
+def is_ready(value: Any) -> bool:
+    """Whether a jax.Array has been computed (anything else always has)."""
+    ask = getattr(value, "is_ready", None)
+    return bool(ask()) if ask is not None else True

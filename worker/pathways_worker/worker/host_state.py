@@ -6,23 +6,32 @@ only turns the sidecar's commands into stimuli and carries out the
 instructions. No jax, threads, clocks or I/O: values are opaque objects, a
 timeout is a timer the driver's clock fires back as `TimerFired`.
 
-* Order. Grants run strictly in the order they were received, one at a time:
-  keeping one order on every host of a slice keeps SPMD collectives in one
-  order. The head grant waits while an input is missing or the store lacks
+* Order. Grants run strictly in the order they were received, one after
+  another: keeping one order on every host of a slice keeps SPMD collectives in
+  one order. The head grant waits while an input is missing or the store lacks
   room for its outputs, and fails when its timer fires first.
 * Failure. A computation that cannot run fails its outputs, so the
   computations and fetches that need them fail at once, and its routed
   outputs are exported as failures so other slices learn it too. A failed
   call fails every value it still waits for.
-* Batching. JAX dispatch is asynchronous, so on a single-process slice the
-  next grant is dispatched without waiting for the last. Dispatched grants go
-  to the finisher in batches — when the machine would otherwise wait (no grant
-  queued, inputs or room missing), after a grant whose outputs leave the host
-  or that failed, and every `FINISH_BATCH` grants — so a chain of small
-  computations costs one thread hand-off and one completion message per
-  batch. A multi-process slice waits for each computation and reports each at
-  once: with gloo CPU collectives, several collective computations in flight
-  deadlock (seen on jax 0.10.2).
+* Overlap. JAX dispatch is asynchronous, so the next grant is dispatched
+  without waiting for the last. On a multi-process slice one limit stays: two
+  computations whose collectives could run side by side deadlock with gloo CPU
+  collectives (seen on jax 0.10.2, even when every process issues them in the
+  same order), and JAX runs side by side whatever does not depend on each
+  other. So a computation that reads an output of the one dispatched before it
+  goes at once (JAX runs it after that one, as a multi-controller training
+  loop does), and any other waits for that one's outputs first
+  (`Dispatch.wait_first`). Independent computations without collectives could
+  overlap too, but whether a computation communicates is known only to XLA's
+  partitioner, so the machine treats every multi-process computation as one
+  that may. The finisher reports when it saw a batch end (`BatchFinished`), so
+  the machine holds the last outputs no longer than they run.
+* Batching. Dispatched grants go to the finisher in batches — when the machine
+  would otherwise wait (no grant queued, inputs or room missing), after a grant
+  whose outputs leave the host or that failed, and every `FINISH_BATCH` grants
+  — so a chain of small computations costs one thread hand-off and one
+  completion message per batch, on every slice.
 * Release (`host_calls`). A value no local computation reads and the client
   will not fetch is dropped at once; releasing a call drops what it holds,
   answers its waiting fetches with an error, and makes late messages for it
@@ -51,7 +60,14 @@ from pathways_worker.worker.instructions import (
 )
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.states import GRANT_MOVES, GrantState, InvalidTransition
-from pathways_worker.worker.stimuli import ComputationDispatched, GrantId, GrantsReceived, Stimulus, TimerFired
+from pathways_worker.worker.stimuli import (
+    BatchFinished,
+    ComputationDispatched,
+    GrantId,
+    GrantsReceived,
+    Stimulus,
+    TimerFired,
+)
 
 FINISH_BATCH = 32
 """Dispatched grants handed to the finisher at once, at most."""
@@ -86,6 +102,9 @@ class HostState:
         self._queue: deque[GrantId] = deque()   # behind the head, in the order received
         self._head: GrantRecord | None = None
         self._batch: list[Finished] = []
+        self._in_flight: tuple[object, ...] = ()
+        """Multi-process: the outputs of the last computation dispatched, until it is seen finished."""
+        self._in_flight_grant: GrantId | None = None
         self._timers = 0
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
             stimuli.ProgramLoaded: self.calls.load,
@@ -97,6 +116,7 @@ class HostState:
             stimuli.ValueArrived: self.calls.arrive,
             stimuli.ExportRequested: self.calls.request_export,
             ComputationDispatched: self._computation_dispatched,
+            BatchFinished: self._batch_finished,
             stimuli.ComputationFailedLate: self.calls.fail_late,
             stimuli.ExportWritten: self.calls.export_written,
             TimerFired: self._timer_fired,
@@ -130,6 +150,8 @@ class HostState:
             raise InvalidTransition(grant_name(done.grant), head.state if head else "not queued", "dispatched")
         self._move(head, "failed" if done.error else "dispatched")
         self._head = None
+        if self.multi_process and not done.error:
+            self._in_flight, self._in_flight_grant = done.outputs, done.grant
         call, comp = head.call, head.comp
         if self.calls.get(call.call_id) is not call or call.plan is None:
             self.store.unreserve(head.reserved)  # released while it ran
@@ -158,11 +180,13 @@ class HostState:
         for ref in comp.outputs:
             self.calls.maybe_free(call, ref)
         call.computations += 1
+        call.overlapped += done.overlapped
         call.busy_s += done.busy_s
-        self._finished(Finished(
-            done.grant, done.outputs, done.error, tuple(routed), tuple(inline),
-            await_outputs=not self.multi_process,
-        ), out)
+        self._finished(Finished(done.grant, done.outputs, done.error, tuple(routed), tuple(inline)), out)
+
+    def _batch_finished(self, finished: BatchFinished, out: list[Instruction]) -> None:
+        if self._in_flight_grant in finished.grants:
+            self._in_flight, self._in_flight_grant = (), None
 
     def _timer_fired(self, fired: TimerFired, out: list[Instruction]) -> None:
         head = self._head
@@ -254,8 +278,19 @@ class HostState:
         head.reserved, head.call = need, call
         self._stop_timer(head, out)
         self._move(head, "running")
-        out.append(Dispatch(grant, plan.program_id, comp, tuple(inputs), wait=self.multi_process))
+        out.append(self._dispatch(grant, plan.program_id, comp, tuple(inputs)))
         return "running"
+
+    def _dispatch(
+        self, grant: GrantId, program_id: str, comp: LocalComputation, inputs: tuple[object, ...]
+    ) -> Dispatch:
+        """On a multi-process slice, a computation that does not read the last one's
+        outputs waits for them: only a chain of computations may be in flight."""
+        if not self.multi_process:
+            return Dispatch(grant, program_id, comp, inputs)
+        in_flight = self._in_flight
+        follows = any(value is made for value in inputs for made in in_flight)
+        return Dispatch(grant, program_id, comp, inputs, in_flight, wait_first=bool(in_flight) and not follows)
 
     def _wait(self, head: GrantRecord, out: list[Instruction]) -> GrantState:
         if head.state == "queued":
@@ -302,15 +337,14 @@ class HostState:
 
     def _finished(self, finished: Finished, out: list[Instruction]) -> None:
         """A grant was dispatched or failed. It waits for company unless someone
-        needs it now: a multi-process slice reports each grant, routed outputs
-        go out at once, and failures are not held back."""
+        needs it now: routed outputs go out at once, and failures are not held back."""
         self._batch.append(finished)
-        if self.multi_process or finished.routed or finished.error or len(self._batch) >= FINISH_BATCH:
+        if finished.routed or finished.error or len(self._batch) >= FINISH_BATCH:
             self._hand_over(out)
 
     def _hand_over(self, out: list[Instruction]) -> None:
         if self._batch:
-            out.append(FinishBatch(tuple(self._batch)))
+            out.append(FinishBatch(tuple(self._batch), report=self.multi_process))
             self._batch = []
 
     def _move(self, record: GrantRecord, new: GrantState) -> None:

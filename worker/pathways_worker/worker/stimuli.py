@@ -110,6 +110,8 @@ class ComputationDispatched:
     error: str
     busy_s: float = 0.0
     """How long the executor thread spent on it, for the call's log line."""
+    overlapped: bool = False
+    """It was dispatched while the computation before it still ran (multi-process slices)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,13 @@ class ComputationFailedLate:
     outputs: tuple[object, ...]
     """As dispatched: a slot fails only while it still holds one of these."""
     error: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFinished:
+    """The finisher saw a batch's computations end (multi-process slices ask for it)."""
+
+    grants: tuple[GrantId, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,5 +147,6 @@ class TimerFired:
 
 Stimulus = (
     ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ObjectsDropped | ValueArrived
-    | ExportRequested | ComputationDispatched | ComputationFailedLate | ExportWritten | TimerFired
+    | ExportRequested | ComputationDispatched | ComputationFailedLate | BatchFinished | ExportWritten
+    | TimerFired
 )
