@@ -38,6 +38,23 @@ def test_two_host_slice_psum_and_all_gather(runtime: pw.Runtime) -> None:
     assert len(hosts) == 2, f"an 8-device slice on 4-device hosts must span 2 hosts, got {hosts}"
 
 
+def test_two_host_slice_returns_small_outputs_whole_or_split_across_its_hosts(runtime: pw.Runtime) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=8)
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    # the sum is replicated (host 0 sends it with its completion); the product stays split
+    fn = pw.jit(lambda v: (jnp.sum(v, axis=0), v * 2.0), slice=vslice, in_shardings=P("x"),
+                out_shardings=(P(), P("x")))
+
+    @pw.program
+    def program(v):  # type: ignore[no-untyped-def]
+        return fn(v)
+
+    for i in range(3):
+        total, doubled = program(x + i)
+        np.testing.assert_allclose(total, (x + i).sum(axis=0))
+        np.testing.assert_allclose(doubled, (x + i) * 2.0)
+
+
 def test_pmap_psum_across_two_hosts(runtime: pw.Runtime) -> None:
     devices = pw.make_virtual_device_set().add_slice(devices=8).devices
     norm = pw.pmap(lambda v: v / jax.lax.psum(v, "d"), devices=devices, axis_name="d")

@@ -71,7 +71,11 @@ def program(
     )
 
 
-def loaded(host_program: pb.HostProgram, errors: dict[int, str] | None = None) -> ProgramLoaded:
+def loaded(
+    host_program: pb.HostProgram,
+    errors: dict[int, str] | None = None,
+    partial: dict[int, frozenset[int]] | None = None,
+) -> ProgramLoaded:
     layout = layout_program(host_program)
     errors = errors or {}
     return ProgramLoaded(
@@ -79,6 +83,7 @@ def loaded(host_program: pb.HostProgram, errors: dict[int, str] | None = None) -
         errors,
         {i: (OUT_BYTES,) for i in layout.computations if i not in errors},
         {c.index: tuple(c.outputs) for c in host_program.program.computations},
+        partial or {},
     )
 
 
@@ -330,6 +335,22 @@ def test_released_call_logs_how_many_computations_overlapped_the_one_before() ->
     (line,) = only(Log, state.handle(CallReleased("c1")))
 
     assert "3 computations" in line.message and "2 dispatched while the one before still ran" in line.message
+
+
+def test_multi_process_slice_inlines_from_its_first_host_only_the_outputs_it_holds_whole() -> None:
+    layout = program([INPUT], [INPUT])  # computation 1's output is split across the hosts
+    hosts = [
+        HostState(f"host-{i}", 1 << 20, input_timeout_s=5.0, multi_process=True, first_host=i == 0)
+        for i in range(2)
+    ]
+    inlined = []
+    for state in hosts:
+        state.handle(loaded(layout, partial={1: frozenset({0})}))
+        state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0), (1, 0)], inline_output_bytes=OUT_BYTES))
+        said = run_chain(state, state.handle(grants("c1", 0, 1)))
+        inlined.append([f.inline for b in only(FinishBatch, said) for f in b.grants])
+
+    assert inlined == [[(0,), ()], [(), ()]]
 
 
 def test_small_outputs_the_client_fetches_go_inline_with_the_completion() -> None:

@@ -74,7 +74,8 @@ class Executor:
         self._shm = shm
         self._lock = threading.Lock()
         self._state = HostState(
-            host_name, store_limit_bytes, input_timeout_s, multi_process=jax.process_count() > 1
+            host_name, store_limit_bytes, input_timeout_s,
+            multi_process=jax.process_count() > 1, first_host=host_index == 0,
         )
         self._cache = ExecutableCache(devices if devices is not None else jax.devices())
         self._executables: dict[str, dict[int, Executable]] = {}
@@ -148,7 +149,8 @@ class Executor:
         for error in errors.values():
             log.error("%s", error)
         out_bytes = {index: exe.out_bytes for index, exe in executables.items()}
-        self._feed(stimuli.ProgramLoaded(layout_program(host_program), errors, out_bytes, specs))
+        partial = {index: exe.out_partial for index, exe in executables.items() if exe.out_partial}
+        self._feed(stimuli.ProgramLoaded(layout_program(host_program), errors, out_bytes, specs, partial))
 
     def _inline(self, call_id: str, inline: pb.InlineValue) -> stimuli.ValueArrived:
         """A program input that came with the launch."""

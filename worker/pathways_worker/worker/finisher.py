@@ -100,7 +100,7 @@ class Finisher:
                     completion.outputs.add(
                         value=pb.ValueRef(node=grant.node, index=i),
                         spec=spec_of(job.outputs[i]),
-                        data=np.ascontiguousarray(np.asarray(job.outputs[i])).tobytes(),
+                        data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
                     )
             done.append(completion)
             if job.routed:
@@ -150,6 +150,14 @@ class Finisher:
 
 def spec_of(value: Any) -> pb.TensorSpec:
     return pb.TensorSpec(shape=list(value.shape), dtype=np.dtype(value.dtype).name)
+
+
+def whole(value: Any) -> np.ndarray:
+    """A value this host holds whole as one array: on a multi-process slice, one
+    of its replicas (the others live on other hosts, which numpy cannot reach)."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    return np.asarray(value.addressable_data(0))
 
 
 def is_ready(value: Any) -> bool:

@@ -32,6 +32,10 @@ timeout is a timer the driver's clock fires back as `TimerFired`.
   whose outputs leave the host or that failed, and every `FINISH_BATCH` grants
   — so a chain of small computations costs one thread hand-off and one
   completion message per batch, on every slice.
+* Inline outputs. A small output the client will fetch goes back with its
+  completion when this host holds it whole; on a multi-process slice only the
+  first host sends it (the others hold the same value), and an output split
+  across hosts is fetched from them as before.
 * Release (`host_calls`). A value no local computation reads and the client
   will not fetch is dropped at once; releasing a call drops what it holds,
   answers its waiting fetches with an error, and makes late messages for it
@@ -92,11 +96,18 @@ def grant_name(grant: GrantId) -> str:
 
 class HostState:
     def __init__(
-        self, host_name: str, store_limit_bytes: int, input_timeout_s: float, multi_process: bool
+        self,
+        host_name: str,
+        store_limit_bytes: int,
+        input_timeout_s: float,
+        multi_process: bool,
+        first_host: bool = True,
     ) -> None:
         self.host_name = host_name
         self.input_timeout_s = input_timeout_s
         self.multi_process = multi_process
+        self.first_host = first_host
+        """The slice's host 0, which answers for values every host holds whole."""
         self.calls = HostCalls(host_name, store_limit_bytes)
         self.store = self.calls.store
         self._queue: deque[GrantId] = deque()   # behind the head, in the order received
@@ -159,7 +170,10 @@ class HostState:
             return
         if done.error:
             self.store.unreserve(head.reserved)
-        out_bytes = self.calls.programs[call.plan.program_id].out_bytes[comp.index]
+        loaded = self.calls.programs[call.plan.program_id]
+        out_bytes = loaded.out_bytes[comp.index]
+        partial = loaded.partial.get(comp.index, frozenset())
+        inlines = self.first_host or not self.multi_process
         routed: list[RoutedValue] = []
         inline: list[int] = []
         for i, ref in enumerate(comp.outputs):
@@ -174,7 +188,10 @@ class HostState:
             if ref in call.plan.routes:
                 declared = self.calls.declared(call.call_id, ref) if value is None else None
                 routed.append(RoutedValue(ref, value, declared))
-            if value is not None and ref in call.plan.outputs and 0 < out_bytes[i] <= call.inline_output_bytes:
+            if (
+                inlines and value is not None and i not in partial and ref in call.plan.outputs
+                and 0 < out_bytes[i] <= call.inline_output_bytes
+            ):
                 inline.append(i)
         self.calls.release_inputs(call, comp)
         for ref in comp.outputs:

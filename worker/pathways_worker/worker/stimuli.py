@@ -10,7 +10,7 @@ carries a clock reading, only, where it helps a log line, a measured duration.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pathways_wire import pathways_pb2 as pb
@@ -41,6 +41,8 @@ class ProgramLoaded:
     """Each computation that loaded -> the bytes each of its outputs takes on this host."""
     output_specs: Mapping[int, tuple[pb.TensorSpec, ...]]
     """Every computation's declared outputs, for values that fail before they exist."""
+    partial: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    """Computation index -> its outputs this host holds only part of (split across hosts)."""
 
 
 @dataclass(frozen=True, slots=True)
