@@ -130,3 +130,26 @@ def test_two_host_slice_dispatches_a_computation_before_the_one_it_reads_finishe
     for line in _released_lines(runtime, b.call.call_id):
         assert "2 computations" in line and "0 dispatched while the one before still ran" in line, line
 
+
+
+def test_two_host_slice_runs_a_long_chain_of_collective_computations(runtime: pw.Runtime) -> None:
+    # each computation reads the one before, so the hosts dispatch it while that one
+    # may still run (at most 2 in flight: host_state.IN_FLIGHT_LIMIT)
+    vslice = pw.make_virtual_device_set().add_slice(devices=8)
+
+    def center(v: jax.Array) -> jax.Array:
+        return jnp.tanh(v) - jnp.mean(v, axis=0)
+
+    step = pw.jit(center, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
+
+    @pw.program
+    def chain(v):  # type: ignore[no-untyped-def]
+        for _ in range(40):
+            v = step(v)
+        return v
+
+    x = np.random.default_rng(2).standard_normal((64, 16)).astype(np.float32)
+    want = x
+    for _ in range(40):
+        want = np.asarray(center(want))
+    np.testing.assert_allclose(np.asarray(chain(x)), want, rtol=1e-5, atol=1e-5)

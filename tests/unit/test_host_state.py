@@ -257,7 +257,7 @@ def test_single_process_slice_hands_over_at_once_after_an_output_that_leaves_the
     assert len(only(Dispatch, after_routed)) == 1      # and the next one is already dispatched
 
 
-def test_multi_process_slice_dispatches_a_chain_without_waiting_and_hands_it_over_as_one_batch() -> None:
+def test_multi_process_slice_keeps_a_chain_of_at_most_two_in_flight_and_hands_it_over_as_one_batch() -> None:
     state = host(1 << 20, True)
     state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
 
@@ -267,8 +267,8 @@ def test_multi_process_slice_dispatches_a_chain_without_waiting_and_hands_it_ove
     said = ran(state, only(Dispatch, third)[0])
 
     dispatches = [only(Dispatch, first)[0], only(Dispatch, second)[0], only(Dispatch, third)[0]]
-    assert [(d.in_flight, d.wait_first) for d in dispatches] == [
-        ((), False), (("c1-out0",), False), (("c1-out1",), False),
+    assert [(d.in_flight, d.wait_for) for d in dispatches] == [
+        ((), ()), (("c1-out0",), ()), (("c1-out1",), ("c1-out0",)),  # at most 2 in flight
     ]
     (batch,) = only(FinishBatch, said)
     assert [f.grant.node for f in batch.grants] == [0, 1, 2] and batch.report
@@ -282,7 +282,7 @@ def test_multi_process_computation_not_reading_the_one_in_flight_waits_for_it_fi
     second = ran(state, only(Dispatch, first)[0])
 
     (dispatch,) = only(Dispatch, second)
-    assert dispatch.in_flight == ("c1-out0",) and dispatch.wait_first
+    assert dispatch.in_flight == ("c1-out0",) and dispatch.wait_for == ("c1-out0",)
 
 
 def test_multi_process_computation_follows_an_output_of_an_earlier_call_without_waiting() -> None:
@@ -298,7 +298,7 @@ def test_multi_process_computation_follows_an_output_of_an_earlier_call_without_
 
     (dispatch,) = only(Dispatch, state.handle(grants("c2", 0, first_seq=2)))
 
-    assert dispatch.in_flight == ("c1-out0",) and not dispatch.wait_first
+    assert dispatch.in_flight == ("c1-out0",) and dispatch.wait_for == ()
 
 
 def test_multi_process_slice_lets_go_of_outputs_seen_finished() -> None:
@@ -310,7 +310,7 @@ def test_multi_process_slice_lets_go_of_outputs_seen_finished() -> None:
     state.handle(BatchFinished(tuple(f.grant for f in batch.grants)))
     (dispatch,) = only(Dispatch, state.handle(grants("c1", 1, first_seq=2)))
 
-    assert dispatch.in_flight == () and not dispatch.wait_first
+    assert dispatch.in_flight == () and dispatch.wait_for == ()
 
 
 def test_single_process_slice_never_waits_before_a_dispatch() -> None:
@@ -320,7 +320,7 @@ def test_single_process_slice_never_waits_before_a_dispatch() -> None:
     first = state.handle(grants("c1", 0, 1))
     second = ran(state, only(Dispatch, first)[0])
 
-    assert [(d.in_flight, d.wait_first) for d in only(Dispatch, first + second)] == [((), False), ((), False)]
+    assert [(d.in_flight, d.wait_for) for d in only(Dispatch, first + second)] == [((), ()), ((), ())]
 
 
 def test_released_call_logs_how_many_computations_overlapped_the_one_before() -> None:

@@ -227,8 +227,8 @@ class Executor:
         comp = dispatch.comp
         overlapped = False
         try:
-            if dispatch.wait_first:
-                jax.block_until_ready(dispatch.in_flight)
+            if dispatch.wait_for:
+                jax.block_until_ready(dispatch.wait_for)
             exe = self._executables[dispatch.program_id][comp.index]
             args = [
                 self._as_input(v, s, dispatch.in_flight)

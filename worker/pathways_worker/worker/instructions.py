@@ -29,9 +29,10 @@ class Dispatch:
     in_flight: tuple[object, ...] = ()
     """Multi-process slices: the outputs of the computation dispatched before this one,
     possibly still running (its collectives must end before another's begin)."""
-    wait_first: bool = False
-    """Wait for `in_flight` before the call: this computation does not read them, so
-    JAX could run the two side by side."""
+    wait_for: tuple[object, ...] = ()
+    """Values to wait for before the call: `in_flight` when this computation does not
+    read it (JAX could run the two side by side), or an earlier one of the chain, to
+    keep at most `IN_FLIGHT_LIMIT` in flight."""
 
 
 @dataclass(frozen=True, slots=True)
