@@ -28,11 +28,10 @@ timeout is a timer the driver's clock fires back as `TimerFired`.
   overlaps a host's work for the next computation with the last one running.
   Independent computations without collectives could overlap too (40 small
   ones on 2 processes x 4 devices, best of 5: 0.73 ms each waiting after each,
-  0.56 ms in flight), but whether a
-  computation communicates is known only to XLA's partitioner, so the machine
-  treats every multi-process computation as one that may. The finisher reports
-  when it saw a batch end (`BatchFinished`), so the machine holds outputs no
-  longer than they run.
+  0.56 ms in flight), but whether a computation communicates is known only to
+  XLA's partitioner, so the machine treats every multi-process computation as
+  one that may. The finisher reports when it saw a batch end (`BatchFinished`),
+  so the machine holds outputs no longer than they run.
 * Batching. Dispatched grants go to the finisher in batches — when the machine
   would otherwise wait (no grant queued, inputs or room missing), after a grant
   whose outputs leave the host or that failed, and every `FINISH_BATCH` grants
