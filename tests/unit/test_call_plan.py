@@ -78,8 +78,8 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     assert {launch.call_id for per_host in launches.values() for launch in per_host} == {"c1"}
     assert [v.value.index for v in launches["a"][0].inputs] == [0]
     assert [v.value.index for v in launches["b"][0].inputs] == [1]
-    # only a single-host slice sends outputs back inline
-    assert launches["a"][0].inline_output_bytes == 0
+    # every slice sends small outputs back inline; on a multi-host one, host 0 those it holds whole
+    assert launches["a"][0].inline_output_bytes == INLINE_OUTPUT_BYTES
     assert launches["b"][0].inline_output_bytes == INLINE_OUTPUT_BYTES
 
     # the plan is kept per program and gangs; the next call gets its own launches

@@ -22,12 +22,14 @@ from pathways_worker.worker.instructions import (
     Export,
     FinishBatch,
     Instruction,
+    Log,
     StartTimer,
     StoreChanged,
 )
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.states import InvalidTransition
 from pathways_worker.worker.stimuli import (
+    BatchFinished,
     CallFailed,
     CallLaunched,
     CallReleased,
@@ -70,7 +72,11 @@ def program(
     )
 
 
-def loaded(host_program: pb.HostProgram, errors: dict[int, str] | None = None) -> ProgramLoaded:
+def loaded(
+    host_program: pb.HostProgram,
+    errors: dict[int, str] | None = None,
+    partial: dict[int, frozenset[int]] | None = None,
+) -> ProgramLoaded:
     layout = layout_program(host_program)
     errors = errors or {}
     return ProgramLoaded(
@@ -78,6 +84,7 @@ def loaded(host_program: pb.HostProgram, errors: dict[int, str] | None = None) -
         errors,
         {i: (OUT_BYTES,) for i in layout.computations if i not in errors},
         {c.index: tuple(c.outputs) for c in host_program.program.computations},
+        partial or {},
     )
 
 
@@ -226,7 +233,7 @@ def test_single_process_slice_hands_a_chain_to_the_finisher_as_one_batch() -> No
 
     (batch,) = only(FinishBatch, said)
     assert [f.grant.node for f in batch.grants] == [0, 1, 2]
-    assert all(f.await_outputs and not f.error for f in batch.grants)
+    assert not any(f.error for f in batch.grants) and not batch.report
 
 
 def test_single_process_slice_hands_over_every_finish_batch_computations() -> None:
@@ -251,16 +258,100 @@ def test_single_process_slice_hands_over_at_once_after_an_output_that_leaves_the
     assert len(only(Dispatch, after_routed)) == 1      # and the next one is already dispatched
 
 
-def test_multi_process_slice_waits_for_each_computation_and_reports_each() -> None:
+def test_multi_process_slice_keeps_a_chain_of_at_most_two_in_flight_and_hands_it_over_as_one_batch() -> None:
     state = host(1 << 20, True)
     state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
 
     first = state.handle(grants("c1", 0, 1, 2))
-    said = run_chain(state, first)
+    second = ran(state, only(Dispatch, first)[0])
+    third = ran(state, only(Dispatch, second)[0])
+    said = ran(state, only(Dispatch, third)[0])
 
-    assert only(Dispatch, first)[0].wait
-    assert [[f.grant.node for f in b.grants] for b in only(FinishBatch, said)] == [[0], [1], [2]]
-    assert not any(f.await_outputs for b in only(FinishBatch, said) for f in b.grants)
+    dispatches = [only(Dispatch, first)[0], only(Dispatch, second)[0], only(Dispatch, third)[0]]
+    assert [(d.in_flight, d.wait_for) for d in dispatches] == [
+        ((), ()), (("c1-out0",), ()), (("c1-out1",), ("c1-out0",)),  # at most 2 in flight
+    ]
+    (batch,) = only(FinishBatch, said)
+    assert [f.grant.node for f in batch.grants] == [0, 1, 2] and batch.report
+
+
+def test_multi_process_computation_not_reading_the_one_in_flight_waits_for_it_first() -> None:
+    state = host(1 << 20, True, program([INPUT], [INPUT]))
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    first = state.handle(grants("c1", 0, 1))
+    second = ran(state, only(Dispatch, first)[0])
+
+    (dispatch,) = only(Dispatch, second)
+    assert dispatch.in_flight == ("c1-out0",) and dispatch.wait_for == ("c1-out0",)
+
+
+def test_multi_process_computation_follows_an_output_of_an_earlier_call_without_waiting() -> None:
+    state = host(1 << 20, True, program([INPUT]))
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0)]))
+    first = only(Dispatch, state.handle(grants("c1", 0)))[0]
+    ran(state, first)
+    state.handle(CallReleased("c1", frozenset({(0, 0)})))
+    state.handle(CallLaunched(pb.Launch(call_id="c2", program_id="prog", aliases=[pb.Alias(
+        input=pb.ValueRef(node=-1, index=0),
+        object=pb.ObjectRef(call_id="c1", value=pb.ValueRef(node=0, index=0)),
+    )]), ()))
+
+    (dispatch,) = only(Dispatch, state.handle(grants("c2", 0, first_seq=2)))
+
+    assert dispatch.in_flight == ("c1-out0",) and dispatch.wait_for == ()
+
+
+def test_multi_process_slice_lets_go_of_outputs_seen_finished() -> None:
+    state = host(1 << 20, True, program([INPUT], [INPUT]))
+    state.handle(launch("c1", inputs=[INPUT]))
+    first = only(Dispatch, state.handle(grants("c1", 0)))[0]
+    (batch,) = only(FinishBatch, ran(state, first))
+
+    state.handle(BatchFinished(tuple(f.grant for f in batch.grants)))
+    (dispatch,) = only(Dispatch, state.handle(grants("c1", 1, first_seq=2)))
+
+    assert dispatch.in_flight == () and dispatch.wait_for == ()
+
+
+def test_single_process_slice_never_waits_before_a_dispatch() -> None:
+    state = host(1 << 20, False, program([INPUT], [INPUT]))
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    first = state.handle(grants("c1", 0, 1))
+    second = ran(state, only(Dispatch, first)[0])
+
+    assert [(d.in_flight, d.wait_for) for d in only(Dispatch, first + second)] == [((), ()), ((), ())]
+
+
+def test_released_call_logs_how_many_computations_overlapped_the_one_before() -> None:
+    state = host(1 << 20, True)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+    pending = only(Dispatch, state.handle(grants("c1", 0, 1, 2)))
+    for overlapped in (False, True, True):
+        dispatch = pending.pop()
+        outputs = (f"c1-out{dispatch.grant.node}",)
+        pending = only(Dispatch, state.handle(ComputationDispatched(dispatch.grant, outputs, "", 0.001, overlapped)))
+
+    (line,) = only(Log, state.handle(CallReleased("c1")))
+
+    assert "3 computations" in line.message and "2 dispatched while the one before still ran" in line.message
+
+
+def test_multi_process_slice_inlines_from_its_first_host_only_the_outputs_it_holds_whole() -> None:
+    layout = program([INPUT], [INPUT])  # computation 1's output is split across the hosts
+    hosts = [
+        HostState(f"host-{i}", 1 << 20, input_timeout_s=5.0, multi_process=True, first_host=i == 0)
+        for i in range(2)
+    ]
+    inlined = []
+    for state in hosts:
+        state.handle(loaded(layout, partial={1: frozenset({0})}))
+        state.handle(launch("c1", inputs=[INPUT], outputs=[(0, 0), (1, 0)], inline_output_bytes=OUT_BYTES))
+        said = run_chain(state, state.handle(grants("c1", 0, 1)))
+        inlined.append([f.inline for b in only(FinishBatch, said) for f in b.grants])
+
+    assert inlined == [[(0,), ()], [(), ()]]
 
 
 def test_small_outputs_the_client_fetches_go_inline_with_the_completion() -> None:

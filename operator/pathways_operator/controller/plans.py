@@ -25,7 +25,8 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.programs import PlanKey, ProgramRecord
 
 INLINE_OUTPUT_BYTES = 64 << 10
-"""Outputs up to this size come back inline with their completion (single-host slices)."""
+"""Outputs up to this size come back inline with their completion (on a multi-host slice,
+from host 0, if it holds them whole)."""
 
 
 class SidecarHost(Protocol):
@@ -138,10 +139,9 @@ def call_launches(
     gangs: PlanKey = tuple(sorted((vid, rec.slice_id, rec.generation) for vid, rec in slices.items()))
     if prec.launch_plan is None or prec.launch_plan[0] != gangs:
         reply, launches = plan_call(prec.program, "", prec.program_id, slices)
-        for vid, rec in slices.items():
-            if len(rec.hosts) == 1:
-                for launch in launches[vid]:
-                    launch.inline_output_bytes = INLINE_OUTPUT_BYTES
+        for vid in slices:
+            for launch in launches[vid]:
+                launch.inline_output_bytes = INLINE_OUTPUT_BYTES
         prec.launch_plan = (gangs, reply, launches)
     _, template, planned = prec.launch_plan
     consumers: dict[int, set[str]] = defaultdict(set)

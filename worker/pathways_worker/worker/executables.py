@@ -35,6 +35,8 @@ class Executable:
     in_shardings: tuple[Sharding, ...]
     out_shardings: tuple[Sharding, ...]
     out_bytes: tuple[int, ...]   # bytes of each output held on this host
+    out_partial: frozenset[int] = frozenset()
+    """Outputs split across the slice's hosts: this host holds only part of each."""
 
     @property
     def total_out_bytes(self) -> int:
@@ -121,4 +123,7 @@ class ExecutableCache:
             in_shardings=in_shardings,
             out_shardings=out_shardings,
             out_bytes=out_bytes,
+            out_partial=frozenset(
+                i for i, s in enumerate(out_shardings) if not (s.is_fully_addressable or s.is_fully_replicated)
+            ),
         )

@@ -41,7 +41,7 @@ from pathways_worker.worker import stimuli
 from pathways_worker.worker.alarm_clock import AlarmClock
 from pathways_worker.worker.call_plan import layout_program
 from pathways_worker.worker.executables import Executable, ExecutableCache, LoadError
-from pathways_worker.worker.finisher import Finisher
+from pathways_worker.worker.finisher import Finisher, is_ready
 from pathways_worker.worker.host_state import HostState
 from pathways_worker.worker.instructions import (
     CancelTimer,
@@ -74,7 +74,8 @@ class Executor:
         self._shm = shm
         self._lock = threading.Lock()
         self._state = HostState(
-            host_name, store_limit_bytes, input_timeout_s, multi_process=jax.process_count() > 1
+            host_name, store_limit_bytes, input_timeout_s,
+            multi_process=jax.process_count() > 1, first_host=host_index == 0,
         )
         self._cache = ExecutableCache(devices if devices is not None else jax.devices())
         self._executables: dict[str, dict[int, Executable]] = {}
@@ -155,7 +156,8 @@ class Executor:
         for error in errors.values():
             log.error("%s", error)
         out_bytes = {index: exe.out_bytes for index, exe in executables.items()}
-        self._feed(stimuli.ProgramLoaded(layout_program(host_program), errors, out_bytes, specs))
+        partial = {index: exe.out_partial for index, exe in executables.items() if exe.out_partial}
+        self._feed(stimuli.ProgramLoaded(layout_program(host_program), errors, out_bytes, specs, partial))
 
     def _inline(self, call_id: str, inline: pb.InlineValue) -> stimuli.ValueArrived:
         """A program input that came with the launch."""
@@ -234,27 +236,35 @@ class Executor:
     def _dispatch(self, dispatch: Dispatch) -> ComputationDispatched:
         started = time.perf_counter()
         comp = dispatch.comp
+        overlapped = False
         try:
+            if dispatch.wait_for:
+                jax.block_until_ready(dispatch.wait_for)
             exe = self._executables[dispatch.program_id][comp.index]
-            args = [self._as_input(v, s) for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)]
+            args = [
+                self._as_input(v, s, dispatch.in_flight)
+                for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)
+            ]
+            overlapped = not all(is_ready(x) for x in dispatch.in_flight)
             outputs = tuple(jax.tree.leaves(exe.fn(*args)))
             if len(outputs) != comp.num_outputs:
                 raise RuntimeError(
                     f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"
                 )
-            if dispatch.wait:
-                jax.block_until_ready(outputs)
         except Exception as err:
             where = comp.where(dispatch.grant.call_id, self.host_name)
             error = f"{where} failed: {type(err).__name__}: {err}"
             return ComputationDispatched(dispatch.grant, (), error, time.perf_counter() - started)
-        return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started)
+        return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started, overlapped)
 
-    def _as_input(self, value: Any, sharding: Sharding) -> Any:
+    def _as_input(self, value: Any, sharding: Sharding, in_flight: tuple[object, ...]) -> Any:
         """A stored value as an argument with the consumer's input sharding.
 
         Whether two shardings are equivalent is remembered: asking jax builds
-        HLO shardings, which costs more than dispatching a small computation."""
+        HLO shardings, which costs more than dispatching a small computation.
+        A reshard is a computation of its own, which may communicate across
+        the slice's processes and need not follow the one in flight, so it
+        waits for that one (see `host_state`, Overlap)."""
         if isinstance(value, np.ndarray):
             host = value
             return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
@@ -267,4 +277,5 @@ class Executor:
             same = self._equivalent[key] = bool(have.is_equivalent_to(sharding, value.ndim))
         if same:
             return value
+        jax.block_until_ready(in_flight)
         return jax.device_put(value, sharding)

@@ -30,7 +30,7 @@ from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
 from pathways_worker.worker.object_store import ObjectId, object_name
 from pathways_worker.worker.outbox import WorkerOutbox
-from pathways_worker.worker.stimuli import ComputationFailedLate, ExportWritten, Stimulus
+from pathways_worker.worker.stimuli import BatchFinished, ComputationFailedLate, ExportWritten, Stimulus
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class Finisher:
             try:
                 if isinstance(job, FinishBatch):
                     self._finish(job.grants)
+                    if job.report:
+                        self._report(BatchFinished(tuple(f.grant for f in job.grants)))
                 else:
                     self._write(job)
             except Exception:
@@ -79,8 +81,8 @@ class Finisher:
         for job in grants:
             grant = job.grant
             error = job.error
-            if not error and job.outputs and job.await_outputs:
-                if done and not all(_is_ready(x) for x in job.outputs):
+            if not error and job.outputs:
+                if done and not all(is_ready(x) for x in job.outputs):
                     self._outbox.completions(done)
                     done = []
                 try:
@@ -99,7 +101,7 @@ class Finisher:
                     completion.outputs.add(
                         value=pb.ValueRef(node=grant.node, index=i),
                         spec=spec_of(job.outputs[i]),
-                        data=np.ascontiguousarray(np.asarray(job.outputs[i])).tobytes(),
+                        data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
                     )
             done.append(completion)
             if job.routed:
@@ -154,6 +156,15 @@ def spec_of(value: Any) -> pb.TensorSpec:
     return pb.TensorSpec(shape=list(value.shape), dtype=np.dtype(value.dtype).name)
 
 
-def _is_ready(value: Any) -> bool:
-    is_ready = getattr(value, "is_ready", None)
-    return bool(is_ready()) if is_ready is not None else True
+def whole(value: Any) -> np.ndarray:
+    """A value this host holds whole as one array: on a multi-process slice, one
+    of its replicas (the others live on other hosts, which numpy cannot reach)."""
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    return np.asarray(value.addressable_data(0))
+
+
+def is_ready(value: Any) -> bool:
+    """Whether a jax.Array has been computed (anything else always has)."""
+    ask = getattr(value, "is_ready", None)
+    return bool(ask()) if ask is not None else True

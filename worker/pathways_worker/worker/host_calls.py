@@ -58,6 +58,8 @@ class CallState:
     """Outputs the client fetched with release: they go once no local computation reads them."""
     inline_output_bytes: int = 0
     computations: int = 0
+    overlapped: int = 0
+    """Computations dispatched while the one before them still ran (multi-process slices)."""
     busy_s: float = 0.0
 
 
@@ -135,7 +137,8 @@ class HostCalls:
         if call is not None and call.computations:
             out.append(Log(
                 f"call {call_id} released: {call.computations} computations, "
-                f"{1e3 * call.busy_s / call.computations:.3f} ms each in the executor"
+                f"{1e3 * call.busy_s / call.computations:.3f} ms each in the executor, "
+                f"{call.overlapped} dispatched while the one before still ran"
             ))
         out.append(StoreChanged())
 

@@ -6,23 +6,41 @@ only turns the sidecar's commands into stimuli and carries out the
 instructions. No jax, threads, clocks or I/O: values are opaque objects, a
 timeout is a timer the driver's clock fires back as `TimerFired`.
 
-* Order. Grants run strictly in the order they were received, one at a time:
-  keeping one order on every host of a slice keeps SPMD collectives in one
-  order. The head grant waits while an input is missing or the store lacks
+* Order. Grants run strictly in the order they were received, one after
+  another: keeping one order on every host of a slice keeps SPMD collectives in
+  one order. The head grant waits while an input is missing or the store lacks
   room for its outputs, and fails when its timer fires first.
 * Failure. A computation that cannot run fails its outputs, so the
   computations and fetches that need them fail at once, and its routed
   outputs are exported as failures so other slices learn it too. A failed
   call fails every value it still waits for.
-* Batching. JAX dispatch is asynchronous, so on a single-process slice the
-  next grant is dispatched without waiting for the last. Dispatched grants go
-  to the finisher in batches — when the machine would otherwise wait (no grant
-  queued, inputs or room missing), after a grant whose outputs leave the host
-  or that failed, and every `FINISH_BATCH` grants — so a chain of small
-  computations costs one thread hand-off and one completion message per
-  batch. A multi-process slice waits for each computation and reports each at
-  once: with gloo CPU collectives, several collective computations in flight
-  deadlock (seen on jax 0.10.2).
+* Overlap. JAX dispatch is asynchronous, so the next grant is dispatched
+  without waiting for the last. On a multi-process slice one limit stays: two
+  computations whose collectives could run side by side deadlock with gloo CPU
+  collectives (seen on jax 0.10.2, even when every process issues them in the
+  same order), and JAX runs side by side whatever does not depend on each
+  other. So a computation that reads an output of the one dispatched before it
+  goes at once (JAX runs it after that one, as a multi-controller training
+  loop does), and any other waits for that one's outputs first
+  (`Dispatch.wait_for`). Even such a chain hangs when too long: 40 chained
+  collective computations in flight never ended, 16 did (2 processes x 4
+  devices), so at most `IN_FLIGHT_LIMIT` are in flight; a second one already
+  overlaps a host's work for the next computation with the last one running.
+  Independent computations without collectives could overlap too (40 small
+  ones on 2 processes x 4 devices, best of 5: 0.73 ms each waiting after each,
+  0.56 ms in flight), but whether a computation communicates is known only to
+  XLA's partitioner, so the machine treats every multi-process computation as
+  one that may. The finisher reports when it saw a batch end (`BatchFinished`),
+  so the machine holds outputs no longer than they run.
+* Batching. Dispatched grants go to the finisher in batches — when the machine
+  would otherwise wait (no grant queued, inputs or room missing), after a grant
+  whose outputs leave the host or that failed, and every `FINISH_BATCH` grants
+  — so a chain of small computations costs one thread hand-off and one
+  completion message per batch, on every slice.
+* Inline outputs. A small output the client will fetch goes back with its
+  completion when this host holds it whole; on a multi-process slice only the
+  first host sends it (the others hold the same value), and an output split
+  across hosts is fetched from them as before.
 * Release (`host_calls`). A value no local computation reads and the client
   will not fetch is dropped at once; releasing a call drops what it holds,
   answers its waiting fetches with an error, and makes late messages for it
@@ -51,10 +69,20 @@ from pathways_worker.worker.instructions import (
 )
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.states import GRANT_MOVES, GrantState, InvalidTransition
-from pathways_worker.worker.stimuli import ComputationDispatched, GrantId, GrantsReceived, Stimulus, TimerFired
+from pathways_worker.worker.stimuli import (
+    BatchFinished,
+    ComputationDispatched,
+    GrantId,
+    GrantsReceived,
+    Stimulus,
+    TimerFired,
+)
 
 FINISH_BATCH = 32
 """Dispatched grants handed to the finisher at once, at most."""
+
+IN_FLIGHT_LIMIT = 2
+"""Computations a multi-process slice has in flight at once, at most (see Overlap)."""
 
 
 @dataclass(slots=True)
@@ -76,16 +104,25 @@ def grant_name(grant: GrantId) -> str:
 
 class HostState:
     def __init__(
-        self, host_name: str, store_limit_bytes: int, input_timeout_s: float, multi_process: bool
+        self,
+        host_name: str,
+        store_limit_bytes: int,
+        input_timeout_s: float,
+        multi_process: bool,
+        first_host: bool = True,
     ) -> None:
         self.host_name = host_name
         self.input_timeout_s = input_timeout_s
         self.multi_process = multi_process
+        self.first_host = first_host
+        """The slice's host 0, which answers for values every host holds whole."""
         self.calls = HostCalls(host_name, store_limit_bytes)
         self.store = self.calls.store
         self._queue: deque[GrantId] = deque()   # behind the head, in the order received
         self._head: GrantRecord | None = None
         self._batch: list[Finished] = []
+        self._chain: deque[tuple[GrantId, tuple[object, ...]]] = deque()
+        """Multi-process: the computations in flight, each reading the one before, until seen finished."""
         self._timers = 0
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
             stimuli.ProgramLoaded: self.calls.load,
@@ -98,6 +135,7 @@ class HostState:
             stimuli.ValueArrived: self.calls.arrive,
             stimuli.ExportRequested: self.calls.request_export,
             ComputationDispatched: self._computation_dispatched,
+            BatchFinished: self._batch_finished,
             stimuli.ComputationFailedLate: self.calls.fail_late,
             stimuli.ExportWritten: self.calls.export_written,
             TimerFired: self._timer_fired,
@@ -131,6 +169,8 @@ class HostState:
             raise InvalidTransition(grant_name(done.grant), head.state if head else "not queued", "dispatched")
         self._move(head, "failed" if done.error else "dispatched")
         self._head = None
+        if self.multi_process and not done.error:
+            self._chain.append((done.grant, done.outputs))
         call, comp = head.call, head.comp
         if self.calls.get(call.call_id) is not call or call.plan is None:
             self.store.unreserve(head.reserved)  # released while it ran
@@ -138,7 +178,10 @@ class HostState:
             return
         if done.error:
             self.store.unreserve(head.reserved)
-        out_bytes = self.calls.programs[call.plan.program_id].out_bytes[comp.index]
+        loaded = self.calls.programs[call.plan.program_id]
+        out_bytes = loaded.out_bytes[comp.index]
+        partial = loaded.partial.get(comp.index, frozenset())
+        inlines = self.first_host or not self.multi_process
         routed: list[RoutedValue] = []
         inline: list[int] = []
         for i, ref in enumerate(comp.outputs):
@@ -153,17 +196,24 @@ class HostState:
             if ref in call.plan.routes:
                 declared = self.calls.declared(call.call_id, ref) if value is None else None
                 routed.append(RoutedValue(ref, value, declared))
-            if value is not None and ref in call.plan.outputs and 0 < out_bytes[i] <= call.inline_output_bytes:
+            if (
+                inlines and value is not None and i not in partial and ref in call.plan.outputs
+                and 0 < out_bytes[i] <= call.inline_output_bytes
+            ):
                 inline.append(i)
         self.calls.release_inputs(call, comp)
         for ref in comp.outputs:
             self.calls.maybe_free(call, ref)
         call.computations += 1
+        call.overlapped += done.overlapped
         call.busy_s += done.busy_s
-        self._finished(Finished(
-            done.grant, done.outputs, done.error, tuple(routed), tuple(inline),
-            await_outputs=not self.multi_process,
-        ), out)
+        self._finished(Finished(done.grant, done.outputs, done.error, tuple(routed), tuple(inline)), out)
+
+    def _batch_finished(self, finished: BatchFinished, out: list[Instruction]) -> None:
+        """The chain runs in order: a computation seen finished ended those before it too."""
+        ended = set(finished.grants)
+        while any(grant in ended for grant, _ in self._chain):
+            self._chain.popleft()
 
     def _timer_fired(self, fired: TimerFired, out: list[Instruction]) -> None:
         head = self._head
@@ -255,8 +305,24 @@ class HostState:
         head.reserved, head.call = need, call
         self._stop_timer(head, out)
         self._move(head, "running")
-        out.append(Dispatch(grant, plan.program_id, comp, tuple(inputs), wait=self.multi_process))
+        out.append(self._dispatch(grant, plan.program_id, comp, tuple(inputs)))
         return "running"
+
+    def _dispatch(
+        self, grant: GrantId, program_id: str, comp: LocalComputation, inputs: tuple[object, ...]
+    ) -> Dispatch:
+        """On a multi-process slice, only a chain of at most `IN_FLIGHT_LIMIT`
+        computations, each reading the one before, may be in flight."""
+        if not self.multi_process or not self._chain:
+            return Dispatch(grant, program_id, comp, inputs)
+        in_flight = self._chain[-1][1]
+        if not any(value is made for value in inputs for made in in_flight):
+            self._chain.clear()
+            return Dispatch(grant, program_id, comp, inputs, in_flight, wait_for=in_flight)
+        wait_for: tuple[object, ...] = ()
+        while len(self._chain) >= IN_FLIGHT_LIMIT:
+            wait_for = self._chain.popleft()[1]
+        return Dispatch(grant, program_id, comp, inputs, in_flight, wait_for)
 
     def _wait(self, head: GrantRecord, out: list[Instruction]) -> GrantState:
         if head.state == "queued":
@@ -303,15 +369,14 @@ class HostState:
 
     def _finished(self, finished: Finished, out: list[Instruction]) -> None:
         """A grant was dispatched or failed. It waits for company unless someone
-        needs it now: a multi-process slice reports each grant, routed outputs
-        go out at once, and failures are not held back."""
+        needs it now: routed outputs go out at once, and failures are not held back."""
         self._batch.append(finished)
-        if self.multi_process or finished.routed or finished.error or len(self._batch) >= FINISH_BATCH:
+        if finished.routed or finished.error or len(self._batch) >= FINISH_BATCH:
             self._hand_over(out)
 
     def _hand_over(self, out: list[Instruction]) -> None:
         if self._batch:
-            out.append(FinishBatch(tuple(self._batch)))
+            out.append(FinishBatch(tuple(self._batch), report=self.multi_process))
             self._batch = []
 
     def _move(self, record: GrantRecord, new: GrantState) -> None:

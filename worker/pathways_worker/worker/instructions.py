@@ -26,8 +26,13 @@ class Dispatch:
     program_id: str
     comp: LocalComputation
     inputs: tuple[object, ...]
-    wait: bool
-    """Wait for the results before reporting: multi-process slices run one at a time."""
+    in_flight: tuple[object, ...] = ()
+    """Multi-process slices: the outputs of the computation dispatched before this one,
+    possibly still running (its collectives must end before another's begin)."""
+    wait_for: tuple[object, ...] = ()
+    """Values to wait for before the call: `in_flight` when this computation does not
+    read it (JAX could run the two side by side), or an earlier one of the chain, to
+    keep at most `IN_FLIGHT_LIMIT` in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +54,6 @@ class Finished:
     routed: tuple[RoutedValue, ...] = ()
     inline: tuple[int, ...] = ()
     """Outputs whose bytes go back inline with the completion."""
-    await_outputs: bool = True
-    """False where the executor thread waited for them already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class FinishBatch:
     """Grants handed to the finisher together: one hand-off, their completions in one message."""
 
     grants: tuple[Finished, ...]
+    report: bool = False
+    """Report `BatchFinished` once every grant's outputs exist."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ carries a clock reading, only, where it helps a log line, a measured duration.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pathways_wire import pathways_pb2 as pb
@@ -41,6 +41,8 @@ class ProgramLoaded:
     """Each computation that loaded -> the bytes each of its outputs takes on this host."""
     output_specs: Mapping[int, tuple[pb.TensorSpec, ...]]
     """Every computation's declared outputs, for values that fail before they exist."""
+    partial: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    """Computation index -> its outputs this host holds only part of (split across hosts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,8 @@ class ComputationDispatched:
     error: str
     busy_s: float = 0.0
     """How long the executor thread spent on it, for the call's log line."""
+    overlapped: bool = False
+    """It was dispatched while the computation before it still ran (multi-process slices)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,13 @@ class ComputationFailedLate:
     outputs: tuple[object, ...]
     """As dispatched: a slot fails only while it still holds one of these."""
     error: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFinished:
+    """The finisher saw a batch's computations end (multi-process slices ask for it)."""
+
+    grants: tuple[GrantId, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,5 +159,6 @@ class TimerFired:
 
 Stimulus = (
     ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ObjectsDropped | ObjectForwarded
-    | ValueArrived | ExportRequested | ComputationDispatched | ComputationFailedLate | ExportWritten | TimerFired
+    | ValueArrived | ExportRequested | ComputationDispatched | ComputationFailedLate | BatchFinished
+    | ExportWritten | TimerFired
 )
