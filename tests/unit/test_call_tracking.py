@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pathways_operator.core.call_tracking import CallProgress, InvalidTransition, check_gang_move
+from pathways_operator.core.call_tracking import (
+    HOST_FAILURE_GRACE_S,
+    CallProgress,
+    InvalidTransition,
+    check_gang_move,
+)
 
 
 def call(total: int = 2) -> CallProgress:
@@ -27,15 +32,41 @@ def test_a_report_for_a_grant_not_waited_for_changes_nothing() -> None:
     assert progress.completed == 0 and progress.running
 
 
-def test_the_first_failed_report_fails_the_call_once_with_the_hosts_error() -> None:
+def test_a_failed_report_on_a_one_host_gang_fails_the_call_at_once() -> None:
+    progress = call()
+    progress.granted(("s-1", 0), hosts=1)
+    failed = progress.report(("s-1", 0), "h0", ok=False, error="", node=3)
+    assert failed is not None and failed.grant_done and failed.failed_now == "computation 3 failed on h0"
+    assert progress.state == "failed" and progress.message == "computation 3 failed on h0"
+
+
+def test_the_first_failure_on_a_multi_host_gang_fails_the_call_once_every_host_reported() -> None:
     progress = call()
     progress.granted(("s-1", 0), hosts=2)
-    failed = progress.report(("s-1", 0), "h0", ok=False, error="", node=3)
-    assert failed is not None and failed.failed_now == "computation 3 failed on h0"
-    again = progress.report(("s-1", 0), "h1", ok=False, error="boom", node=3)
-    assert again is not None and again.grant_done and again.failed_now == ""
+    held = progress.report(("s-1", 0), "h0", ok=False, error="", node=3, now=10.0)
+    assert held is not None and held.failed_now == "" and progress.running
+    again = progress.report(("s-1", 0), "h1", ok=False, error="boom", node=3, now=10.5)
+    assert again is not None and again.grant_done and again.failed_now == "computation 3 failed on h0"
     assert progress.state == "failed" and progress.message == "computation 3 failed on h0"
-    assert progress.completed == 0
+    assert progress.completed == 0 and progress.due(99.0) == ""
+
+
+def test_a_held_failure_fails_the_call_when_its_grace_ends_without_news_of_a_dead_host() -> None:
+    progress = call()
+    progress.granted(("s-1", 0), hosts=2)
+    progress.report(("s-1", 0), "h0", ok=False, error="gloo: connection closed by peer", node=0, now=10.0)
+    assert progress.due(10.0 + HOST_FAILURE_GRACE_S / 2) == "" and progress.running
+    assert progress.due(10.0 + HOST_FAILURE_GRACE_S) == "gloo: connection closed by peer"
+    assert progress.state == "failed"
+
+
+def test_a_dead_host_reported_within_the_grace_names_the_call_failure() -> None:
+    progress = call()
+    progress.granted(("s-1", 0), hosts=2)
+    progress.report(("s-1", 0), "h0", ok=False, error="gloo: connection closed by peer", node=0, now=10.0)
+    progress.fail("host h1 of slice 's' failed (killed by signal 9)")  # the gang was lost
+    assert progress.message == "host h1 of slice 's' failed (killed by signal 9)"
+    assert progress.due(10.0 + HOST_FAILURE_GRACE_S) == ""
 
 
 def test_a_finished_call_cannot_move_again_and_the_error_names_it() -> None:

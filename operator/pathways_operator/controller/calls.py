@@ -273,7 +273,9 @@ class Calls:
                     continue
                 for value in done.outputs:
                     call.values[(value.value.node, value.value.index)] = value
-                report = call.progress.report(key, link.name, done.ok, done.error, done.node)
+                report = call.progress.report(
+                    key, link.name, done.ok, done.error, done.node, time.monotonic()
+                )
                 if report is None:
                     continue
                 if report.failed_now:
@@ -403,6 +405,14 @@ class Calls:
         with self._changed:
             self._seen[client] = now
         return self.lease_s
+
+    def fail_held(self, now: float) -> None:
+        """Fails the calls whose held host failure no lost gang explained in time (`core.call_tracking`)."""
+        with self._changed:
+            for call in list(self._calls.values()):
+                message = call.progress.due(now)
+                if message:
+                    self._tell_failed(call, message)
 
     def expire_leases(self, now: float) -> list[str]:
         """Frees every call and object of the clients whose lease lapsed; those clients."""

@@ -41,8 +41,8 @@ from pathways_operator.core.placement import Machine
 
 G_co = TypeVar("G_co", bound=Gangs, covariant=True)
 
-LEASE_CHECK_S = 1.0
-"""How often lapsed client leases are looked for."""
+LEASE_CHECK_S = 0.5
+"""How often lapsed client leases, and held host failures past their grace, are looked for."""
 
 WINDOW = 256
 """Grants outstanding per slice while one call has work for it."""
@@ -69,9 +69,12 @@ class Controller(Generic[G_co]):
         threading.Thread(target=self._expire_leases, name="client-leases", daemon=True).start()
 
     def _expire_leases(self) -> None:
-        """Frees what clients that stopped saying KeepAlive owned (`core.client_leases`)."""
+        """Frees what clients that stopped saying KeepAlive owned (`core.client_leases`), and
+        fails calls whose held host failure ran out of grace (`core.call_tracking`)."""
         while not self._stopped.wait(LEASE_CHECK_S):
-            self.calls.expire_leases(time.monotonic())
+            now = time.monotonic()
+            self.calls.expire_leases(now)
+            self.calls.fail_held(now)
 
     @staticmethod
     def embedded(

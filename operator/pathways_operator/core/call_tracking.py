@@ -4,7 +4,14 @@ A call runs once every computation of its program has completed on every host of
 The island scheduler grants a computation a sequence number on its slice; every host of the
 gang then reports that grant once. :class:`CallProgress` counts those reports, fails the call
 on the first failed one, and says which hosts still owe which grants, so that a call that
-seems stuck can name its stragglers. The controller's threads only feed it host events and
+seems stuck can name its stragglers.
+
+On a gang of several hosts, a host that dies mid-computation makes its peers' collectives
+fail too, and their reports often arrive before the controller learns of the death. So a
+failure reported by one host of a multi-host gang, while others still owe the grant, is
+*held* for :data:`HOST_FAILURE_GRACE_S`: if the gang is lost meanwhile, the call fails
+naming the host that died; otherwise (or once every host has reported) it fails with the
+first host's error (:meth:`CallProgress.due`). The controller's threads only feed it host events and
 send what it decides.
 
 States are listed once (:data:`CallState`, :data:`GangState`), and so are the moves between
@@ -65,6 +72,10 @@ def check_gang_move(slice_name: str, old: GangState, new: GangState) -> GangStat
     return new
 
 
+HOST_FAILURE_GRACE_S = 2.0
+"""How long one host's failure on a multi-host gang waits for news of a host that died."""
+
+
 @dataclass(frozen=True)
 class Report:
     """What one host's completion of a grant changed."""
@@ -90,6 +101,8 @@ class CallProgress:
     """Outstanding grant -> hosts that have not reported it yet."""
     reported: dict[Grant, set[str]] = field(default_factory=dict)
     """Outstanding grant -> hosts that already reported it."""
+    held: tuple[str, float] | None = None
+    """A failure held back (its message, and when it fails the call): see the module docstring."""
 
     @property
     def running(self) -> bool:
@@ -104,16 +117,22 @@ class CallProgress:
         """The scheduler granted a computation of this call to a gang of ``hosts`` hosts."""
         self.waiting[grant] = hosts
 
-    def report(self, grant: Grant, host: str, ok: bool, error: str, node: int) -> Report | None:
-        """A host completed ``grant``; None if the call was not waiting for it."""
+    def report(
+        self, grant: Grant, host: str, ok: bool, error: str, node: int, now: float = 0.0
+    ) -> Report | None:
+        """A host completed ``grant`` (at ``now``); None if the call was not waiting for it."""
         left = self.waiting.get(grant)
         if left is None:
             return None
         self.reported.setdefault(grant, set()).add(host)
         failed_now = ""
-        if not ok and self.running:
-            failed_now = error or f"computation {node} failed on {host}"
-            self.fail(failed_now)
+        if not ok and self.running and self.held is None:
+            message = error or f"computation {node} failed on {host}"
+            if left > 1:
+                self.held = (message, now + HOST_FAILURE_GRACE_S)
+            else:
+                failed_now = message
+                self.fail(message)
         if left > 1:
             self.waiting[grant] = left - 1
             return Report(grant_done=False, failed_now=failed_now)
@@ -121,9 +140,19 @@ class CallProgress:
         self.reported.pop(grant, None)
         if ok:
             self.completed += 1
-        if self.running and self.completed == self.total:
+        if self.running and self.held is not None:
+            failed_now = self.held[0]  # every host has reported: no death is coming to explain it
+            self.fail(failed_now)
+        elif self.running and self.completed == self.total:
             self._move("succeeded")
         return Report(grant_done=True, failed_now=failed_now)
+
+    def due(self, now: float) -> str:
+        """Fails the call with its held failure once the grace has passed; the message, or ""."""
+        if self.held is None or not self.running or now < self.held[1]:
+            return ""
+        self.fail(self.held[0])
+        return self.message
 
     def fail(self, message: str) -> None:
         self._move("failed")
