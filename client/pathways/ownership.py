@@ -137,6 +137,12 @@ class Ownership:
             if self._stop.wait(period):
                 return
 
+    def abandon(self) -> None:
+        """Stops the drops and the lease without freeing anything: the controller that
+        holds the objects is being stopped, and takes them with it."""
+        self._gone.put(None)
+        self._stop.set()
+
     def close(self, timeout_s: float) -> None:
         """Drains the drops, frees every object left and stops the lease; each call waits
         at most `timeout_s`."""
