@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from pathways import interruptible
 from pathways_wire import ir
 from pathways_wire.errors import ExecutionError
 
@@ -52,11 +53,11 @@ class CallFuture:
         return self._ended.is_set()
 
     def wait_ended(self) -> None:
-        self._ended.wait()
+        interruptible.wait_event(self._ended)
 
     def wait(self) -> None:
         """Until the call ended; raises its error, if it failed."""
-        self._ended.wait()
+        interruptible.wait_event(self._ended)
         if self.error:
             raise ExecutionError(self.error)
 
@@ -232,7 +233,7 @@ def fetch(tree: Any) -> Any:
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            interruptible.join(t)
     return jax.tree_util.tree_unflatten(
         treedef, [x.value() if isinstance(x, Array) else x for x in leaves]
     )

@@ -76,6 +76,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from pathways_wire import ir, transfer
+from pathways import interruptible
 from pathways.array import Array, CallFuture
 from pathways.credentials import PresentToken, client_credentials
 from pathways.embedded import LocalCluster, start_local_cluster
@@ -301,7 +302,7 @@ class Runtime:
         if small_outputs and not request.objects and len(request.inputs) == len(arrays):
             values = self._run_to_end(program, request, [arrays[i] for i in range(len(arrays))])
             return [Array.carried(v) for v in values]
-        self._outstanding.acquire()
+        interruptible.acquire(self._outstanding)
         try:
             reply = self.controller.Run(request, timeout=60)
         except grpc.RpcError as err:
@@ -342,7 +343,7 @@ class Runtime:
                 self._pool.submit(self._put, host, call_id, values) for host, values in per_host.items()
             ]
             for fut in in_flight:
-                fut.result()
+                interruptible.result(fut)
         except BaseException as err:
             if not isinstance(err, Exception):  # interrupted: nobody waits for the transfers
                 for fut in in_flight:
