@@ -107,6 +107,9 @@ _BLOCKED_CLIENT = textwrap.dedent(
     import pathways as pw
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
+    # Ctrl-C as in an interactive shell: a shell's background job (a CI step, `make test &`)
+    # starts its children with SIGINT ignored, and Python then installs no handler for it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     runtime = pw.connect(islands={"island-a": 4}, devices_per_host=4)
     vslice = pw.make_virtual_device_set().add_slice(devices=4)
