@@ -149,9 +149,6 @@ class Calls:
                     total=len(program.computations),
                 ),
             )
-            for holder, p in placed:
-                if p.forward is not None:
-                    self._calls[call_id].sources.setdefault(holder.slice_id, []).append(p.forward.input.index)
             for vid, rec in slices.items():
                 if program_id not in rec.loaded:
                     loaded = host_program(program, program_id, vid)
@@ -162,6 +159,7 @@ class Calls:
                     link.send(pb.HostCommand(launch=launch))
             for holder, p in placed:
                 if p.forward is not None:
+                    self._calls[call_id].sources.setdefault(holder.slice_id, []).append(p.forward.input.index)
                     forward = pb.HostCommand(forward=p.forward)
                     for link in holder.links:
                         link.send(forward)
