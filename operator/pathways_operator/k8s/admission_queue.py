@@ -285,10 +285,10 @@ class AdmissionQueue:
             if at_once:
                 used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
                 self._promise_drivers(at_once, NodeRoom(inventory.nodes(nodes, used)))
-            machines = inventory.machines(nodes, all_pods, self.ledger.all(), self._drivers.values())
+            used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
+            machines = inventory.machines_using(nodes, used)
             self._machines = machines
-            every_node = (inventory.nodes(nodes, inventory.in_use(all_pods, self.ledger.all(), self._drivers.values()))
-                          if drivers else [])
+            every_node = inventory.nodes(nodes, used) if drivers else []
             result = admit(queue, machines, now=self._clock(), holding=holding, drivers=drivers, nodes=every_node)
             self._drivers.update(result.drivers)
             mine_result: Reservation | Unplaceable | None = None

@@ -164,7 +164,11 @@ def machines(
     drivers: Iterable[DriverPlacement] = (),
 ) -> list[Machine]:
     """Every machine with its devices in use; see the module docstring for what counts."""
-    used = in_use(pods, reservations, drivers)
+    return machines_using(nodes, in_use(pods, reservations, drivers))
+
+
+def machines_using(nodes: Iterable[Mapping[str, Any]], used: Mapping[str, Sequence[int]]) -> list[Machine]:
+    """Every machine, with what :func:`in_use` counted there (one count serves :func:`nodes` too)."""
     result: list[Machine] = []
     for node in nodes:
         island = _machine_island(node)
