@@ -419,7 +419,7 @@ class Runtime:
             try:
                 self._finisher.submit(self._finish, call.call_id, tuple(call.kept))
             except RuntimeError:
-                pass  # closing: releasing the slices frees the call
+                pass  # closing: releasing the slices, or stopping the embedded cluster, frees the call
 
     def _fetch_object(self, handle: Array) -> np.ndarray:
         assert handle.call is not None and handle.ref is not None
