@@ -159,19 +159,22 @@ def read_mounted_config_map(directory: str) -> dict[str, Any]:
     """A compiled program's ConfigMap mounted as a volume, as the object ``load_compiled`` reads.
 
     A volume holds the keys only: the operator checked the ConfigMap's format annotation
-    before it mounted it, so it is restored here; every key of a compiled program is binaryData.
+    before it mounted it, so it is restored here; every key of a compiled program is
+    binaryData but its summary (the feeds and weight), which is text.
     """
     import base64
 
-    from pathways_wire.compiled_program import FORMAT, FORMAT_ANNOTATION
+    from pathways_wire.compiled_program import FORMAT, FORMAT_ANNOTATION, SUMMARY_KEY
 
     root = Path(directory)
     try:
         files = {p.name: p.read_bytes() for p in sorted(root.iterdir()) if not p.name.startswith(".") and p.is_file()}
     except OSError as err:
         raise DriverError(f"--compiled-program-dir {directory}: {err}") from None
+    summary = files.pop(SUMMARY_KEY, b"{}")
     return {
         "metadata": {"name": root.name, "annotations": {FORMAT_ANNOTATION: FORMAT}},
+        "data": {SUMMARY_KEY: summary.decode()},
         "binaryData": {k: base64.b64encode(v).decode() for k, v in files.items()},
     }
 
@@ -182,6 +185,8 @@ def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, An
     A program whose steps are all done (the operator restarted before recording its
     results) runs once more, so it still has results to give.
     """
+    import numpy as np
+
     from pathways_wire.errors import InvalidProgramError
     from pathways.runtime import default_runtime
 
@@ -191,16 +196,35 @@ def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, An
     except InvalidProgramError as err:
         raise DriverError(str(err)) from None
     runtime = default_runtime()
-    inputs = list(compiled.inputs)
+    inputs: list[Any] = list(compiled.inputs)
+    fed = [feed.input for feed in compiled.feeds]
+    restored = ctx.restore() if fed else None
+    if restored is not None:
+        missing = [_state_key(i) for i in fed if _state_key(i) not in restored]
+        if missing:
+            raise DriverError(
+                f"the snapshot of step {ctx.restored_step} holds {sorted(restored)}, not the fed "
+                f"inputs {missing}: was the program compiled with other feeds? Remove the snapshots "
+                "under spec.checkpoint to start from the stored inputs"
+            )
+        for i in fed:
+            inputs[i] = np.asarray(restored[_state_key(i)])
     outputs: list[Any] | None = None
     for step in range(ctx.start_step, ctx.steps):
         outputs = runtime.run(program, inputs, ctx.weight)
         for output in outputs:  # a step is done when its outputs exist (errors surface here)
             output.block_until_ready()
-        ctx.step_done(step)
+        inputs = compiled.next_inputs(inputs, outputs)
+        # The fed inputs are the state: they come to the client only for a snapshot.
+        ctx.step_done(step, state={_state_key(i): inputs[i] for i in fed} if fed else None)
     if outputs is None:
         outputs = runtime.run(program, inputs, ctx.weight)
     return dict(zip(compiled.output_names(), outputs))
+
+
+def _state_key(input_index: int) -> str:
+    """A fed input's key in the snapshots of a compiled program's state."""
+    return f"input_{input_index}"
 
 
 def parse_slices(text: str) -> dict[str, SliceBinding]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +24,9 @@ import jax
 import numpy as np
 
 from pathways_wire import ir
-from pathways_wire.compiled_program import CompiledProgram
+from pathways_wire.compiled_program import CompiledProgram, Feed
 from pathways_wire.errors import InvalidProgramError
+from pathways_wire.wording import plural
 from pathways.array import Array
 from pathways.functions import SliceFunction
 from pathways_wire.ir import PROGRAM_INPUT, TensorSpec, ValueRef
@@ -164,6 +165,42 @@ class TracedProgram:
                 out[i] = next(it)
         return [a for a in out if a is not None]
 
+    def flat_feeds(self, feeds: Mapping[int, int]) -> tuple[Feed, ...]:
+        """``{returned position: argument position}`` as pairs of flat program output and
+        input indices, leaf by leaf."""
+        returned = _positions(self.out_tree)
+        taken = _positions(self.in_tree)
+        constant = {pos for pos, _ in self.constants}
+        user_inputs = [i for i in range(len(self.ir.inputs)) if i not in constant]
+        flat: list[Feed] = []
+        for out_pos, arg_pos in sorted(feeds.items()):
+            where = f"program '{self.ir.name}' feeds {{{out_pos}: {arg_pos}}}"
+            if out_pos not in returned:
+                raise InvalidProgramError(f"{where}: it returns {plural(len(returned), 'value')}; feed one of 0..{len(returned) - 1}")
+            if arg_pos not in taken:
+                raise InvalidProgramError(f"{where}: it takes {plural(len(taken), 'argument')}; feed one of 0..{len(taken) - 1}")
+            (out_tree, out_first), (in_tree, in_first) = returned[out_pos], taken[arg_pos]
+            if out_tree != in_tree:
+                raise InvalidProgramError(
+                    f"{where}: returned value {out_pos} is {out_tree} but argument {arg_pos} is {in_tree}; "
+                    "feed an argument of the same structure"
+                )
+            flat += [Feed(out_first + k, user_inputs[in_first + k]) for k in range(out_tree.num_leaves)]
+        return tuple(flat)
+
+
+def _positions(tree: Any) -> dict[int, tuple[Any, int]]:
+    """Each top-level position of a tuple (or the whole of anything else, as position 0):
+    its structure and its first flat leaf index."""
+    node = tree.node_data()
+    children = tree.children() if node is not None and node[0] in (tuple, list) else [tree]
+    positions: dict[int, tuple[Any, int]] = {}
+    first = 0
+    for pos, child in enumerate(children):
+        positions[pos] = (child, first)
+        first += child.num_leaves
+    return positions
+
 
 def _as_input(leaf: Any) -> np.ndarray | Array:
     """A program argument: a handle stays one (its value stays where it is)."""
@@ -240,15 +277,19 @@ class ProgramFunction:
         constants = tuple(zip(trace.constant_positions, trace.constants))
         return TracedProgram(program, in_tree, out_tree, constants, self.weight)
 
-    def compiled(self, args: tuple[Any, ...]) -> CompiledProgram:
-        """Traces for ``args`` (no runtime, no devices needed) and keeps the inputs to run it on."""
+    def compiled(self, args: tuple[Any, ...], feeds: Mapping[int, int] | None = None) -> CompiledProgram:
+        """Traces for ``args`` (no runtime, no devices needed) and keeps the inputs to run it on.
+
+        ``feeds`` maps a returned value's position to the argument position it becomes at
+        the next step (``{0: 0}``: the first returned value is the next first argument);
+        each pair must have the same pytree structure, shapes and dtypes."""
         traced = self.trace(*args)
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tuple(args))]
         canonical = [
             np.ascontiguousarray(a, dtype=jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves
         ]
         inputs = tuple(np.asarray(x) for x in traced.flat_inputs(canonical))
-        return CompiledProgram(traced.ir, inputs, traced.weight)
+        return CompiledProgram(traced.ir, inputs, traced.weight, traced.flat_feeds(feeds or {}))
 
     def __call__(self, *args: Any) -> Any:
         from pathways.runtime import default_runtime

@@ -22,6 +22,11 @@ Layout (``pathways.dev/format: compiled-program/v1``)::
       inputs.npz              the program's inputs in IR order (arr_0, arr_1, ...):
                               the example arguments plus constants captured at trace time
 
+``program.json`` also carries the program's ``feeds``: which flat outputs of a step become
+which flat inputs of the next (a training step's new parameters its next parameters).
+A runner carries them from step to step as handles, so they stay on the hosts; inputs
+nothing feeds are the stored ones at every step.
+
 The PathwaysProgram names each slice by the IR's slice id (``spec.slices[].name``), so
 a runner maps IR slices to VirtualSlices without guessing: a slice the program named
 (``add_slice(name=...)``, shared) becomes ``ref: <name>``, an unnamed one an inline
@@ -42,7 +47,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -63,6 +68,8 @@ ARTIFACT_SUFFIX = ".jaxexport"
 CONFIG_MAP_LIMIT = 1 << 20
 """Bytes a ConfigMap may hold (data + binaryData), as the API server enforces."""
 
+T = TypeVar("T")
+
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
@@ -78,12 +85,53 @@ def resource_name(text: str, suffix: str = "") -> str:
 
 
 @dataclass(frozen=True)
+class Feed:
+    """Flat output ``output`` of a step is flat input ``input`` of the next step."""
+
+    output: int
+    input: int
+
+
+def feeds_problem(program: ir.Program, feeds: tuple[Feed, ...], field: str = "feeds") -> str | None:
+    """What is wrong with ``feeds`` for ``program`` (None: nothing): each names an output
+    and an input that exist and agree in shape and dtype, and no input is fed twice."""
+    fed: dict[int, int] = {}
+    for k, feed in enumerate(feeds):
+        where = f"{field}[{k}] (output {feed.output} -> input {feed.input})"
+        if not 0 <= feed.output < len(program.outputs):
+            return f"{where}: the program has {plural(len(program.outputs), 'output')}; name one of 0..{len(program.outputs) - 1}"
+        if not 0 <= feed.input < len(program.inputs):
+            return f"{where}: the program has {plural(len(program.inputs), 'input')}; name one of 0..{len(program.inputs) - 1}"
+        if feed.input in fed:
+            return f"{where}: input {feed.input} is already fed by output {fed[feed.input]}; feed each input once"
+        fed[feed.input] = feed.output
+        made, taken = program.spec_of(program.outputs[feed.output]), program.inputs[feed.input]
+        if made != taken:
+            return f"{where}: the output is {made} but the input takes {taken}; feed an input of the output's shape and dtype"
+    return None
+
+
+@dataclass(frozen=True)
 class CompiledProgram:
-    """One traced signature of a program, with the inputs to run it on."""
+    """One traced signature of a program, with the inputs to run it on and the ``feeds``
+    that carry a step's outputs into the next step's inputs."""
 
     program: ir.Program
     inputs: tuple[np.ndarray, ...]
     weight: float = 1.0
+    feeds: tuple[Feed, ...] = ()
+
+    def __post_init__(self) -> None:
+        problem = feeds_problem(self.program, self.feeds)
+        if problem:
+            raise InvalidProgramError(f"program '{self.program.name}': {problem}")
+
+    def next_inputs(self, inputs: list[T], outputs: list[T]) -> list[T]:
+        """The inputs of the step after the one that took ``inputs`` and gave ``outputs``."""
+        following = list(inputs)
+        for feed in self.feeds:
+            following[feed.input] = outputs[feed.output]
+        return following
 
     # -- the ConfigMap -------------------------------------------------------------------
 
@@ -111,6 +159,7 @@ class CompiledProgram:
             ],  # fmt: skip
             "inputs": [str(s) for s in p.inputs],
             "outputs": [f"{ref} {p.spec_of(ref)}" for ref in p.outputs],
+            "feeds": [{"output": f.output, "input": f.input} for f in self.feeds],
         }
 
     def to_config_map(self, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -189,7 +238,11 @@ class CompiledProgram:
                     f"but the program takes {spec} ({spec.nbytes} bytes): compile it again"
                 )
         summary = json.loads((obj.get("data") or {}).get(SUMMARY_KEY) or "{}")
-        return cls(program, inputs, float(summary.get("weight", 1.0)))
+        feeds = _read_feeds(summary.get("feeds") or [], f"{where}: data {SUMMARY_KEY} feeds")
+        problem = feeds_problem(program, feeds, f"data {SUMMARY_KEY} feeds")
+        if problem:
+            raise InvalidProgramError(f"{where}: {problem}")
+        return cls(program, inputs, float(summary.get("weight", 1.0)), feeds)
 
     # -- running it ----------------------------------------------------------------------
 
@@ -252,6 +305,27 @@ class CompiledProgram:
                 "weight": self.weight,
             },
         }
+
+
+def _read_feeds(raw: Any, where: str) -> tuple[Feed, ...]:
+    entries = raw if isinstance(raw, list) else None
+    feeds: list[Feed] = []
+    for entry in entries or []:
+        output, input_ = (entry.get("output"), entry.get("input")) if isinstance(entry, dict) else (None, None)
+        if not (_is_index(output) and _is_index(input_)):
+            entries = None
+            break
+        feeds.append(Feed(output, input_))
+    if entries is None:
+        raise InvalidProgramError(
+            f"{where} must be a list of {{\"output\": N, \"input\": M}} with integer indices, "
+            f"got {json.dumps(raw)[:200]}: compile it again"
+        )
+    return tuple(feeds)
+
+
+def _is_index(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _metadata(name: str, namespace: str | None) -> dict[str, Any]:

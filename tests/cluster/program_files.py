@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
+from pathlib import Path
+from types import ModuleType
 
 
 def double_inc_program(pool_name: str | None = None) -> str:
@@ -26,3 +29,12 @@ def double_inc_program(pool_name: str | None = None) -> str:
             return (np.array([1.0, 2.0], np.float32),)
         """
     )
+
+
+def example_module(path: Path) -> ModuleType:
+    """A program file imported as a module of its own (for its ``reference`` results)."""
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+    assert spec is not None and spec.loader is not None, f"{path} is not importable"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

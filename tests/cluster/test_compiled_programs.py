@@ -25,7 +25,7 @@ from pathways_wire import pathways_pb2 as pb
 from tests.cluster.builders import Manifest, virtual_slice
 from pathways_devcluster.controlplane import REPO_ROOT
 from tests.cluster.harness import Objects, OperatorProcess, condition
-from tests.cluster.program_files import double_inc_program
+from tests.cluster.program_files import double_inc_program, example_module
 
 PROGRAM_DONE_S = 180.0
 
@@ -146,3 +146,18 @@ def test_a_bad_compiled_program_fails_naming_the_field(
     message = condition(failed, "Failed")["message"]
     assert message.startswith(field) and words in message, message
     assert not objects.get("virtualslices", "bad-compiled-" + program["spec"]["slices"][0]["name"])
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_submitted_program_with_feeds_trains_across_its_steps(objects: Objects, operator: OperatorProcess) -> None:
+    path = REPO_ROOT / "examples" / "train_program.py"
+    code, out, err = cli(objects, "submit", str(path), "--steps", "20", "--wait", "--timeout", "3m")
+    done = objects.program("train-program")
+    assert code == EXIT_OK, f"{err}\n{json.dumps(done.get('status'), indent=1)}\n{operator.log_tail()}"
+    assert done["status"]["stepsCompleted"] == 20
+    got = results(objects, done)
+    weights, loss = example_module(path).reference(20)
+    np.testing.assert_allclose(np.asarray(got["output_0"]), weights, rtol=1e-4, atol=1e-5)
+    assert float(np.asarray(got["output_1"])) == pytest.approx(loss, rel=1e-3)
+    first_loss = example_module(path).reference(1)[1]
+    assert float(np.asarray(got["output_1"])) < first_loss / 10, "twenty steps of training, not one step twenty times"

@@ -15,9 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.cluster.program_files import double_inc_program
+from pathways_devcluster.controlplane import REPO_ROOT
+from tests.cluster.program_files import double_inc_program, example_module
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,6 +46,16 @@ def test_pathways_run_calls_the_program_on_the_embedded_runtime(tmp_path: Path) 
     assert json.loads(done.stdout) == [3.0, 5.0]
     assert "running 'double-inc' on the embedded local runtime (2 steps)" in done.stderr
     assert "step 2/2 done" in done.stderr
+
+
+def test_pathways_run_feeds_each_steps_weights_into_the_next(tmp_path: Path) -> None:
+    example = REPO_ROOT / "examples" / "train_program.py"
+    done = _run([str(PATHWAYS), "run", str(example), "--steps", "20", "-o", "json"], _env(), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    weights, loss = json.loads(done.stdout)
+    want_weights, want_loss = example_module(example).reference(20)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-4, atol=1e-5)
+    assert loss == pytest.approx(want_loss, rel=1e-3)
 
 
 def test_pathways_run_of_a_program_that_fits_no_island_names_the_islands(tmp_path: Path) -> None:

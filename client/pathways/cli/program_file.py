@@ -1,4 +1,7 @@
-"""Programs from files: a ``prog.py`` that defines ``program`` and ``example_args()``.
+"""Programs from files: a ``prog.py`` that defines ``program`` and ``example_args()``, and
+optionally ``feeds``: ``{returned position: argument position}``, the returned values that
+become the next step's arguments (a training step's new parameters), so a program run
+for several steps trains instead of repeating its first step.
 
 ``compile``, ``submit`` and ``run`` all start here: the file is imported with its
 directory first on ``sys.path`` (so its siblings import), checked against the
@@ -25,11 +28,24 @@ class ProgramFile:
     path: Path
     function: Any
     args: tuple[Any, ...]
+    feeds: dict[int, int]
+
+    def next_args(self, args: tuple[Any, ...], returned: Any) -> tuple[Any, ...]:
+        """The arguments of the step after one that took ``args`` and returned ``returned``."""
+        values = returned if isinstance(returned, (tuple, list)) else (returned,)
+        following = list(args)
+        for out_pos, arg_pos in self.feeds.items():
+            following[arg_pos] = values[out_pos]
+        return tuple(following)
 
 
 PROGRAM_FILE_HELP = (
     "define a module-level `program` (a function decorated with @pw.program) and "
     "`example_args()` returning its arguments as a tuple"
+)
+FEEDS_HELP = (
+    "`feeds` maps a returned value's position to the argument position it becomes at the next "
+    "step, e.g. feeds = {0: 0}"
 )
 
 
@@ -59,7 +75,15 @@ def load_program_file(path: Path) -> ProgramFile:
     if not callable(example_args):
         raise CliError(f"{path}: it has no `example_args()`; {PROGRAM_FILE_HELP}")
     args = example_args()
-    return ProgramFile(path, function, args if isinstance(args, tuple) else (args,))
+    args = args if isinstance(args, tuple) else (args,)
+    feeds = getattr(module, "feeds", None) or {}
+    pairs_ok = isinstance(feeds, dict) and all(
+        isinstance(k, int) and isinstance(v, int) and not isinstance(k, bool) and not isinstance(v, bool)
+        for k, v in feeds.items()
+    )
+    if not pairs_ok:
+        raise CliError(f"{path}: `feeds` is {feeds!r}; {FEEDS_HELP}")
+    return ProgramFile(path, function, args, feeds)
 
 
 def compile_program_file(
@@ -70,7 +94,7 @@ def compile_program_file(
 
     loaded = load_program_file(path)
     try:
-        compiled = loaded.function.compiled(loaded.args)
+        compiled = loaded.function.compiled(loaded.args, loaded.feeds)
         program_name = resource_name(name or compiled.program.name)
         cm_name = resource_name(program_name, "-compiled")
         config_map = compiled.to_config_map(cm_name, namespace)
@@ -82,5 +106,6 @@ def compile_program_file(
     summary = (
         f"program '{p.name}': {plural(len(p.computations), 'computation')} on "
         f"{plural(len(p.slices), 'slice')}, {plural(len(p.inputs), 'input')}, {size / 1024:.1f} KiB compiled"
+        + (f", {plural(len(compiled.feeds), 'input')} fed from the step before" if compiled.feeds else "")
     )
     return config_map, program, summary

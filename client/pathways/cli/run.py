@@ -24,9 +24,13 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     err.write(f"running '{loaded.function.name}' on the embedded local runtime ({plural(args.steps, 'step')})\n")
     try:
         outputs: Any = None
+        step_args = loaded.args
         for step in range(args.steps):
             started = time.monotonic()
-            outputs = loaded.function(*loaded.args)
+            if outputs is not None:
+                step_args = loaded.next_args(step_args, outputs)
+            outputs = loaded.function(*step_args)
+            jax.block_until_ready(outputs)
             err.write(f"step {step + 1}/{args.steps} done in {time.monotonic() - started:.2f} s\n")
     except PathwaysError as e:
         raise CliError(f"{args.file}: {e}") from None
