@@ -9,7 +9,8 @@ call is:
 3. `Run`: the controller numbers the computations and streams each host its
    plan and grants, in parallel — from here on hosts run without waiting for
    the controller or the client;
-4. put the inputs straight into the sidecars that consume them, wait for the
+4. put the inputs straight into the sidecars that consume them (each host of a
+   multi-host slice only the block of an input its devices read), wait for the
    call to end, fetch the outputs straight from the hosts holding them, and
    tell the controller to free the call's buffers.
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.host_blocks import HeldBlock
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 # The most data one BufferChunk may carry; receivers reject larger chunks.
@@ -185,13 +186,21 @@ def _bounds(index: tuple[slice, ...], shape: Shape) -> tuple[Shape, Shape]:
     return tuple(start), tuple(stop)
 
 
-def value_pieces(value: np.ndarray | ShardedLike) -> list[Piece]:
+def value_pieces(value: np.ndarray | HeldBlock | ShardedLike) -> list[Piece]:
     """This process's pieces of a value: a numpy array is one whole piece; a
     sharded array contributes each addressable shard with `replica_id == 0`
-    (so the pieces of all processes cover the global value exactly once)."""
+    (so the pieces of all processes cover the global value exactly once). A
+    `HeldBlock` has none to give: the other hosts' blocks may overlap its own."""
     if isinstance(value, np.ndarray):
         shape = tuple(value.shape)
         return [Piece((0,) * len(shape), shape, _c_order(value))]
+    if isinstance(value, HeldBlock):
+        raise TransferError(
+            "value",
+            f"this host holds only the block {list(value.start)}..{list(value.stop)} of a value of "
+            f"shape {list(value.shape)} (a program input split by the hosts reading it), which "
+            "cannot be sent on or fetched as the whole value; its client holds the whole",
+        )
     shape = tuple(value.shape)
     pieces: list[Piece] = []
     for shard in value.addressable_shards:

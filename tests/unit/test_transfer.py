@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pathways_wire import transfer
+from pathways_wire.host_blocks import HeldBlock
 from pathways_wire import pathways_pb2 as pb
 
 
@@ -107,6 +108,12 @@ def test_a_block_travels_as_its_piece_and_is_kept_as_a_value_of_its_own_shape() 
         writer.write(c.data)
     assert assembler.complete
     np.testing.assert_array_equal(assembler.target, array[4:])
+
+
+def test_a_held_block_is_never_sent_as_the_whole_value() -> None:
+    held = HeldBlock((8, 6), (4, 0), np.zeros((4, 6), np.float32))
+    with pytest.raises(transfer.TransferError, match=r"only the block \[4, 0\]..\[8, 6\] of a value of shape \[8, 6\]"):
+        transfer.value_pieces(held)
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(4, 1), (1, 4), (2, 2)])

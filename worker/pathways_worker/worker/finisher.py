@@ -25,7 +25,6 @@ import jax
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.host_blocks import HeldBlock
 from pathways_wire.transfer import Piece, moves_inline, piece_runs, run_block, value_pieces
 from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
@@ -148,12 +147,6 @@ class Finisher:
             self._report(ExportWritten(job.oid))
 
     def _pieces(self, value: Any) -> list[Piece]:
-        if isinstance(value, HeldBlock):
-            raise ValueError(
-                f"this host holds only the block {list(value.start)}..{list(value.stop)} of a value "
-                f"of shape {list(value.shape)} (a program input split by hosts), which cannot be "
-                "sent on as the whole value; the client answers for its own inputs"
-            )
         if isinstance(value, np.ndarray) and self.host_index != 0:
             return []  # every host of the slice holds it whole; host 0 answers for all
         return value_pieces(value)
