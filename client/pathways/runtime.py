@@ -9,7 +9,8 @@ call is:
 3. `Run`: the controller numbers the computations and streams each host its
    plan and grants, in parallel — from here on hosts run without waiting for
    the controller or the client;
-4. put the inputs straight into the sidecars that consume them, wait for the
+4. put the inputs straight into the sidecars that consume them (each host of a
+   multi-host slice only the block of an input its devices read), wait for the
    call to end, fetch the outputs straight from the hosts holding them, and
    tell the controller to free the call's buffers.
 
@@ -75,7 +76,8 @@ import grpc
 import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from pathways_wire import ir, transfer
+from pathways_wire import host_blocks, ir, transfer
+from pathways_wire.host_blocks import Block
 from pathways import interruptible
 from pathways.array import Array, CallFuture
 from pathways.credentials import PresentToken, client_credentials
@@ -105,6 +107,9 @@ as another process (``ClusterInfo.controller_id``) knows none of this client's s
 programs; they are placed and loaded again and the call runs again, once."""
 EXIT_RPC_TIMEOUT_S = 5.0
 """Deadline of the calls that free buffers and slices while the client shuts down."""
+
+
+BlocksKey = tuple[str, int, tuple[int, ...], tuple[tuple[str, tuple[str, ...]], ...]]
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,8 @@ class Runtime:
         self._ownership = Ownership(self.controller, self.client_id, self._lock, self._rpc_timeout)
         self._sent = 0
         self._received = 0
+        self._blocks: dict[BlocksKey, dict[str, Block]] = {}
+        """(program id, input, shape, its readers' hosts) -> the hosts that need only a block."""
 
     @property
     def traffic(self) -> ClientTraffic:
@@ -312,7 +319,7 @@ class Runtime:
         self.calls += 1
         call = CallFuture(program.name, call_id)
         try:
-            self._put_inputs(reply, call_id, arrays)
+            self._put_inputs(program, program_id, reply, call_id, arrays)
         except BaseException:
             call.end(f"program '{program.name}' call {call_id}: its inputs could not be sent")
             self._finisher.submit(self._finish, call_id, ())
@@ -330,13 +337,28 @@ class Runtime:
         Otherwise (a carried value, or another runtime's handle) its bytes go through the client."""
         return given.on_hosts and getattr(given._fetch, "__self__", None) is self
 
-    def _put_inputs(self, reply: pb.RunReply, call_id: str, arrays: dict[int, np.ndarray]) -> None:
-        """Each host's inputs go in one Put stream: one stream per host, not per input."""
-        per_host: dict[str, list[tuple[ir.ValueRef, np.ndarray]]] = {}
+    def _put_inputs(
+        self,
+        program: ir.Program,
+        program_id: str,
+        reply: pb.RunReply,
+        call_id: str,
+        arrays: dict[int, np.ndarray],
+    ) -> None:
+        """Each host's inputs go in one Put stream: one stream per host, not per input.
+        Each host of a multi-host slice gets only the block of an input its devices read."""
+        per_host: dict[str, list[tuple[ir.ValueRef, np.ndarray, Block | None]]] = {}
         for i, array in arrays.items():
             if array.nbytes > INLINE_BYTES:
-                for host in reply.inputs[i].hosts:
-                    per_host.setdefault(host, []).append((ir.ValueRef(ir.PROGRAM_INPUT, i), array))
+                destination = reply.inputs[i]
+                blocks = (
+                    self._host_blocks(program, program_id, i, destination, array.shape)
+                    if len(destination.hosts) > 1 else {}
+                )
+                for host in destination.hosts:
+                    per_host.setdefault(host, []).append(
+                        (ir.ValueRef(ir.PROGRAM_INPUT, i), array, blocks.get(host))
+                    )
         in_flight: list[Future[Any]] = []
         try:
             in_flight += [
@@ -350,6 +372,34 @@ class Runtime:
                     fut.cancel()
                 self._hosts.abort()
             raise
+
+    def _host_blocks(
+        self,
+        program: ir.Program,
+        program_id: str,
+        index: int,
+        destination: pb.InputDestination,
+        shape: tuple[int, ...],
+    ) -> dict[str, Block]:
+        """The hosts of input `index` that need only a block of it, and that block (see
+        `host_blocks`); computed once per program, input and gangs."""
+        layout = tuple((r.slice, tuple(r.hosts)) for r in destination.readers)
+        key: BlocksKey = (program_id, index, shape, layout)
+        found = self._blocks.get(key)
+        if found is not None:
+            return found
+        readings = [
+            host_blocks.Reading(hosts, _input_axes(c, position), c.mesh_shape, c.mesh_axes)
+            for vslice, hosts in layout
+            for c in program.computations if c.slice == vslice
+            for position, ref in enumerate(c.inputs)
+            if ref.is_program_input and ref.index == index
+        ]
+        needs = host_blocks.host_needs(shape, readings)
+        found = {a: b for a, b in needs.items() if not b.is_whole(shape)}
+        with self._lock:
+            self._blocks[key] = found
+        return found
 
     def _handles(
         self,
@@ -533,18 +583,27 @@ class Runtime:
             with self._lock:
                 self._hosts.learn(reply.host_tokens.items())
 
-    def _put(self, address: str, call_id: str, values: Sequence[tuple[ir.ValueRef, np.ndarray]]) -> None:
+    def _put(
+        self, address: str, call_id: str, values: Sequence[tuple[ir.ValueRef, np.ndarray, Block | None]]
+    ) -> None:
+        """`values` whole, or where a block is given only that block."""
         chunks = (
             chunk
-            for ref, array in values
-            for chunk in transfer.whole_value_chunks(call_id, ref.to_proto(), np.ascontiguousarray(array))
+            for ref, array, block in values
+            for chunk in (
+                transfer.whole_value_chunks(call_id, ref.to_proto(), np.ascontiguousarray(array))
+                if block is None
+                else transfer.block_chunks(call_id, ref.to_proto(), array, block.start, block.stop)
+            )
         )
         try:
             self.host(address).Put(chunks, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as err:
-            names = ", ".join(str(ref) for ref, _ in values)
+            names = ", ".join(str(ref) for ref, _, _ in values)
             raise _translate(err, f"sending {names} to host {address}") from None
-        self._count(sent=sum(array.nbytes for _, array in values))
+        self._count(sent=sum(
+            array.nbytes if block is None else block.size * array.itemsize for _, array, block in values
+        ))
 
     def _fetch(
         self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec, release: bool = True
@@ -621,15 +680,41 @@ class Runtime:
 
 
 @functools.lru_cache(maxsize=256)
-def _output_sharding(computation: ir.Computation, index: int) -> PartitionSpec:
-    """The ``PartitionSpec`` the exported computation declares for output `index`, over the
-    mesh it was traced on (read on first ask; ``PartitionSpec()`` when it declares none)."""
+def _declared_shardings(
+    computation: ir.Computation,
+) -> tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]:
+    """The ``PartitionSpec``s the exported computation declares for its inputs and its
+    outputs, over the mesh it was traced on (read on first ask; ``PartitionSpec()`` for one
+    it declares none for)."""
     import jax
 
     exported = jax.export.deserialize(bytearray(computation.artifact))
     mesh = AbstractMesh(tuple(computation.mesh_shape), tuple(computation.mesh_axes))
-    declared = exported.out_shardings_jax(mesh)[index]
-    return declared.spec if isinstance(declared, NamedSharding) else PartitionSpec()
+
+    def spec(declared: Any) -> PartitionSpec:
+        return declared.spec if isinstance(declared, NamedSharding) else PartitionSpec()
+
+    return (
+        tuple(spec(s) for s in exported.in_shardings_jax(mesh)),
+        tuple(spec(s) for s in exported.out_shardings_jax(mesh)),
+    )
+
+
+def _output_sharding(computation: ir.Computation, index: int) -> PartitionSpec:
+    """The ``PartitionSpec`` the exported computation declares for output `index`."""
+    return _declared_shardings(computation)[1][index]
+
+
+def _input_axes(computation: ir.Computation, index: int) -> host_blocks.AxisSpec:
+    """Input `index`'s declared sharding as `host_blocks` reads it: per dimension, the mesh
+    axes it is split over (an entry it cannot read names no axis, so the input goes whole)."""
+    if not computation.mesh_shape:
+        return ()
+    return tuple(
+        () if entry is None else (entry,) if isinstance(entry, str)
+        else tuple(entry) if isinstance(entry, tuple) else ("",)
+        for entry in _declared_shardings(computation)[0][index]
+    )
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:

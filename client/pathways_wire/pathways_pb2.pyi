@@ -727,22 +727,56 @@ class InputDestination(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HOSTS_FIELD_NUMBER: _builtins.int
+    READERS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """sidecar addresses that need it whole"""
+        """sidecar addresses that read it (the client Puts it to each)"""
+
+    @_builtins.property
+    def readers(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputReader]:
+        """Per slice reading it: its hosts in host-index order, so the client can send each
+        host of a multi-host slice only the block its devices read (`host_blocks`).
+        """
 
     def __init__(
         self,
         *,
         hosts: _abc.Iterable[_builtins.str] | None = ...,
+        readers: _abc.Iterable[Global___InputReader] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts", "readers", b"readers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InputDestination: _TypeAlias = InputDestination  # noqa: Y015
+
+@_typing.final
+class InputReader(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SLICE_FIELD_NUMBER: _builtins.int
+    HOSTS_FIELD_NUMBER: _builtins.int
+    slice: _builtins.str
+    """virtual slice id, as in Computation.slice"""
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """its sidecar addresses, host 0 first"""
+
+    def __init__(
+        self,
+        *,
+        slice: _builtins.str = ...,
+        hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts", "slice", b"slice"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputReader: _TypeAlias = InputReader  # noqa: Y015
 
 @_typing.final
 class CallStatusRequest(_message.Message):
@@ -1635,6 +1669,7 @@ class BufferHeader(_message.Message):
     FILE_DEVICE_FIELD_NUMBER: _builtins.int
     FILE_INODE_FIELD_NUMBER: _builtins.int
     MOVABLE_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     nbytes: _builtins.int
     """bytes of this piece"""
@@ -1654,6 +1689,10 @@ class BufferHeader(_message.Message):
     file_inode: _builtins.int
     movable: _builtins.bool
     """the receiver may take the file itself (rename)"""
+    block: _builtins.bool
+    """The piece is all of the value this host receives (a client input split by the
+    hosts that read it): the host holds only this block of it.
+    """
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
     @_builtins.property
@@ -1683,10 +1722,11 @@ class BufferHeader(_message.Message):
         file_device: _builtins.int = ...,
         file_inode: _builtins.int = ...,
         movable: _builtins.bool = ...,
+        block: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "file_device", b"file_device", "file_inode", b"file_inode", "last_from_sender", b"last_from_sender", "movable", b"movable", "nbytes", b"nbytes", "path", b"path", "sender", b"sender", "spec", b"spec", "start", b"start", "stop", b"stop", "value", b"value", "whole", b"whole"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "call_id", b"call_id", "error", b"error", "file_device", b"file_device", "file_inode", b"file_inode", "last_from_sender", b"last_from_sender", "movable", b"movable", "nbytes", b"nbytes", "path", b"path", "sender", b"sender", "spec", b"spec", "start", b"start", "stop", b"stop", "value", b"value", "whole", b"whole"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1918,6 +1958,8 @@ class Arrival(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     SPARE_DIR_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    BLOCK_START_FIELD_NUMBER: _builtins.int
+    BLOCK_STOP_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     path: _builtins.str
     """file under the shared-memory dir; "" with error"""
@@ -1934,6 +1976,14 @@ class Arrival(_message.Message):
     def value(self) -> Global___ValueRef: ...
     @_builtins.property
     def spec(self) -> Global___TensorSpec: ...
+    @_builtins.property
+    def block_start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Set when only a block of the value came (BufferHeader.block): `spec` is the
+        whole value's, `path` or `data` hold just the block [block_start, block_stop).
+        """
+
+    @_builtins.property
+    def block_stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -1944,10 +1994,12 @@ class Arrival(_message.Message):
         error: _builtins.str = ...,
         spare_dir: _builtins.str = ...,
         data: _builtins.bytes = ...,
+        block_start: _abc.Iterable[_builtins.int] | None = ...,
+        block_stop: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "data", b"data", "error", b"error", "path", b"path", "spare_dir", b"spare_dir", "spec", b"spec", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_start", b"block_start", "block_stop", b"block_stop", "call_id", b"call_id", "data", b"data", "error", b"error", "path", b"path", "spare_dir", b"spare_dir", "spec", b"spec", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.host_blocks import HeldBlock
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 # The most data one BufferChunk may carry; receivers reject larger chunks.
@@ -185,13 +186,21 @@ def _bounds(index: tuple[slice, ...], shape: Shape) -> tuple[Shape, Shape]:
     return tuple(start), tuple(stop)
 
 
-def value_pieces(value: np.ndarray | ShardedLike) -> list[Piece]:
+def value_pieces(value: np.ndarray | HeldBlock | ShardedLike) -> list[Piece]:
     """This process's pieces of a value: a numpy array is one whole piece; a
     sharded array contributes each addressable shard with `replica_id == 0`
-    (so the pieces of all processes cover the global value exactly once)."""
+    (so the pieces of all processes cover the global value exactly once). A
+    `HeldBlock` has none to give: the other hosts' blocks may overlap its own."""
     if isinstance(value, np.ndarray):
         shape = tuple(value.shape)
         return [Piece((0,) * len(shape), shape, _c_order(value))]
+    if isinstance(value, HeldBlock):
+        raise TransferError(
+            "value",
+            f"this host holds only the block {list(value.start)}..{list(value.stop)} of a value of "
+            f"shape {list(value.shape)} (a program input split by the hosts reading it), which "
+            "cannot be sent on or fetched as the whole value; its client holds the whole",
+        )
     shape = tuple(value.shape)
     pieces: list[Piece] = []
     for shard in value.addressable_shards:
@@ -305,6 +314,25 @@ def whole_value_chunks(
     yield from iter_chunks(header, _bytes_of(array), chunk_bytes)
 
 
+def block_chunks(
+    call_id: str,
+    value_ref: pb.ValueRef,
+    array: np.ndarray,
+    start: Shape,
+    stop: Shape,
+    sender: str = "client",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[pb.BufferChunk]:
+    """The block [start, stop) of a program input, as all of it one host receives
+    (`BufferHeader.block`: that host holds only the block), for `Dataflow.Put`."""
+    parse_dtype(array.dtype.name, "array.dtype")
+    region = tuple(slice(a, b) for a, b in zip(start, stop, strict=True))
+    piece = Piece(tuple(start), tuple(stop), np.ascontiguousarray(array[region]))
+    header = piece_header(call_id, value_ref, spec_of(array), piece, sender, True)
+    header.block = True
+    yield from iter_chunks(header, _bytes_of(piece.data), chunk_bytes)
+
+
 def error_chunk(
     call_id: str, value: pb.ValueRef, spec: pb.TensorSpec, sender: str, error: str
 ) -> pb.BufferChunk:
@@ -332,6 +360,8 @@ class PieceInfo:
     last_from_sender: bool
     whole: bool
     error: str
+    block: bool = False
+    """The piece is all of the value its receiver gets (`BufferHeader.block`)."""
 
     @property
     def has_piece(self) -> bool:
@@ -367,6 +397,8 @@ def check_header(header: pb.BufferHeader) -> PieceInfo:
     stop = tuple(int(x) for x in header.stop)
     if header.nbytes < 0:
         raise TransferError("header.nbytes", f"negative ({header.nbytes})")
+    if header.block and header.whole:
+        raise TransferError("header.block", "a block piece is not the whole value; set one of block, whole")
     if header.whole:
         if not start and not stop:
             start, stop = (0,) * len(shape), shape
@@ -400,7 +432,17 @@ def check_header(header: pb.BufferHeader) -> PieceInfo:
         )
     return PieceInfo(
         header.call_id, value, shape, dtype, start, stop, expected, header.sender,
-        header.last_from_sender, header.whole, "",
+        header.last_from_sender, header.whole, "", header.block,
+    )
+
+
+def as_block_value(info: PieceInfo) -> PieceInfo:
+    """A block piece as the whole piece of a value of the block's own shape: what its
+    receiver assembles and keeps (it records where the block sits)."""
+    shape = tuple(b - a for a, b in zip(info.start, info.stop, strict=True))
+    return PieceInfo(
+        info.call_id, info.value, shape, info.dtype, (0,) * len(shape), shape, info.nbytes,
+        info.sender, True, True, "",
     )
 
 

@@ -467,6 +467,37 @@ def test_psum_and_all_gather_on_two_hosts(host_processes: dict[str, list[HostPro
 
 
 @pytest.mark.timeout(120)
+def test_hosts_sent_only_their_rows_compute_on_the_global_value_and_refuse_to_serve_it(
+    host_processes: dict[str, list[HostProcs]], controls: dict[str, ControlStream]
+) -> None:
+    b = [h.address for h in host_processes["b"]]
+    prog = program("rows", [
+        computation(0, "scale", "b", lambda x: (x * 2.0, jnp.sum(x)), [(-1, 0)], [(X, F32, P("x"))],
+                    (P("x"), P()), B_MESH),
+    ], num_inputs=1)
+    for addr in b:
+        controls[addr].send(load=pb.HostProgram(program_id="rows", program=prog, slice="b"))
+        controls[addr].send(launch=launch("r1", "rows", outputs=[(0, 0), (0, 1)]))
+    x = np.arange(64, dtype=np.float32).reshape(X)
+    half = X[0] // 2
+    for addr, (lo, hi) in zip(b, [(0, half), (half, X[0])], strict=True):
+        chunks = transfer.block_chunks("r1", vref(-1, 0), x, (lo, 0), (hi, X[1]))
+        assert stub(addr).Put(chunks, timeout=RPC_TIMEOUT_S).pieces == 1
+    with pytest.raises(grpc.RpcError) as refused:
+        fetch(b[:1], "r1", (-1, 0))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "holds only the block [0, 0]..[8, 4] of a value of shape [16, 4]" in (refused.value.details() or "")
+    for addr in b:
+        controls[addr].send(grants=grants("r1", [(1, 0)]))
+    for addr in b:
+        assert [c.ok for c in controls[addr].wait("r1", 1)] == [True]
+    np.testing.assert_array_equal(fetch(b, "r1", (0, 0)), x * 2.0)
+    np.testing.assert_array_equal(fetch(b, "r1", (0, 1)), x.sum())
+    for addr in b:
+        controls[addr].send(release=pb.ReleaseCall(call_id="r1"))
+
+
+@pytest.mark.timeout(120)
 def test_values_routed_between_slices(host_processes: dict[str, list[HostProcs]], controls: dict[str, ControlStream]) -> None:
     a = host_processes["a"][0].address
     b = [h.address for h in host_processes["b"]]

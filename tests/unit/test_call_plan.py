@@ -43,6 +43,25 @@ def test_cross_slice_value_is_routed_to_every_consumer_host_and_expected_from_ev
     assert [o.node for o in b_launch.outputs] == [1]
 
 
+def test_each_input_lists_the_slices_reading_it_with_their_hosts_in_host_order() -> None:
+    inp0, inp1 = ir.ValueRef(ir.PROGRAM_INPUT, 0), ir.ValueRef(ir.PROGRAM_INPUT, 1)
+    program = ir.Program(
+        name="p",
+        inputs=(F32, F32),
+        computations=(comp(0, "a", inp0, inp1), comp(1, "b", inp0), comp(2, "a", inp0)),
+        outputs=(ir.ValueRef(0, 0), ir.ValueRef(1, 0), ir.ValueRef(2, 0)),
+        slices=(ir.SliceDecl("a", "a", 8), ir.SliceDecl("b", "b", 12)),
+    )
+    slices = {"a": slice_record("a", 2), "b": slice_record("b", 3)}
+    reply, _ = plan_call(program, "c1", "prog", slices)
+
+    a_hosts = [h.sidecar_address for h in slices["a"].hosts]
+    b_hosts = [h.sidecar_address for h in slices["b"].hosts]
+    assert [(r.slice, list(r.hosts)) for r in reply.inputs[0].readers] == [("a", a_hosts), ("b", b_hosts)]
+    assert [(r.slice, list(r.hosts)) for r in reply.inputs[1].readers] == [("a", a_hosts)]
+    assert list(reply.inputs[0].hosts) == a_hosts + b_hosts
+
+
 def test_values_consumed_on_their_own_slice_are_not_routed() -> None:
     inp = ir.ValueRef(ir.PROGRAM_INPUT, 0)
     program = ir.Program(
@@ -75,6 +94,7 @@ def test_small_inputs_ride_with_the_launches_of_the_slices_that_read_them() -> N
     ]
     reply, launches = call_launches(prec, slices, "c1", small)
     assert [list(i.hosts) for i in reply.inputs] == [[], []]  # nothing left to Put
+    assert [list(i.readers) for i in reply.inputs] == [[], []]
     assert {launch.call_id for per_host in launches.values() for launch in per_host} == {"c1"}
     assert [v.value.index for v in launches["a"][0].inputs] == [0]
     assert [v.value.index for v in launches["b"][0].inputs] == [1]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pathways_wire import transfer
+from pathways_wire.host_blocks import HeldBlock
 from pathways_wire import pathways_pb2 as pb
 
 
@@ -90,6 +91,31 @@ def test_whole_value_roundtrip_through_assembler() -> None:
     np.testing.assert_array_equal(assembler.target, array)
 
 
+def test_a_block_travels_as_its_piece_and_is_kept_as_a_value_of_its_own_shape() -> None:
+    array = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    chunks = list(transfer.block_chunks("call", ref(-1, 0), array, (4, 0), (8, 6), chunk_bytes=40))
+    first = chunks[0].header
+    assert first.block and not first.whole and first.last_from_sender
+    assert (list(first.spec.shape), list(first.start), list(first.stop)) == ([8, 6], [4, 0], [8, 6])
+    assert sum(len(c.data) for c in chunks) == array[4:].nbytes, "only the block's bytes travel"
+    info = transfer.check_header(first)
+    assert info.block and info.shape == (8, 6)
+    kept = transfer.as_block_value(info)
+    assert (kept.shape, kept.start, kept.stop, kept.whole) == ((4, 6), (0, 0), (4, 6), True)
+    assembler = transfer.PieceAssembler(np.zeros((4, 6), np.float32))
+    writer = assembler.open(kept)
+    for c in chunks:
+        writer.write(c.data)
+    assert assembler.complete
+    np.testing.assert_array_equal(assembler.target, array[4:])
+
+
+def test_a_held_block_is_never_sent_as_the_whole_value() -> None:
+    held = HeldBlock((8, 6), (4, 0), np.zeros((4, 6), np.float32))
+    with pytest.raises(transfer.TransferError, match=r"only the block \[4, 0\]..\[8, 6\] of a value of shape \[8, 6\]"):
+        transfer.value_pieces(held)
+
+
 @pytest.mark.parametrize(("rows", "cols"), [(4, 1), (1, 4), (2, 2)])
 def test_sharded_pieces_skip_replicas_and_reassemble(rows: int, cols: int) -> None:
     array = np.arange(8 * 12, dtype=np.int64).reshape(8, 12)
@@ -166,6 +192,7 @@ def header(**kw: object) -> pb.BufferHeader:
         ({"call_id": ""}, "header.call_id"),
         ({"start": [0, 0], "stop": [2, 4], "nbytes": 32, "sender": ""}, "header.sender"),
         ({"whole": True, "start": [1, 0], "stop": [4, 4], "nbytes": 48}, "header.start/stop"),
+        ({"whole": True, "block": True, "start": [0, 0], "stop": [4, 4], "nbytes": 64}, "header.block"),
     ],
 )
 def test_malformed_headers_name_the_field(kw: dict[str, object], field: str) -> None:

@@ -132,6 +132,7 @@ class Calls:
                     launches[vid][0].expects.append(expect)
             for obj in objects:
                 del reply.inputs[obj.index].hosts[:]
+                del reply.inputs[obj.index].readers[:]
             for ref in program.outputs:
                 if not ref.is_program_input:
                     rec = slices[program.computations[ref.node].slice]

@@ -3,7 +3,8 @@
 For every host, a `Launch` says which values it sends to which hosts of other
 slices (with the receiving slice's token), which values it expects and from how
 many senders, and which outputs it keeps; the `RunReply` tells the client
-where to put its inputs and where its outputs live. The plan depends only on
+where to put its inputs (and, per slice reading each, its hosts in order, so
+the client can send each host only the block it reads) and where its outputs live. The plan depends only on
 the program and the gangs (slice id and generation), so it is made once per
 program and set of gangs and then stamped with each call's id and its small
 inputs. The island scheduler's grants, not the plan, decide when hosts run.
@@ -77,6 +78,7 @@ def plan_call(
     routes: dict[str, dict[ir.ValueRef, list[str]]] = defaultdict(dict)
     expects: dict[str, dict[ir.ValueRef, int]] = defaultdict(dict)
     input_hosts: dict[int, list[str]] = defaultdict(list)
+    input_readers: dict[int, list[str]] = defaultdict(list)
     for ref, nodes in consumers.items():
         for node in nodes:
             target = program.computations[node].slice
@@ -84,6 +86,8 @@ def plan_call(
                 for a in addresses[target]:
                     if a not in input_hosts[ref.index]:
                         input_hosts[ref.index].append(a)
+                if target not in input_readers[ref.index]:
+                    input_readers[ref.index].append(target)
                 continue
             source = producer_slice[ref]
             if source == target:
@@ -104,7 +108,10 @@ def plan_call(
             outputs_by_slice[source].append(ref)
         reply.outputs.add(hosts=addresses[source], generation=slices[source].generation)
     for i in range(len(program.inputs)):
-        reply.inputs.add(hosts=input_hosts.get(i, []))
+        reply.inputs.add(
+            hosts=input_hosts.get(i, []),
+            readers=[pb.InputReader(slice=vid, hosts=addresses[vid]) for vid in input_readers.get(i, [])],
+        )
     launches: dict[str, list[pb.Launch]] = {}
     for vid in slices:
         launch = pb.Launch(
@@ -162,6 +169,7 @@ def call_launches(
     for x in inputs:
         if 0 <= x.value.index < len(reply.inputs):
             del reply.inputs[x.value.index].hosts[:]  # it came with the call
+            del reply.inputs[x.value.index].readers[:]
     return reply, stamped
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pathways_wire.transfer import (
-    PieceAssembler, PieceInfo, PieceWriter, TransferError, moves_inline, value_name,
+    PieceAssembler, PieceInfo, PieceWriter, TransferError, as_block_value, moves_inline, value_name,
 )
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.shared_memory import FileWriter, ShmDir, remove
@@ -122,6 +122,8 @@ class InboundValue:
     in_memory: bool = False
     """A small value (`transfer.moves_inline`): assembled in memory, it goes to
     the worker inline in its Arrival, with no file."""
+    block: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    """Where the block sits in the value (`spec`), when only a block of it comes."""
 
     @property
     def name(self) -> str:
@@ -235,8 +237,18 @@ class Inbox:
             if info.call_id in self._released:
                 return DiscardSink(info.nbytes)
             entry = self._values.get(key)
+        block = (info.start, info.stop) if info.block else None
+        if block is not None:
+            info = as_block_value(info)
         if entry is None:
-            entry = self._create(key, info, header)
+            entry = self._create(key, info, header, block)
+        elif entry.block != block and not entry.delivered:
+            holds = f"the block {entry.block}" if entry.block else "the whole value"
+            came = f"the block {block}" if block else "a piece of the whole value"
+            raise TransferError(
+                "header.block", f"{entry.name}: this host receives {holds}, but {came} came; "
+                "a sender puts either one block or the whole value on a host",
+            )
         with self._lock:
             if entry.delivered or entry.assembler is None:
                 return DiscardSink(info.nbytes)
@@ -246,7 +258,10 @@ class Inbox:
             return None
         return InboxPiece(self, entry, info, assembler.open(info))
 
-    def _create(self, key: Key, info: PieceInfo, header: pb.BufferHeader) -> InboundValue:
+    def _create(
+        self, key: Key, info: PieceInfo, header: pb.BufferHeader,
+        block: tuple[tuple[int, ...], tuple[int, ...]] | None,
+    ) -> InboundValue:
         name = f"{value_name(header.value)} of call {info.call_id}"
         nbytes = info.value_nbytes
         self._budget.reserve(info.call_id, nbytes, self._wait_s, f"{name} ({header.spec.dtype}{list(info.shape)})")
@@ -257,12 +272,13 @@ class Inbox:
                 if existing is not None:
                     return existing
                 return InboundValue(info.call_id, key[1], header.spec, delivered=True)
-            spec = pb.TensorSpec(shape=list(info.shape), dtype=info.dtype.name)
+            shape = list(header.spec.shape) if block else list(info.shape)
+            spec = pb.TensorSpec(shape=shape, dtype=info.dtype.name)
             if moves_inline(nbytes):
                 target = np.empty(info.shape, info.dtype)
                 entry = InboundValue(
                     info.call_id, key[1], spec, target=target, assembler=PieceAssembler(target),
-                    reserved=nbytes, in_memory=True,
+                    reserved=nbytes, in_memory=True, block=block,
                 )
                 self._values[key] = entry
                 return entry
@@ -278,6 +294,7 @@ class Inbox:
                 file=file,
                 assembler=PieceAssembler(target, file.write_at, fill_in_place=not replaced),
                 reserved=nbytes,
+                block=block,
             )
             self._values[key] = entry
             return entry
@@ -329,6 +346,9 @@ class Inbox:
         arrival = pb.Arrival(
             call_id=entry.call_id, spec=entry.spec, path=entry.path, spare_dir=entry.spare_dir, data=data
         )
+        if entry.block is not None:
+            arrival.block_start.extend(entry.block[0])
+            arrival.block_stop.extend(entry.block[1])
         arrival.value.node, arrival.value.index = entry.ref
         self._deliver(arrival)
 

@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.host_blocks import HeldBlock
 from pathways_wire.transfer import parse_spec
 from pathways_worker.shared_memory import ShmDir
 from pathways_worker.value_ref import ref_name, ref_of
@@ -172,17 +173,23 @@ class Executor:
 
     def _arrived(self, arrival: pb.Arrival) -> stimuli.ValueArrived:
         """A value from outside the slice, mapped from the file the sidecar wrote
-        (or, for a small one, decoded from the Arrival's bytes)."""
+        (or, for a small one, decoded from the Arrival's bytes); where only a block
+        of it came, that block, held as such (`HeldBlock`)."""
         oid = ObjectId(arrival.call_id, ref_of(arrival.value))
         if arrival.error:
             return stimuli.ValueArrived(oid, None, 0, arrival.error)
         try:
             shape, dtype = parse_spec(arrival.spec)
+            start = tuple(int(x) for x in arrival.block_start)
+            stop = tuple(int(x) for x in arrival.block_stop)
+            held = tuple(b - a for a, b in zip(start, stop, strict=True)) if start else shape
             if arrival.path:
                 path = self._shm.resolve(arrival.path)
-                value = self._shm.map_arrived(path, shape, dtype, arrival.spare_dir)
+                value: Any = self._shm.map_arrived(path, held, dtype, arrival.spare_dir)
             else:
-                value = np.frombuffer(arrival.data, dtype).reshape(shape)
+                value = np.frombuffer(arrival.data, dtype).reshape(held)
+            if start:
+                value = HeldBlock(shape, start, value)
         except Exception as err:
             error = f"cannot load arrived {ref_name(oid.ref)} on host {self.host_name}: {err}"
             return stimuli.ValueArrived(oid, None, 0, error)
@@ -268,6 +275,11 @@ class Executor:
         if isinstance(value, np.ndarray):
             host = value
             return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+        if isinstance(value, HeldBlock):
+            held = value
+            return jax.make_array_from_callback(
+                held.shape, sharding, lambda idx: held.data[held.local_index(idx if idx is not None else ())]
+            )
         have = value.sharding
         if have is sharding:
             return value
