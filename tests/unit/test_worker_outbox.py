@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.transfer import INLINE_MOVE_BYTES
-from pathways_worker.worker.finisher import exports_with_completion
+from pathways_worker.worker.finisher import WITH_COMPLETION_BYTES, exports_with_completion
 from pathways_worker.worker.outbox import WorkerOutbox
 
 
-def test_values_that_move_inline_leave_with_their_completion() -> None:
-    assert exports_with_completion([4096, INLINE_MOVE_BYTES])
+def test_small_values_leave_with_their_completion() -> None:
+    assert exports_with_completion([4096, WITH_COMPLETION_BYTES - 4096])
     assert exports_with_completion([0])  # a failed value: only its error travels
 
 
-def test_a_value_written_to_shared_memory_leaves_after_its_completion() -> None:
-    assert not exports_with_completion([4096, INLINE_MOVE_BYTES + 1])
+def test_large_values_leave_after_their_completion() -> None:
+    assert not exports_with_completion([4096, WITH_COMPLETION_BYTES])
 
 
 def test_a_finished_computation_and_its_exports_are_one_event_sent_at_once() -> None:
