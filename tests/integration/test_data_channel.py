@@ -97,6 +97,14 @@ def test_bytes_arrive_whole(receiver: Receiver, tmp_path: Path) -> None:
     assert len(receiver.arrivals) == 2  # one connection carries many values
 
 
+def test_a_piece_file_shorter_than_its_piece_is_not_sent(receiver: Receiver, tmp_path: Path) -> None:
+    exported = exported_value(tmp_path, VALUE, 1)
+    os.truncate(exported.pieces[0].path, 100)
+    with pytest.raises(DataChannelError, match=f"{exported.pieces[0].path} holds 100 of the piece's"):
+        receiver.link().send(exported, handover=False, movable=False)
+    assert receiver.arrivals == []
+
+
 def test_files_are_copied_on_one_machine(receiver: Receiver, tmp_path: Path) -> None:
     exported = exported_value(tmp_path, VALUE, 4)
     receiver.link().send(exported, handover=True, movable=True)  # several pieces: copied

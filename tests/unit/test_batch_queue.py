@@ -60,3 +60,12 @@ def test_a_take_that_nudges_do_not_wake_ends_with_the_next_item_and_the_nudge() 
         assert queue.take(30.0, nudges_wake=False) == ([7], True)
     finally:
         arriving.cancel()
+
+
+def test_items_put_together_as_urgent_go_without_lingering_in_their_order() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    asked: list[bool] = []
+    queue.put_many([3, 1, 2], urgent=True)
+    items, _ = queue.take(0.0, linger_s=60.0, more_coming=recording(True, asked))
+    assert items == [3, 1, 2]
+    assert asked == []

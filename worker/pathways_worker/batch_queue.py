@@ -26,11 +26,12 @@ class BatchQueue(Generic[T]):
             self._urgent = self._urgent or urgent
             self._cv.notify_all()
 
-    def put_many(self, items: list[T]) -> None:
+    def put_many(self, items: list[T], urgent: bool = False) -> None:
         if not items:
             return
         with self._cv:
             self._items.extend(items)
+            self._urgent = self._urgent or urgent
             self._cv.notify_all()
 
     def nudge(self) -> None:

@@ -12,7 +12,7 @@ without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
 followed by the piece's `nbytes` raw bytes, which the sender sends straight
-from the worker's piece file (`socket.sendfile`), or for a small piece that
+from a mapping of the worker's piece file (`send_file`), or for a small piece that
 left the worker inline in the same write as its header, and the receiver
 reads straight into the value (a shared-memory file, or for a small value
 memory: `inbox`). After the sender's last piece of
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -284,11 +285,7 @@ class DataLink:
                 send_frame(self._sock, PIECE, header, piece.data)
             else:
                 send_frame(self._sock, PIECE, header)
-                if header.nbytes:
-                    with open(path, "rb") as f:
-                        sent = self._sock.sendfile(f, 0, header.nbytes)
-                    if sent != header.nbytes:
-                        raise DataChannelError("INTERNAL", f"{path} ended after {sent} of {header.nbytes} bytes")
+                send_file(self._sock, path, header.nbytes)
 
     def answer(self) -> int:
         """The receiver's answer to the value sent last: the pieces it received."""
@@ -300,6 +297,22 @@ class DataLink:
         if reply.error:
             raise DataChannelError(reply.code or "UNKNOWN", reply.error)
         return int(reply.pieces)
+
+
+def send_file(sock: socket.socket, path: str, nbytes: int) -> None:
+    """The first `nbytes` of a piece file, written to the socket from a mapping of it.
+
+    `socket.sendfile` from /dev/shm to a loopback peer measured about three
+    quarters of this speed here (1 MiB and 64 MiB files, the two alternated on
+    one connection)."""
+    if not nbytes:
+        return
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < nbytes:
+            raise DataChannelError("INTERNAL", f"{path} holds {size} of the piece's {nbytes} bytes")
+        with mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
+            sock.sendall(mapped)
 
 
 def _headers(exported: pb.Exported, sender: str) -> Iterator[tuple[pb.BufferHeader, pb.Piece | None]]:

@@ -166,13 +166,15 @@ class Dataflow:
     # ------------------------------------------------------------ worker events
 
     def _on_worker_event(self, event: pb.WorkerEvent) -> None:
-        if event.completions:
-            self.upstream.put_many(list(event.completions))
+        """Exports first: a consumer on another slice waits for a pushed value,
+        while the completions riding with it only go to the controller's count."""
         for exported in event.exported:
             if exported.token == 0:
                 self._push(exported)
             else:
                 self._fetched(exported)
+        if event.completions:
+            self.upstream.put_many(list(event.completions))
 
     def _push(self, exported: pb.Exported) -> None:
         key = (exported.call_id, ref_of(exported.value))

@@ -35,6 +35,11 @@ class WorkerOutbox:
     def exported(self, exported: pb.Exported) -> None:
         self._queue.put(exported, urgent=True)
 
+    def finished(self, done: list[pb.Completion], exported: list[pb.Exported]) -> None:
+        """Completions and the values their computations routed elsewhere, in one
+        event that goes at once."""
+        self._queue.put_many([*exported, *done], urgent=True)
+
     def nudge(self) -> None:
         self._queue.nudge()
 
