@@ -26,6 +26,31 @@ def test_an_urgent_item_goes_without_lingering() -> None:
     assert asked == []
 
 
+def test_urgent_items_end_a_linger_under_way() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    queue.put(1)
+    lingering = threading.Event()
+
+    def more_coming() -> bool:
+        lingering.set()
+        return True
+
+    taken: list[list[int]] = []
+    taker = threading.Thread(
+        target=lambda: taken.append(queue.take(0.0, linger_s=600.0, more_coming=more_coming)[0])
+    )
+    taker.start()
+    try:
+        assert lingering.wait(timeout=30.0)
+        queue.put_many([2, 3], urgent=True)
+        taker.join(timeout=30.0)
+        assert not taker.is_alive(), "the take still lingers after urgent items came"
+        assert taken == [[1, 2, 3]]
+    finally:
+        queue.put(4, urgent=True)
+        taker.join(timeout=30.0)
+
+
 def test_a_batch_without_urgent_items_asks_whether_to_linger() -> None:
     queue: BatchQueue[int] = BatchQueue()
     asked: list[bool] = []

@@ -655,6 +655,33 @@ def test_a_computation_that_did_not_load_fails_with_the_load_error() -> None:
     assert batch.grants[0].error == "computation 'f0' was exported for 8 devices"
 
 
+def test_a_computation_without_an_executable_or_load_error_fails_saying_so() -> None:
+    p = program([INPUT])
+    state = host(1 << 20, False)
+    layout = layout_program(p)
+    state.handle(ProgramLoaded(layout, {}, {}, {0: tuple(p.program.computations[0].outputs)}))
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    said = state.handle(grants("c1", 0))
+
+    (batch,) = only(FinishBatch, said)
+    assert batch.grants[0].error == "computation 0 has no executable on host host-0"
+
+
+def test_a_running_computation_reserves_its_outputs_bytes_as_loaded() -> None:
+    p = program([INPUT])
+    state = HostState("host-0", 1 << 20, input_timeout_s=5.0, multi_process=False)
+    layout = layout_program(p)
+    state.handle(ProgramLoaded(layout, {}, {0: (40, 24)}, {0: ()}))
+    state.handle(launch("c1", inputs=[INPUT]))
+    used = state.store.used
+
+    (dispatch,) = only(Dispatch, state.handle(grants("c1", 0)))
+
+    assert dispatch.grant == GrantId(1, "c1", 0)
+    assert state.store.used == used + 64
+
+
 # ---------------------------------------------------------------- transitions
 
 

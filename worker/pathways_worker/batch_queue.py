@@ -4,7 +4,6 @@ as one message, so no computation costs a round trip of its own."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -52,8 +51,8 @@ class BatchQueue(Generic[T]):
         much longer for company: a few hundred microseconds turn a stream of
         one-completion messages into a few large ones. `more_coming` says
         whether lingering can pay off; when it says no, or an urgent item is
-        queued, the batch goes now. Without `nudges_wake`, only items end the
-        wait (a nudge is still reported)."""
+        queued, the batch goes now, and an urgent item ends a linger under way.
+        Without `nudges_wake`, only items end the wait (a nudge is still reported)."""
         with self._cv:
             if not self._items and not (nudges_wake and self._nudged):
                 self._cv.wait_for(lambda: self._items or (nudges_wake and self._nudged), timeout_s)
@@ -62,7 +61,8 @@ class BatchQueue(Generic[T]):
                 return [], nudged
             urgent = self._urgent
         if linger_s > 0 and not urgent and (more_coming is None or more_coming()):
-            time.sleep(linger_s)
+            with self._cv:
+                self._cv.wait_for(lambda: self._urgent, linger_s)
         with self._cv:
             items, self._items = self._items, []
             nudged, self._nudged = self._nudged, False

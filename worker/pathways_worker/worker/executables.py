@@ -4,7 +4,8 @@ A Computation carries a `jax.export` artifact (serialized StableHLO). The host
 deserializes it, lays the slice's devices out as the computation's mesh (every
 device of the slice, in process order, so all hosts agree), and wraps
 `exp.call` in `jax.jit`: the first call compiles, later calls dispatch in a few
-microseconds. Executables are cached per host by the artifact's fingerprint
+microseconds (JAX's C++ fast path, taken for jax.Arrays already on the input
+shardings), and return the outputs as one flat tuple, flattened once when traced. Executables are cached per host by the artifact's fingerprint
 and mesh, so programs sharing a computation compile it once.
 """
 
@@ -31,7 +32,8 @@ class LoadError(Exception):
 @dataclass(frozen=True)
 class Executable:
     fingerprint: str
-    fn: Callable[..., Any]
+    fn: Callable[..., tuple[Any, ...]]
+    """Dispatches the computation; its outputs, as a flat tuple."""
     in_shardings: tuple[Sharding, ...]
     out_shardings: tuple[Sharding, ...]
     out_bytes: tuple[int, ...]   # bytes of each output held on this host
@@ -51,6 +53,13 @@ def _host_bytes(sharding: Sharding, shape: tuple[int, ...], dtype: np.dtype[Any]
             continue
         total += math.prod(len(range(*s.indices(d))) for s, d in zip(index, shape, strict=False))
     return total * dtype.itemsize
+
+
+def _flat_call(exp: jax.export.Exported) -> Callable[..., tuple[Any, ...]]:
+    def call(*args: Any) -> tuple[Any, ...]:
+        return tuple(jax.tree.leaves(exp.call(*args)))
+
+    return call
 
 
 class ExecutableCache:
@@ -119,7 +128,7 @@ class ExecutableCache:
         )
         return Executable(
             fingerprint=fingerprint,
-            fn=jax.jit(exp.call),
+            fn=jax.jit(_flat_call(exp)),
             in_shardings=in_shardings,
             out_shardings=out_shardings,
             out_bytes=out_bytes,

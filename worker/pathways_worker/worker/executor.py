@@ -252,8 +252,9 @@ class Executor:
                 self._as_input(v, s, dispatch.in_flight)
                 for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)
             ]
-            overlapped = not all(is_ready(x) for x in dispatch.in_flight)
-            outputs = tuple(jax.tree.leaves(exe.fn(*args)))
+            if dispatch.in_flight:
+                overlapped = not all(is_ready(x) for x in dispatch.in_flight)
+            outputs = exe.fn(*args)
             if len(outputs) != comp.num_outputs:
                 raise RuntimeError(
                     f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
@@ -88,7 +87,7 @@ class Finisher:
                     self._outbox.completions(done)
                     done = []
                 try:
-                    jax.block_until_ready(job.outputs)
+                    wait_until_ready(job.outputs)
                 except Exception as err:
                     error = (
                         f"computation {grant.node} of call {grant.call_id} failed on host "
@@ -196,6 +195,15 @@ def whole(value: Any) -> np.ndarray:
     if getattr(value, "is_fully_addressable", True):
         return np.asarray(value)
     return np.asarray(value.addressable_data(0))
+
+
+def wait_until_ready(values: tuple[Any, ...]) -> None:
+    """`jax.block_until_ready` for a flat tuple, without its pytree walk; raises what
+    the computation that made them raised."""
+    for value in values:
+        block = getattr(value, "block_until_ready", None)
+        if block is not None:
+            block()
 
 
 def is_ready(value: Any) -> bool:

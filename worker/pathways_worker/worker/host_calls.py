@@ -18,6 +18,11 @@ call is still computing it. A call on another slice that reads an object
 gets it host to host (`ObjectForwarded`): the object is exported under that
 call's id and input, at once or once it settles, and stays here. An object
 dropped while aliases or forwards wait for it goes once they have it.
+
+Per program, not per call. What a computation's runs need from its loaded
+program (why it cannot run, the bytes its outputs take) is worked out once
+when the program loads (`PreparedComputation`), so a chain of small
+computations pays for a lookup, not a recomputation, on each grant.
 """
 
 from __future__ import annotations
@@ -47,6 +52,21 @@ RELEASED_MEMORY = 4096
 """Released call ids remembered, to drop late messages for them."""
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedComputation:
+    """One local computation of a loaded program, with what each of its runs needs."""
+
+    comp: LocalComputation
+    load_error: str
+    """Why it cannot run on this host ("" when it can)."""
+    out_bytes: tuple[int, ...]
+    """The bytes each output takes on this host."""
+    need: int
+    """Store bytes reserved for its outputs before it runs."""
+    partial: frozenset[int]
+    """Outputs this host holds only part of (split across hosts)."""
+
+
 @dataclass(slots=True)
 class CallState:
     call_id: str
@@ -68,6 +88,7 @@ class HostCalls:
         self.host_name = host_name
         self.store = ObjectStore(store_limit_bytes)
         self.programs: dict[str, ProgramLoaded] = {}
+        self._prepared: dict[str, dict[int, PreparedComputation]] = {}
         self.calls: dict[str, CallState] = {}
         self._released: set[str] = set()
         self._released_order: deque[str] = deque()
@@ -82,6 +103,19 @@ class HostCalls:
 
     def load(self, loaded: ProgramLoaded, out: list[Instruction]) -> None:
         self.programs[loaded.layout.program_id] = loaded
+        self._prepared[loaded.layout.program_id] = {
+            index: self._prepare(loaded, comp) for index, comp in loaded.layout.computations.items()
+        }
+
+    def _prepare(self, loaded: ProgramLoaded, comp: LocalComputation) -> PreparedComputation:
+        out_bytes = loaded.out_bytes.get(comp.index)
+        error = loaded.load_errors.get(comp.index, "")
+        if out_bytes is None and not error:
+            error = f"computation {comp.index} has no executable on host {self.host_name}"
+        out_bytes = out_bytes or ()
+        return PreparedComputation(
+            comp, error, out_bytes, sum(out_bytes), loaded.partial.get(comp.index, frozenset())
+        )
 
     def launch(self, launched: CallLaunched, out: list[Instruction]) -> None:
         launch = launched.launch
@@ -204,11 +238,13 @@ class HostCalls:
 
     def _settled(self, slot: Slot, out: list[Instruction]) -> None:
         """Inputs bound to the value get it; a drop that waited for it happens."""
-        for target in self._aliases.pop(slot.oid, ()):
-            self._settle_alias(target, slot, out)
-        for forwarded in self._forwards.pop(slot.oid, ()):
-            self._send_forward(forwarded, slot.value, slot.error, out)
-        if slot.oid in self._drop_when_settled:
+        if self._aliases:
+            for target in self._aliases.pop(slot.oid, ()):
+                self._settle_alias(target, slot, out)
+        if self._forwards:
+            for forwarded in self._forwards.pop(slot.oid, ()):
+                self._send_forward(forwarded, slot.value, slot.error, out)
+        if self._drop_when_settled and slot.oid in self._drop_when_settled:
             self._drop_when_settled.discard(slot.oid)
             self.store.drop(slot.oid)
 
@@ -292,16 +328,15 @@ class HostCalls:
         while len(self._released_order) > RELEASED_MEMORY:
             self._released.discard(self._released_order.popleft())
 
-    def load_error(self, plan: CallPlan, comp: LocalComputation) -> str:
-        loaded = self.programs.get(plan.program_id)
-        if loaded is None:
+    def prepared(self, plan: CallPlan, comp: LocalComputation) -> PreparedComputation | str:
+        """The computation as its program loaded here, or why it cannot run."""
+        prepared = self._prepared.get(plan.program_id)
+        if prepared is None:
             return f"program {plan.program_id} is not loaded on host {self.host_name}"
-        error = loaded.load_errors.get(comp.index)
-        if error:
-            return error
-        if comp.index not in loaded.out_bytes:
+        found = prepared.get(comp.index)
+        if found is None:
             return f"computation {comp.index} has no executable on host {self.host_name}"
-        return ""
+        return found.load_error or found
 
     def _settle_arrived(self, call: CallState, arrived: ValueArrived, out: list[Instruction]) -> bool:
         """A value from outside settles its slot, unless one settled it already."""
@@ -361,8 +396,7 @@ class HostCalls:
     def maybe_free(self, call: CallState, ref: Ref) -> None:
         """Drops a value no local computation will read and the client won't fetch."""
         plan = call.plan
-        kept_for_client = ref in plan.outputs and ref not in call.fetched if plan is not None else True
-        if plan is None or kept_for_client or call.readers.get(ref, 0) > 0:
+        if plan is None or call.readers.get(ref, 0) > 0 or (ref in plan.outputs and ref not in call.fetched):
             return
         oid = ObjectId(call.call_id, ref)
         slot = self.store.get(oid)

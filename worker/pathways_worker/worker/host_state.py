@@ -57,7 +57,7 @@ from typing import Any
 from pathways_worker.value_ref import Ref, ref_name
 from pathways_worker.worker import stimuli
 from pathways_worker.worker.call_plan import LocalComputation
-from pathways_worker.worker.host_calls import CallState, HostCalls
+from pathways_worker.worker.host_calls import CallState, HostCalls, PreparedComputation
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
@@ -96,6 +96,7 @@ class GrantRecord:
     reserved: int = 0          # store bytes reserved for its outputs while running
     call: CallState | None = None       # set while running
     comp: LocalComputation | None = None  # set once its plan names it
+    prepared: PreparedComputation | None = None  # set while running
 
 
 def grant_name(grant: GrantId) -> str:
@@ -171,33 +172,33 @@ class HostState:
         self._head = None
         if self.multi_process and not done.error:
             self._chain.append((done.grant, done.outputs))
-        call, comp = head.call, head.comp
-        if self.calls.get(call.call_id) is not call or call.plan is None:
+        call, comp, prepared = head.call, head.comp, head.prepared
+        plan = call.plan
+        if self.calls.get(call.call_id) is not call or plan is None or prepared is None:
             self.store.unreserve(head.reserved)  # released while it ran
             self._finished(Finished(done.grant, done.outputs, done.error), out)
             return
-        if done.error:
+        error = done.error
+        if error:
             self.store.unreserve(head.reserved)
-        loaded = self.calls.programs[call.plan.program_id]
-        out_bytes = loaded.out_bytes[comp.index]
-        partial = loaded.partial.get(comp.index, frozenset())
-        inlines = self.first_host or not self.multi_process
+        out_bytes, partial, routes = prepared.out_bytes, prepared.partial, plan.routes
+        inlines = (self.first_host or not self.multi_process) and call.inline_output_bytes > 0 and not error
         routed: list[RoutedValue] = []
         inline: list[int] = []
         for i, ref in enumerate(comp.outputs):
             oid = ObjectId(call.call_id, ref)
-            value = None if done.error else done.outputs[i]
-            if done.error:
-                self.calls.settle_failed(oid, done.error, out)
+            value = None if error else done.outputs[i]
+            if error:
+                self.calls.settle_failed(oid, error, out)
             elif call.failed:
                 self.store.unreserve(out_bytes[i])  # the output failed with its call meanwhile
             else:
                 self.calls.settle_ready(oid, value, out_bytes[i], True, out)
-            if ref in call.plan.routes:
+            if routes and ref in routes:
                 declared = self.calls.declared(call.call_id, ref) if value is None else None
                 routed.append(RoutedValue(ref, value, declared))
             if (
-                inlines and value is not None and i not in partial and ref in call.plan.outputs
+                inlines and value is not None and i not in partial and ref in plan.outputs
                 and 0 < out_bytes[i] <= call.inline_output_bytes
             ):
                 inline.append(i)
@@ -207,7 +208,7 @@ class HostState:
         call.computations += 1
         call.overlapped += done.overlapped
         call.busy_s += done.busy_s
-        self._finished(Finished(done.grant, done.outputs, done.error, tuple(routed), tuple(inline)), out)
+        self._finished(Finished(done.grant, done.outputs, error, tuple(routed), tuple(inline)), out)
 
     def _batch_finished(self, finished: BatchFinished, out: list[Instruction]) -> None:
         """The chain runs in order: a computation seen finished ended those before it too."""
@@ -261,9 +262,9 @@ class HostState:
                 None, None, out,
             )
         head.comp = comp
-        load_error = self.calls.load_error(plan, comp)
-        if load_error:
-            return self._fail(head, load_error, call, comp, out)
+        prepared = self.calls.prepared(plan, comp)
+        if isinstance(prepared, str):
+            return self._fail(head, prepared, call, comp, out)
         if call.failed:
             return self._cannot_run(head, call, comp, f"call failed: {call.failed}", out)
         missing: Ref | None = None
@@ -285,7 +286,7 @@ class HostState:
                 f"from {plan.origin(missing)}",
                 out,
             )
-        need = sum(self.calls.programs[plan.program_id].out_bytes[comp.index])
+        need = prepared.need
         if need > self.store.limit:
             return self._cannot_run(
                 head, call, comp,
@@ -302,7 +303,7 @@ class HostState:
                 out,
             )
         self.store.reserve(need)
-        head.reserved, head.call = need, call
+        head.reserved, head.call, head.prepared = need, call, prepared
         self._stop_timer(head, out)
         self._move(head, "running")
         out.append(self._dispatch(grant, plan.program_id, comp, tuple(inputs)))

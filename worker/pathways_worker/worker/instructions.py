@@ -10,6 +10,7 @@ results, completions, shared memory), timers on its clock, `StoreChanged` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref
@@ -18,9 +19,11 @@ from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.stimuli import GrantId
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """Call the computation's executable on these inputs; report `ComputationDispatched`."""
+class Dispatch(NamedTuple):
+    """Call the computation's executable on these inputs; report `ComputationDispatched`.
+
+    A named tuple, as `Finished` and `ComputationDispatched` are: one of each is made per
+    computation, and a frozen dataclass costs about three times as much to build."""
 
     grant: GrantId
     program_id: str
@@ -44,8 +47,7 @@ class RoutedValue:
     declared: pb.TensorSpec | None
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
+class Finished(NamedTuple):
     """One grant for the finisher: wait for its outputs, report its completion."""
 
     grant: GrantId

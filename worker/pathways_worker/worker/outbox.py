@@ -2,7 +2,8 @@
 
 A batch lingers for company only while more completions are on their way
 (`busy()`: grants still queued on the executor); the last completion of a call
-and every export go out at once, since someone is waiting for them. A change of
+and every export go out at once, since someone is waiting for them: completions
+put while nothing is queued end a linger under way. A change of
 the byte count alone (a nudge) waits up to `STATS_LINGER_S` for something to
 ride with: only health and metrics read it, and a call moves the count several
 times, which would otherwise cost a message each.
@@ -30,7 +31,7 @@ class WorkerOutbox:
         self._busy = busy
 
     def completions(self, done: list[pb.Completion]) -> None:
-        self._queue.put_many(list(done))
+        self._queue.put_many(list(done), urgent=not self._busy())
 
     def exported(self, exported: pb.Exported) -> None:
         self._queue.put(exported, urgent=True)

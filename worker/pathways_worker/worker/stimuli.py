@@ -112,9 +112,9 @@ class ExportRequested:
     request: pb.ExportRequest
 
 
-@dataclass(frozen=True, slots=True)
-class ComputationDispatched:
-    """The executor thread carried out a `Dispatch`: JAX has the computation, or refused it."""
+class ComputationDispatched(NamedTuple):
+    """The executor thread carried out a `Dispatch`: JAX has the computation, or refused it.
+    A named tuple, built once per computation (see `instructions.Dispatch`)."""
 
     grant: GrantId
     outputs: tuple[object, ...]
