@@ -77,14 +77,14 @@ class Ownership:
                 for item in gone:
                     if item is not None:
                         drops += self._forget(*item)
-            if drops:
+            if drops and not self._stop.is_set():  # abandoned: the controller goes with them
                 try:
                     self._controller.DropObjects(
                         pb.DropObjectsRequest(client=self._client_id, objects=drops),
                         timeout=self._rpc_timeout(30),
                     )
-                except grpc.RpcError:
-                    pass  # the lease frees them
+                except (grpc.RpcError, ValueError):
+                    pass  # unreachable, or the channel closed under us: the lease frees them
             if None in gone:
                 return
 
@@ -132,7 +132,7 @@ class Ownership:
             try:
                 reply = self._controller.KeepAlive(pb.KeepAliveRequest(client=self._client_id), timeout=10)
                 period = max(0.1, reply.lease_s / 3)
-            except grpc.RpcError:
+            except (grpc.RpcError, ValueError):  # ValueError: the channel closed as we stop
                 pass
             if self._stop.wait(period):
                 return
@@ -140,8 +140,8 @@ class Ownership:
     def abandon(self) -> None:
         """Stops the drops and the lease without freeing anything: the controller that
         holds the objects is being stopped, and takes them with it."""
-        self._gone.put(None)
         self._stop.set()
+        self._gone.put(None)
 
     def close(self, timeout_s: float) -> None:
         """Drains the drops, frees every object left and stops the lease; each call waits
