@@ -327,8 +327,7 @@ class Runtime:
             raise
         outputs = self._handles(program, program_id, reply, call, inputs)
         self._ownership.ensure_lease()
-        # A daemon thread: the process may exit while a call it no longer needs runs.
-        threading.Thread(target=self._await_call, args=(call,), name="pw-wait", daemon=True).start()
+        self._await_call(call)
         return outputs
 
     def _is_object(self, given: Array) -> bool:
@@ -444,12 +443,30 @@ class Runtime:
         The controller frees the call as it ends (`WaitCall` with `finish`), keeping every
         output that had a handle when the call started; those whose handles went meanwhile
         are dropped here, as a handle that goes later is. Only a wait that failed or timed
-        out leaves the freeing to a `FinishCall`."""
+        out leaves the freeing to a `FinishCall`. The wait is an asynchronous RPC whose
+        answer `_call_ended` handles on gRPC's own thread: no thread per call, and nothing
+        that keeps the process from exiting while a call it no longer needs runs."""
         with self._lock:
             keep = frozenset(call.live)
+        request = pb.CallStatusRequest(
+            call_id=call.call_id, timeout_s=CALL_TIMEOUT_S, finish=True,
+            keep=[ref.to_proto() for ref in keep],
+        )
+        try:
+            waiting = self.controller.WaitCall.future(request, timeout=CALL_TIMEOUT_S + 30)
+        except Exception as err:  # the channel closed under us
+            self._call_ended(call, keep, None, str(err))
+            return
+        waiting.add_done_callback(lambda done: self._call_ended(call, keep, done))
+
+    def _call_ended(
+        self, call: CallFuture, keep: frozenset[ir.ValueRef], done: grpc.Future[pb.CallStatus] | None, failure: str = ""
+    ) -> None:
         released = False
         try:
-            status = self._wait(call.call_id, call.program, keep)
+            if done is None:
+                raise ExecutionError(failure)
+            status = self._wait_answer(done, call.call_id, call.program)
             released = status.released
             error = "" if status.state == pb.CallStatus.SUCCEEDED else (
                 status.message or f"program '{call.program}' call {call.call_id} failed"
@@ -547,15 +564,9 @@ class Runtime:
         except grpc.RpcError:
             pass
 
-    def _wait(self, call_id: str, name: str, keep: frozenset[ir.ValueRef]) -> pb.CallStatus:
+    def _wait_answer(self, done: grpc.Future[pb.CallStatus], call_id: str, name: str) -> pb.CallStatus:
         try:
-            status: pb.CallStatus = self.controller.WaitCall(
-                pb.CallStatusRequest(
-                    call_id=call_id, timeout_s=CALL_TIMEOUT_S, finish=True,
-                    keep=[ref.to_proto() for ref in keep],
-                ),
-                timeout=CALL_TIMEOUT_S + 30,
-            )
+            status: pb.CallStatus = done.result()
         except grpc.RpcError as err:
             raise _translate(err, f"waiting for program '{name}'") from None
         if status.state == pb.CallStatus.RUNNING:

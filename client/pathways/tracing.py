@@ -232,6 +232,10 @@ class ProgramFunction:
 
     def trace(self, *args: Any) -> TracedProgram:
         """Trace (or fetch the cached trace) for these arguments' shapes."""
+        return self._traced(args)[0]
+
+    def _traced(self, args: tuple[Any, ...]) -> tuple[TracedProgram, list[np.ndarray | Array]]:
+        """The trace for these arguments' shapes, and the arguments as the call's leaves."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
         arrays = [_as_input(x) for x in leaves]
         specs = tuple(TensorSpec.of(a.shape, a.dtype) for a in arrays)
@@ -241,7 +245,7 @@ class ProgramFunction:
             if hit is None:
                 hit = self._trace(in_tree, specs)
                 self._cache[key] = hit
-            return hit
+            return hit, arrays
 
     def _trace(self, in_tree: Any, specs: tuple[TensorSpec, ...]) -> TracedProgram:
         if current_trace() is not None:
@@ -294,8 +298,7 @@ class ProgramFunction:
     def __call__(self, *args: Any) -> Any:
         from pathways.runtime import default_runtime
 
-        traced = self.trace(*args)
-        leaves = [_as_input(x) for x in jax.tree_util.tree_leaves(args)]
+        traced, leaves = self._traced(args)
         outputs = default_runtime().run(traced.ir, traced.flat_inputs(leaves), traced.weight)
         return jax.tree_util.tree_unflatten(traced.out_tree, outputs)
 

@@ -13,7 +13,9 @@ nowhere else, so the rest of the code never touches protobuf objects for it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,18 +26,31 @@ PROGRAM_INPUT = -1
 """`ValueRef.node` of a program input."""
 
 
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: object) -> str:
+    return np.dtype(dtype).name  # type: ignore[call-overload,no-any-return]
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
 @dataclass(frozen=True)
 class TensorSpec:
+    """Shape and dtype of a value. Made for every argument of every call, so the dtype's
+    name and a spec's byte count are looked up once, not worked out by numpy each time."""
+
     shape: tuple[int, ...]
     dtype: str
 
     @classmethod
     def of(cls, shape: tuple[int, ...], dtype: object) -> TensorSpec:
-        return cls(tuple(int(d) for d in shape), np.dtype(dtype).name)  # type: ignore[call-overload]
+        return cls(tuple(int(d) for d in shape), _dtype_name(dtype))
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)
 
     def __str__(self) -> str:
         return f"{self.dtype}{list(self.shape)}"
