@@ -3,7 +3,9 @@
 A call's outputs that still have `pw.Array` handles when it ends stay on the hosts
 as objects this client owns (the controller keeps those that had handles when the call
 started, and those whose handles went meanwhile are dropped as it ends). Dropping a
-handle's last reference queues its object; a drop thread frees the queued objects in
+handle's last reference queues its object. The client's next call carries the queued
+drops in its `Run` (a training loop's previous parameters go with the next step, at no
+RPC of their own); what no call takes within `DROP_LINGER_S` a drop thread frees in
 batches (`DropObjects`). A lease thread
 renews the client's lease (`KeepAlive`) every third of the controller's lease, so
 a client that dies loses its objects within the lease. Closing frees what is left.
@@ -21,6 +23,10 @@ from pathways.array import CallFuture
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+
+
+DROP_LINGER_S = 0.05
+"""How long queued drops wait for a call to carry them before a `DropObjects` of their own."""
 
 
 class Ownership:
@@ -44,7 +50,11 @@ class Ownership:
         self._kept: dict[str, CallFuture] = {}
         """Calls that left objects some handle still holds."""
         self._gone: queue.SimpleQueue[tuple[CallFuture, ir.ValueRef] | None] = queue.SimpleQueue()
-        """Handles whose last reference went, for the drop thread."""
+        """Handles whose last reference went, for the next call or the drop thread."""
+        self._pending: list[pb.ObjectRef] = []
+        """Objects to drop that neither a call nor the drop thread has sent yet (under the lock)."""
+        self._closing = threading.Event()
+        """Ends the drop thread's linger: the client closes."""
         self._stop = threading.Event()
         self._lease_thread: threading.Thread | None = None
         self._drop_thread = threading.Thread(target=self._drop_loop, name="pw-drops", daemon=True)
@@ -66,17 +76,49 @@ class Ownership:
         safe wherever the garbage collector runs it)."""
         self._gone.put((call, ref))
 
-    def _drop_loop(self) -> None:
-        """Frees the objects whose handles went, in batches, until `close`."""
+    def take_drops(self) -> list[pb.ObjectRef]:
+        """The objects to drop so far, for a call to carry (see `give_back` if it cannot)."""
+        closing = self._drain()
+        with self._lock:
+            drops, self._pending = self._pending, []
+        if closing:
+            self._gone.put(None)  # the drop thread's to see
+        return drops
+
+    def give_back(self, drops: list[pb.ObjectRef]) -> None:
+        """Drops a call took but could not deliver: the next call or the drop thread sends them."""
+        with self._lock:
+            self._pending += drops
+
+    def _drain(self) -> bool:
+        """Turns the handles gone so far into pending drops; whether `close` was asked."""
+        closing = False
+        gone: list[tuple[CallFuture, ir.ValueRef]] = []
         while True:
-            gone = [self._gone.get()]
-            while not self._gone.empty():
-                gone.append(self._gone.get())
-            drops: list[pb.ObjectRef] = []
+            try:
+                item = self._gone.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                closing = True
+            else:
+                gone.append(item)
+        if gone:
             with self._lock:
                 for item in gone:
-                    if item is not None:
-                        drops += self._forget(*item)
+                    self._pending += self._forget(*item)
+        return closing
+
+    def _drop_loop(self) -> None:
+        """Frees the objects whose handles went and no call carried, in batches, until `close`."""
+        while True:
+            first = self._gone.get()
+            self._gone.put(first)  # back, for whoever drains first
+            if first is not None:
+                self._closing.wait(DROP_LINGER_S)
+            closing = self._drain()
+            with self._lock:
+                drops, self._pending = self._pending, []
             if drops and not self._stop.is_set():  # abandoned: the controller goes with them
                 try:
                     self._controller.DropObjects(
@@ -85,7 +127,7 @@ class Ownership:
                     )
                 except (grpc.RpcError, ValueError):
                     pass  # unreachable, or the channel closed under us: the lease frees them
-            if None in gone:
+            if closing:
                 return
 
     def _forget(self, call: CallFuture, ref: ir.ValueRef) -> list[pb.ObjectRef]:
@@ -141,11 +183,13 @@ class Ownership:
         """Stops the drops and the lease without freeing anything: the controller that
         holds the objects is being stopped, and takes them with it."""
         self._stop.set()
+        self._closing.set()
         self._gone.put(None)
 
     def close(self, timeout_s: float) -> None:
         """Drains the drops, frees every object left and stops the lease; each call waits
         at most `timeout_s`."""
+        self._closing.set()
         self._gone.put(None)
         self._drop_thread.join(timeout=timeout_s)
         self._drop_kept(timeout_s)

@@ -306,14 +306,25 @@ class Runtime:
             ref.is_program_input or program.spec_of(ref).nbytes <= INLINE_BYTES
             for ref in program.outputs
         )
+        drops = self._ownership.take_drops()
+        request.drop.extend(drops)
         if small_outputs and not request.objects and len(request.inputs) == len(arrays):
-            values = self._run_to_end(program, request, [arrays[i] for i in range(len(arrays))])
+            try:
+                values = self._run_to_end(program, request, [arrays[i] for i in range(len(arrays))])
+            except BaseException:
+                self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
+                raise
             return [Array.carried(v) for v in values]
-        interruptible.acquire(self._outstanding)
+        try:
+            interruptible.acquire(self._outstanding)
+        except BaseException:
+            self._ownership.give_back(drops)
+            raise
         try:
             reply = self.controller.Run(request, timeout=60)
         except grpc.RpcError as err:
             self._outstanding.release()
+            self._ownership.give_back(drops)
             raise _translate(err, f"starting program '{program.name}'") from None
         self._learn_tokens(reply)
         self.calls += 1

@@ -416,6 +416,7 @@ class RunRequest(_message.Message):
     WAIT_S_FIELD_NUMBER: _builtins.int
     OBJECTS_FIELD_NUMBER: _builtins.int
     CLIENT_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
     program_id: _builtins.str
     call_id: _builtins.str
     weight: _builtins.float
@@ -440,6 +441,12 @@ class RunRequest(_message.Message):
         calls the client kept): no bytes from the client.
         """
 
+    @_builtins.property
+    def drop(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectRef]:
+        """Objects the client let go of since its last call (as DropObjectsRequest.objects):
+        freed as the call arrives, whether or not it runs.
+        """
+
     def __init__(
         self,
         *,
@@ -451,10 +458,11 @@ class RunRequest(_message.Message):
         wait_s: _builtins.float = ...,
         objects: _abc.Iterable[Global___ObjectInput] | None = ...,
         client: _builtins.str = ...,
+        drop: _abc.Iterable[Global___ObjectRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "client", b"client", "inputs", b"inputs", "objects", b"objects", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "client", b"client", "drop", b"drop", "inputs", b"inputs", "objects", b"objects", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -180,6 +180,19 @@ def test_dropping_the_last_handle_frees_the_value_on_its_hosts(runtime: pw.Runti
 
 
 
+def test_a_loop_that_rebinds_its_value_leaves_only_the_latest_on_the_hosts(runtime: pw.Runtime) -> None:
+    """Each call carries the drops of the handles let go since the last one (and a drop
+    no call takes goes on its own), so the hosts never hold more than a step's values."""
+    plus_one = plus_one_on("rebinds", devices=1)
+    value = plus_one(np.zeros(BIG, np.float32))
+    hosts = value.hosts
+    for _ in range(6):
+        value = plus_one(value)
+    value.block_until_ready()
+    wait_until("only the latest value held", lambda: store_bytes(runtime, hosts) == BIG * 4, 30)
+    np.testing.assert_allclose(np.asarray(value), np.full(BIG, 7.0))
+
+
 def test_a_handle_dropped_while_its_call_runs_leaves_no_object_when_the_call_ends(
     runtime: pw.Runtime,
 ) -> None:

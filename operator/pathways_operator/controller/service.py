@@ -56,6 +56,8 @@ class ControllerService(pb_grpc.ControllerServicer):
             raise
 
     def Run(self, request: pb.RunRequest, context: grpc.ServicerContext) -> pb.RunReply:
+        if request.drop:  # objects the client let go of: never this call's inputs, which it holds
+            self.controller.calls.drop_objects(request.client, request.drop)
         try:
             if request.wait:
                 return self.controller.calls.run_to_end(
