@@ -2,7 +2,9 @@
 
 When the worker has written a routed value's pieces to shared memory, the
 sidecar sends them to every destination at once and deletes the files when all
-destinations are done. A failed value travels as a header with `error`, so the
+destinations are done. A destination that reads only a block of the value (a host
+of a slice that shards it) gets only the parts of this host's pieces inside that
+block (`shared_memory.cropped_to`), or a bare "nothing from me" header. A failed value travels as a header with `error`, so the
 consumers fail instead of waiting.
 
 The first push to a peer asks its `Health` for its data channel
@@ -39,7 +41,7 @@ from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
-from pathways_worker.shared_memory import exported_chunks, remove_pieces
+from pathways_worker.shared_memory import cropped_to, exported_chunks, remove_pieces
 from pathways_worker.sidecar.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.sidecar.sidecar_metrics import TransferPath, TransferStats
 
@@ -116,8 +118,12 @@ class PeerPusher:
         with self._lock:
             return self._peer_tokens.get(address, self.token)
 
-    def push(self, exported: pb.Exported, destinations: Sequence[str]) -> None:
-        """Sends the value to every destination in parallel; frees its files after."""
+    def push(
+        self, exported: pb.Exported, destinations: Sequence[str], blocks: Sequence[pb.Region] = ()
+    ) -> None:
+        """Sends the value to every destination in parallel; frees its files after.
+        `blocks`: per destination (same order), the block of the value it reads (empty,
+        or none: the whole value); it gets only this host's pieces' parts inside it."""
         if not destinations:
             log.error(
                 "%s of call %s left the worker but its Launch routes it nowhere; dropped",
@@ -126,12 +132,11 @@ class PeerPusher:
             remove_pieces(exported)
             return
         left = [len(destinations)]
-        movable = len(destinations) == 1
 
-        def one(address: str, sent: DataLink | None) -> None:
+        def one(address: str, copy: pb.Exported, movable: bool, sent: DataLink | None) -> None:
             try:
-                if sent is None or not self._answered(exported, address, sent):
-                    self._push_one(exported, address, movable)
+                if sent is None or not self._answered(copy, address, sent):
+                    self._push_one(copy, address, movable)
             finally:
                 with self._lock:
                     left[0] -= 1
@@ -139,10 +144,11 @@ class PeerPusher:
                 if last:
                     self._done_with(exported)
 
-        at_once = sends_at_once(exported)
-        for address in destinations:
-            sent = self._send_now(exported, address, movable) if at_once else None
-            self._pool.submit(one, address, sent)
+        for i, address in enumerate(destinations):
+            copy = cropped_to(exported, blocks[i]) if i < len(blocks) else exported
+            movable = len(destinations) == 1 and copy is exported
+            sent = self._send_now(copy, address, movable) if sends_at_once(copy) else None
+            self._pool.submit(one, address, copy, movable, sent)
 
     def _send_now(self, exported: pb.Exported, address: str, movable: bool) -> DataLink | None:
         """Sends a small value on the caller's thread over an idle link to a
