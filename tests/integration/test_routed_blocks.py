@@ -1,0 +1,124 @@
+"""A value moving between multi-host slices reaches each consumer host as only its block.
+
+Two islands of 8 devices, 4 per host: a value made row-sharded on the two hosts of a
+slice of island-a and read row-sharded by the two hosts of a slice of island-b goes,
+host to host, only as the rows each reading host's devices hold, whether a program
+routes it between its computations or a handle is passed to a later call. Each
+sidecar serves its metrics (``PATHWAYS_SIDECAR_METRICS_PORT=0``), whose ``in`` byte
+counters say what each host received.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways as pw
+from pathways_wire import pathways_pb2 as pb
+from tests.integration.test_host import scrape
+
+pytestmark = pytest.mark.timeout(300)
+
+ROWS, COLS = 64, 1024
+"""A float32 value of 256 KiB: large enough to move through shared-memory files."""
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[pw.Runtime]:
+    """Its own embedded cluster, whose sidecars serve metrics."""
+    saved = os.environ.get("PATHWAYS_SIDECAR_METRICS_PORT")
+    os.environ["PATHWAYS_SIDECAR_METRICS_PORT"] = "0"
+    try:
+        rt = pw.connect(islands={"island-a": 8, "island-b": 8}, devices_per_host=4)
+    finally:
+        if saved is None:
+            del os.environ["PATHWAYS_SIDECAR_METRICS_PORT"]
+        else:
+            os.environ["PATHWAYS_SIDECAR_METRICS_PORT"] = saved
+    try:
+        yield rt
+    finally:
+        pw.shutdown()
+
+
+def bytes_in(runtime: pw.Runtime, address: str) -> float:
+    """What the sidecar at `address` has received, by every path together."""
+    name = runtime.host(address).Health(pb.HealthRequest(), timeout=10).host
+    assert runtime.cluster is not None
+    urls = [
+        found.group(1)
+        for log in sorted((runtime.cluster.state_dir / "hosts").glob("*/*.log"))
+        for found in re.finditer(rf"sidecar {re.escape(name)} metrics on (http://\S+/metrics)", log.read_text())
+    ]
+    assert urls, f"host {name} ({address}) logged no metrics address"
+    samples = scrape(urls[-1])
+    return sum(
+        samples[f'pathways_sidecar_transfer_bytes_total{{direction="in",path="{path}"}}']
+        for path in ("grpc", "data-channel", "handover")
+    )
+
+
+def received(runtime: pw.Runtime, hosts: tuple[str, ...], before: dict[str, float]) -> list[float]:
+    return [bytes_in(runtime, h) - before[h] for h in hosts]
+
+
+def slices() -> tuple[pw.VirtualSlice, pw.VirtualSlice]:
+    ds = pw.make_virtual_device_set()
+    return ds.add_slice(devices=8, island="island-a"), ds.add_slice(devices=8, island="island-b")
+
+
+def value() -> np.ndarray:
+    return np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+
+
+def test_a_routed_value_reaches_each_consumer_host_as_its_rows(runtime: pw.Runtime) -> None:
+    left, right = slices()
+    produce = pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x"))
+    consume = pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P("x"))
+
+    @pw.program(name="rows-route")
+    def move(v: Any) -> Any:
+        return consume(produce(v))
+
+    x = value()
+    first = move(x)
+    first.block_until_ready()
+    hosts = first.hosts
+    assert len(hosts) == 2
+    before = {h: bytes_in(runtime, h) for h in hosts}
+    out = move(x)
+    out.block_until_ready()
+    assert received(runtime, hosts, before) == [x.nbytes / 2, x.nbytes / 2], "each host only its rows"
+    np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
+
+
+def test_a_handle_read_by_another_slice_reaches_each_host_as_its_rows(runtime: pw.Runtime) -> None:
+    left, right = slices()
+    made = pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x"))
+    plus = pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P("x"))
+
+    @pw.program(name="rows-make")
+    def make(v: Any) -> Any:
+        return made(v)
+
+    @pw.program(name="rows-read")
+    def read(v: Any) -> Any:
+        return plus(v)
+
+    x = value()
+    held = make(x)
+    first = read(held)
+    first.block_until_ready()
+    hosts = first.hosts
+    before = {h: bytes_in(runtime, h) for h in hosts}
+    out = read(held)
+    out.block_until_ready()
+    assert received(runtime, hosts, before) == [x.nbytes / 2, x.nbytes / 2], "each host only its rows"
+    np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
+    np.testing.assert_array_equal(np.asarray(held), x * 3.0)
