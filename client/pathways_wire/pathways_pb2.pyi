@@ -2084,7 +2084,7 @@ class Arrival(_message.Message):
     def spec(self) -> Global___TensorSpec: ...
     @_builtins.property
     def block_start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Set when only a block of the value came (BufferHeader.block): `spec` is the
+        """Set when only a block of the value came (BufferHeader.block, or block_start/stop): `spec` is the
         whole value's, `path` or `data` hold just the block [block_start, block_stop).
         """
 

@@ -68,9 +68,15 @@ def received(runtime: pw.Runtime, hosts: tuple[str, ...], before: dict[str, floa
     return [bytes_in(runtime, h) - before[h] for h in hosts]
 
 
-def slices() -> tuple[pw.VirtualSlice, pw.VirtualSlice]:
+def row_steps() -> tuple[pw.SliceFunction, pw.SliceFunction]:
+    """`3v` on 8 devices (two hosts) of island-a and `v + 1` on 8 of island-b, both
+    reading and writing their values split by rows."""
     ds = pw.make_virtual_device_set()
-    return ds.add_slice(devices=8, island="island-a"), ds.add_slice(devices=8, island="island-b")
+    left, right = ds.add_slice(devices=8, island="island-a"), ds.add_slice(devices=8, island="island-b")
+    return (
+        pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x")),
+        pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P("x")),
+    )
 
 
 def value() -> np.ndarray:
@@ -78,9 +84,7 @@ def value() -> np.ndarray:
 
 
 def test_a_routed_value_reaches_each_consumer_host_as_its_rows(runtime: pw.Runtime) -> None:
-    left, right = slices()
-    produce = pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x"))
-    consume = pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P("x"))
+    produce, consume = row_steps()
 
     @pw.program(name="rows-route")
     def move(v: Any) -> Any:
@@ -99,9 +103,7 @@ def test_a_routed_value_reaches_each_consumer_host_as_its_rows(runtime: pw.Runti
 
 
 def test_a_handle_read_by_another_slice_reaches_each_host_as_its_rows(runtime: pw.Runtime) -> None:
-    left, right = slices()
-    made = pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x"))
-    plus = pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P("x"))
+    made, plus = row_steps()
 
     @pw.program(name="rows-make")
     def make(v: Any) -> Any:

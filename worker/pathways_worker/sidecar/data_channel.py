@@ -316,9 +316,8 @@ def send_file(sock: socket.socket, path: str, nbytes: int, offset: int = 0) -> N
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < offset + nbytes:
-            raise DataChannelError(
-                "INTERNAL", f"{path} holds {size} bytes, the piece is {nbytes} bytes from {offset}"
-            )
+            since = f" from byte {offset}" if offset else ""
+            raise DataChannelError("INTERNAL", f"{path} holds {size} of the piece's {nbytes} bytes{since}")
         with mmap.mmap(f.fileno(), offset + nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
             with memoryview(mapped) as view:
                 sock.sendall(view[offset:])
