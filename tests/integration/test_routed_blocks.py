@@ -1,9 +1,10 @@
 """A value moving between multi-host slices reaches each consumer host as only its block.
 
 Two islands of 8 devices, 4 per host: a value made row-sharded on the two hosts of a
-slice of island-a and read row-sharded by the two hosts of a slice of island-b goes,
-host to host, only as the rows each reading host's devices hold, whether a program
-routes it between its computations or a handle is passed to a later call. Each
+slice of island-a and read sharded by the two hosts of a slice of island-b goes, host
+to host, only as the block each reading host's devices hold (its rows, or its columns
+cut from the producers' rows), whether a program routes it between its computations
+or a handle is passed to a later call. Each
 sidecar serves its metrics (``PATHWAYS_SIDECAR_METRICS_PORT=0``), whose ``in`` byte
 counters say what each host received.
 """
@@ -68,14 +69,14 @@ def received(runtime: pw.Runtime, hosts: tuple[str, ...], before: dict[str, floa
     return [bytes_in(runtime, h) - before[h] for h in hosts]
 
 
-def row_steps() -> tuple[pw.SliceFunction, pw.SliceFunction]:
-    """`3v` on 8 devices (two hosts) of island-a and `v + 1` on 8 of island-b, both
-    reading and writing their values split by rows."""
+def row_steps(read_as: P = P("x")) -> tuple[pw.SliceFunction, pw.SliceFunction]:
+    """`3v` on 8 devices (two hosts) of island-a, making its value split by rows, and
+    `v + 1` on 8 of island-b, reading it split as `read_as`."""
     ds = pw.make_virtual_device_set()
     left, right = ds.add_slice(devices=8, island="island-a"), ds.add_slice(devices=8, island="island-b")
     return (
         pw.jit(lambda v: v * 3.0, slice=left, in_shardings=P("x"), out_shardings=P("x")),
-        pw.jit(lambda v: v + 1.0, slice=right, in_shardings=P("x"), out_shardings=P("x")),
+        pw.jit(lambda v: v + 1.0, slice=right, in_shardings=read_as, out_shardings=P("x")),
     )
 
 
@@ -83,10 +84,12 @@ def value() -> np.ndarray:
     return np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
 
 
-def test_a_routed_value_reaches_each_consumer_host_as_its_rows(runtime: pw.Runtime) -> None:
-    produce, consume = row_steps()
+@pytest.mark.parametrize("read_as", [P("x"), P(None, "x")], ids=["rows", "columns"])
+def test_a_routed_value_reaches_each_consumer_host_as_its_block(runtime: pw.Runtime, read_as: P) -> None:
+    """Read by columns, each producer host's rows are cut to the columns of each reader."""
+    produce, consume = row_steps(read_as)
 
-    @pw.program(name="rows-route")
+    @pw.program(name=f"route-{read_as}")
     def move(v: Any) -> Any:
         return consume(produce(v))
 
@@ -98,7 +101,7 @@ def test_a_routed_value_reaches_each_consumer_host_as_its_rows(runtime: pw.Runti
     before = {h: bytes_in(runtime, h) for h in hosts}
     out = move(x)
     out.block_until_ready()
-    assert received(runtime, hosts, before) == [x.nbytes / 2, x.nbytes / 2], "each host only its rows"
+    assert received(runtime, hosts, before) == [x.nbytes / 2, x.nbytes / 2], "each host only its block"
     np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
 
 

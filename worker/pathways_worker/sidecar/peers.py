@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, value_name
+from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, moves_inline, value_name
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
@@ -133,9 +133,13 @@ class PeerPusher:
             return
         left = [len(destinations)]
 
-        def one(address: str, copy: pb.Exported, movable: bool, sent: DataLink | None) -> None:
+        def one(
+            address: str, block: pb.Region, copy: pb.Exported | None, movable: bool, sent: DataLink | None
+        ) -> None:
             try:
-                if sent is None or not self._answered(copy, address, sent):
+                if copy is None:
+                    copy = self._cropped(exported, block, address)
+                if copy is not None and (sent is None or not self._answered(copy, address, sent)):
                     self._push_one(copy, address, movable)
             finally:
                 with self._lock:
@@ -144,11 +148,30 @@ class PeerPusher:
                 if last:
                     self._done_with(exported)
 
+        at_once = sends_at_once(exported)
         for i, address in enumerate(destinations):
-            copy = cropped_to(exported, blocks[i]) if i < len(blocks) else exported
-            movable = len(destinations) == 1 and copy is exported
-            sent = self._send_now(copy, address, movable) if sends_at_once(copy) else None
-            self._pool.submit(one, address, copy, movable, sent)
+            block = blocks[i] if i < len(blocks) else pb.Region()
+            movable = len(destinations) == 1 and not (block.start or block.stop)
+            # a small inline value is cut here, cheaply; a larger one on the pool's thread
+            copy = cropped_to(exported, block) if at_once else None
+            sent = self._send_now(copy, address, movable) if copy is not None else None
+            self._pool.submit(one, address, block, copy, movable, sent)
+
+    def _cropped(self, exported: pb.Exported, block: pb.Region, address: str) -> pb.Exported | None:
+        """What `address` gets of the value (`cropped_to`); None, once it was told the
+        value is lost, where its pieces could not be read."""
+        try:
+            return cropped_to(exported, block)
+        except (OSError, ValueError) as err:
+            message = (
+                f"cutting {value_name(exported.value)} of call {exported.call_id} on {self.sender} "
+                f"to the block {address} reads failed: {type(err).__name__}: {err}"
+            )
+            log.error("%s", message)
+            with self._lock:
+                self.failures.append(message)
+            self._tell_lost(exported, address, message)
+            return None
 
     def _send_now(self, exported: pb.Exported, address: str, movable: bool) -> DataLink | None:
         """Sends a small value on the caller's thread over an idle link to a
@@ -281,9 +304,11 @@ class PeerPusher:
 
 def sends_at_once(exported: pb.Exported) -> bool:
     """Whether a value is sent on the thread that got it from the worker: its
-    pieces are all inline (`transfer.moves_inline`), so sending them is one
-    short write and reads no file."""
-    return all(not piece.path for piece in exported.pieces)
+    pieces are all inline and small (`transfer.moves_inline`), so sending them is
+    one short write and reads no file."""
+    return all(not piece.path for piece in exported.pieces) and moves_inline(
+        sum(piece.nbytes for piece in exported.pieces)
+    )
 
 
 def _status(err: BaseException) -> tuple[grpc.StatusCode, str]:
