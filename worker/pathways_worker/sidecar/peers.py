@@ -163,14 +163,10 @@ class PeerPusher:
         try:
             return cropped_to(exported, block)
         except (OSError, ValueError) as err:
-            message = (
+            self._give_up(exported, address, (
                 f"cutting {value_name(exported.value)} of call {exported.call_id} on {self.sender} "
                 f"to the block {address} reads failed: {type(err).__name__}: {err}"
-            )
-            log.error("%s", message)
-            with self._lock:
-                self.failures.append(message)
-            self._tell_lost(exported, address, message)
+            ))
             return None
 
     def _send_now(self, exported: pb.Exported, address: str, movable: bool) -> DataLink | None:
@@ -229,14 +225,10 @@ class PeerPusher:
                         self._peers[address] = PeerData(self._peers[address].address, same_node=False)
                     continue
                 if code not in _RETRYABLE or attempt == self.attempts:
-                    message = (
+                    self._give_up(exported, address, (
                         f"pushing {what} from {self.sender} to {address} failed after "
                         f"{attempt} attempt(s): {code.name}: {details}"
-                    )
-                    log.error("%s", message)
-                    with self._lock:
-                        self.failures.append(message)
-                    self._tell_lost(exported, address, message)
+                    ))
                     return
                 log.warning("pushing %s to %s: %s (attempt %d), retrying", what, address, code.name, attempt)
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -277,6 +269,13 @@ class PeerPusher:
             raise
         with self._lock:
             self._idle.setdefault(address, []).append(link)
+
+    def _give_up(self, exported: pb.Exported, address: str, message: str) -> None:
+        """The value will not reach `address`: logged, recorded, and said to it."""
+        log.error("%s", message)
+        with self._lock:
+            self.failures.append(message)
+        self._tell_lost(exported, address, message)
 
     def _tell_lost(self, exported: pb.Exported, address: str, message: str) -> None:
         try:
