@@ -23,6 +23,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from pathways.devices import VirtualSlice, slice_of_devices
 from pathways_wire.errors import InvalidProgramError
+from pathways_wire.host_blocks import AxisSpec
 from pathways_wire.ir import TensorSpec
 
 ShardingLike = PartitionSpec | NamedSharding | None
@@ -38,6 +39,18 @@ class Compiled:
     out_tree: Any
     mesh_shape: tuple[int, ...]
     mesh_axes: tuple[str, ...]
+    in_axes: tuple[AxisSpec, ...] = ()
+    """Per flat input, its sharding as `host_blocks` reads it (`mesh_axes_of`)."""
+
+
+def mesh_axes_of(spec: PartitionSpec) -> AxisSpec:
+    """A PartitionSpec as `host_blocks` reads it: per dimension, the mesh axes it is split
+    over (an entry it cannot read names no axis, so the value goes whole)."""
+    return tuple(
+        () if entry is None else (entry,) if isinstance(entry, str)
+        else tuple(entry) if isinstance(entry, tuple) else ("",)
+        for entry in spec
+    )
 
 
 def _spec_of(leaf: Any) -> TensorSpec:
@@ -219,6 +232,7 @@ class SliceFunction:
             out_tree=out_holder["tree"],
             mesh_shape=tuple(int(d) for d in self.mesh.axis_sizes),
             mesh_axes=tuple(str(a) for a in self.mesh.axis_names),
+            in_axes=tuple(mesh_axes_of(sh.spec) for sh in in_sh),
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

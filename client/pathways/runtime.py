@@ -82,6 +82,7 @@ from pathways import interruptible
 from pathways.array import Array, CallFuture
 from pathways.credentials import PresentToken, client_credentials
 from pathways.embedded import LocalCluster, start_local_cluster
+from pathways.functions import mesh_axes_of
 from pathways.host_channels import GRPC_OPTIONS, HostChannels
 from pathways.ownership import Ownership
 from pathways_wire.errors import (
@@ -728,15 +729,14 @@ def _output_sharding(computation: ir.Computation, index: int) -> PartitionSpec:
 
 
 def _input_axes(computation: ir.Computation, index: int) -> host_blocks.AxisSpec:
-    """Input `index`'s declared sharding as `host_blocks` reads it: per dimension, the mesh
-    axes it is split over (an entry it cannot read names no axis, so the input goes whole)."""
+    """Input `index`'s declared sharding as `host_blocks` reads it: recorded at trace time,
+    else read from the export."""
     if not computation.mesh_shape:
         return ()
-    return tuple(
-        () if entry is None else (entry,) if isinstance(entry, str)
-        else tuple(entry) if isinstance(entry, tuple) else ("",)
-        for entry in _declared_shardings(computation)[0][index]
-    )
+    recorded = computation.axes_of(index)
+    if recorded is not None:
+        return recorded
+    return mesh_axes_of(_declared_shardings(computation)[0][index])
 
 
 def _translate(err: grpc.RpcError, doing: str) -> Exception:

@@ -127,6 +127,7 @@ class Trace:
                 outputs=compiled.out_specs,
                 mesh_shape=compiled.mesh_shape,
                 mesh_axes=compiled.mesh_axes,
+                input_axes=compiled.in_axes,
             )
         )
         outs = [

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.host_blocks import AxisSpec
 
 PROGRAM_INPUT = -1
 """`ValueRef.node` of a program input."""
@@ -122,10 +123,18 @@ class Computation:
     outputs: tuple[TensorSpec, ...]
     mesh_shape: tuple[int, ...]
     mesh_axes: tuple[str, ...]
+    input_axes: tuple[AxisSpec, ...] = ()
+    """Per input, the mesh axes each dimension is split over, as the artifact declares
+    (read at trace time, so that planning can cut routed values by the hosts reading
+    them without jax); empty where not recorded: every reading host gets values whole."""
 
     @property
     def fingerprint(self) -> str:
         return hashlib.sha256(self.artifact).hexdigest()
+
+    def axes_of(self, position: int) -> AxisSpec | None:
+        """Input `position`'s sharding, or None where it was not recorded."""
+        return self.input_axes[position] if position < len(self.input_axes) else None
 
     def describe(self) -> str:
         return f"computation {self.index} '{self.name}' on slice {self.slice}"
@@ -141,6 +150,10 @@ class Computation:
             outputs=[s.to_proto() for s in self.outputs],
             mesh_shape=list(self.mesh_shape),
             mesh_axes=list(self.mesh_axes),
+            input_shardings=[
+                pb.InputSharding(dims=[pb.MeshAxes(axes=list(axes)) for axes in spec])
+                for spec in self.input_axes
+            ],
         )
 
 
@@ -195,6 +208,9 @@ class Program:
                     outputs=tuple(TensorSpec.from_proto(s) for s in c.outputs),
                     mesh_shape=tuple(c.mesh_shape),
                     mesh_axes=tuple(c.mesh_axes),
+                    input_axes=tuple(
+                        tuple(tuple(d.axes) for d in sharding.dims) for sharding in c.input_shardings
+                    ),
                 )
             )
         program = cls(
@@ -216,6 +232,7 @@ class Program:
                 outputs=c.outputs,
                 mesh_shape=c.mesh_shape,
                 mesh_axes=c.mesh_axes,
+                input_axes=c.input_axes,
             )
             for c in comps
         )

@@ -97,6 +97,7 @@ class Computation(_message.Message):
     OUTPUTS_FIELD_NUMBER: _builtins.int
     MESH_SHAPE_FIELD_NUMBER: _builtins.int
     MESH_AXES_FIELD_NUMBER: _builtins.int
+    INPUT_SHARDINGS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     name: _builtins.str
     """the user function's name, for errors"""
@@ -114,6 +115,13 @@ class Computation(_message.Message):
     def mesh_shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def mesh_axes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def input_shardings(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputSharding]:
+        """Per input (same order as `inputs`), how it is split over the mesh: per dimension,
+        the mesh axes (host_blocks.AxisSpec), so the controller can tell which block of a
+        routed value each consuming host reads. Empty: not recorded (the hosts get it whole).
+        """
+
     def __init__(
         self,
         *,
@@ -126,14 +134,83 @@ class Computation(_message.Message):
         outputs: _abc.Iterable[Global___TensorSpec] | None = ...,
         mesh_shape: _abc.Iterable[_builtins.int] | None = ...,
         mesh_axes: _abc.Iterable[_builtins.str] | None = ...,
+        input_shardings: _abc.Iterable[Global___InputSharding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifact", b"artifact", "fingerprint", b"fingerprint", "index", b"index", "inputs", b"inputs", "mesh_axes", b"mesh_axes", "mesh_shape", b"mesh_shape", "name", b"name", "outputs", b"outputs", "slice", b"slice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifact", b"artifact", "fingerprint", b"fingerprint", "index", b"index", "input_shardings", b"input_shardings", "inputs", b"inputs", "mesh_axes", b"mesh_axes", "mesh_shape", b"mesh_shape", "name", b"name", "outputs", b"outputs", "slice", b"slice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Computation: _TypeAlias = Computation  # noqa: Y015
+
+@_typing.final
+class InputSharding(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def dims(self) -> _containers.RepeatedCompositeFieldContainer[Global___MeshAxes]: ...
+    def __init__(
+        self,
+        *,
+        dims: _abc.Iterable[Global___MeshAxes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputSharding: _TypeAlias = InputSharding  # noqa: Y015
+
+@_typing.final
+class MeshAxes(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AXES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def axes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """major first; none: the dimension is whole"""
+
+    def __init__(
+        self,
+        *,
+        axes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MeshAxes: _TypeAlias = MeshAxes  # noqa: Y015
+
+@_typing.final
+class Region(_message.Message):
+    """The elements [start, stop) of a value, per dimension; empty: the whole value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        start: _abc.Iterable[_builtins.int] | None = ...,
+        stop: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["start", b"start", "stop", b"stop"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Region: _TypeAlias = Region  # noqa: Y015
 
 @_typing.final
 class VirtualSliceSpec(_message.Message):
@@ -1337,6 +1414,7 @@ class Forward(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     DESTINATIONS_FIELD_NUMBER: _builtins.int
     DESTINATION_TOKENS_FIELD_NUMBER: _builtins.int
+    DESTINATION_BLOCKS_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     @_builtins.property
     def object(self) -> Global___ObjectRef: ...
@@ -1354,6 +1432,12 @@ class Forward(_message.Message):
     def destination_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """their slice's token, same order"""
 
+    @_builtins.property
+    def destination_blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Region]:
+        """The block of the object each destination reads (same order; empty: the whole);
+        the holding hosts send each only their pieces' parts inside it.
+        """
+
     def __init__(
         self,
         *,
@@ -1363,10 +1447,11 @@ class Forward(_message.Message):
         spec: Global___TensorSpec | None = ...,
         destinations: _abc.Iterable[_builtins.str] | None = ...,
         destination_tokens: _abc.Iterable[_builtins.str] | None = ...,
+        destination_blocks: _abc.Iterable[Global___Region] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "object", b"object", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "destination_tokens", b"destination_tokens", "destinations", b"destinations", "input", b"input", "object", b"object", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "destination_blocks", b"destination_blocks", "destination_tokens", b"destination_tokens", "destinations", b"destinations", "input", b"input", "object", b"object", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1379,6 +1464,7 @@ class Route(_message.Message):
     VALUE_FIELD_NUMBER: _builtins.int
     DESTINATIONS_FIELD_NUMBER: _builtins.int
     DESTINATION_TOKENS_FIELD_NUMBER: _builtins.int
+    DESTINATION_BLOCKS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def value(self) -> Global___ValueRef: ...
     @_builtins.property
@@ -1389,16 +1475,23 @@ class Route(_message.Message):
         presents it on the push (data channel hello or Put metadata).
         """
 
+    @_builtins.property
+    def destination_blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Region]:
+        """The block of the value each destination's devices read (same order; empty, or
+        absent: the whole value): this host sends it only its pieces' parts inside it.
+        """
+
     def __init__(
         self,
         *,
         value: Global___ValueRef | None = ...,
         destinations: _abc.Iterable[_builtins.str] | None = ...,
         destination_tokens: _abc.Iterable[_builtins.str] | None = ...,
+        destination_blocks: _abc.Iterable[Global___Region] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_tokens", b"destination_tokens", "destinations", b"destinations", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination_blocks", b"destination_blocks", "destination_tokens", b"destination_tokens", "destinations", b"destinations", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1678,6 +1771,8 @@ class BufferHeader(_message.Message):
     FILE_INODE_FIELD_NUMBER: _builtins.int
     MOVABLE_FIELD_NUMBER: _builtins.int
     BLOCK_FIELD_NUMBER: _builtins.int
+    BLOCK_START_FIELD_NUMBER: _builtins.int
+    BLOCK_STOP_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     nbytes: _builtins.int
     """bytes of this piece"""
@@ -1713,6 +1808,15 @@ class BufferHeader(_message.Message):
 
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def block_start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """This host receives only the block [block_start, block_stop) of the value, in
+        pieces from each of its senders (a routed value cut by the hosts that read it);
+        the piece lies inside it.
+        """
+
+    @_builtins.property
+    def block_stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -1731,10 +1835,12 @@ class BufferHeader(_message.Message):
         file_inode: _builtins.int = ...,
         movable: _builtins.bool = ...,
         block: _builtins.bool = ...,
+        block_start: _abc.Iterable[_builtins.int] | None = ...,
+        block_stop: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "call_id", b"call_id", "error", b"error", "file_device", b"file_device", "file_inode", b"file_inode", "last_from_sender", b"last_from_sender", "movable", b"movable", "nbytes", b"nbytes", "path", b"path", "sender", b"sender", "spec", b"spec", "start", b"start", "stop", b"stop", "value", b"value", "whole", b"whole"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "block_start", b"block_start", "block_stop", b"block_stop", "call_id", b"call_id", "error", b"error", "file_device", b"file_device", "file_inode", b"file_inode", "last_from_sender", b"last_from_sender", "movable", b"movable", "nbytes", b"nbytes", "path", b"path", "sender", b"sender", "spec", b"spec", "start", b"start", "stop", b"stop", "value", b"value", "whole", b"whole"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1986,7 +2092,7 @@ class Arrival(_message.Message):
     def spec(self) -> Global___TensorSpec: ...
     @_builtins.property
     def block_start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Set when only a block of the value came (BufferHeader.block): `spec` is the
+        """Set when only a block of the value came (BufferHeader.block, or block_start/stop): `spec` is the
         whole value's, `path` or `data` hold just the block [block_start, block_stop).
         """
 
@@ -2052,11 +2158,16 @@ class Piece(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     NBYTES_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     nbytes: _builtins.int
     data: _builtins.bytes
     """A small routed value (`transfer.moves_inline`) leaves the worker as its
     bytes here instead of a file (`path` is "").
+    """
+    offset: _builtins.int
+    """Where the piece's bytes start in the file at `path`: a piece cropped to the
+    block a destination reads, still one run of the file's bytes.
     """
     @_builtins.property
     def start(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -2070,10 +2181,11 @@ class Piece(_message.Message):
         path: _builtins.str = ...,
         nbytes: _builtins.int = ...,
         data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "nbytes", b"nbytes", "path", b"path", "start", b"start", "stop", b"stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "nbytes", b"nbytes", "offset", b"offset", "path", b"path", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2130,6 +2242,7 @@ class Exported(_message.Message):
     PIECES_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     error: _builtins.str
     token: _builtins.int
@@ -2140,6 +2253,12 @@ class Exported(_message.Message):
     def spec(self) -> Global___TensorSpec: ...
     @_builtins.property
     def pieces(self) -> _containers.RepeatedCompositeFieldContainer[Global___Piece]: ...
+    @_builtins.property
+    def block(self) -> Global___Region:
+        """Set by the sidecar on the copy it sends one destination that reads only a block
+        of the value: the block (BufferHeader.block_start/stop); `pieces` lie inside it.
+        """
+
     def __init__(
         self,
         *,
@@ -2149,10 +2268,11 @@ class Exported(_message.Message):
         pieces: _abc.Iterable[Global___Piece] | None = ...,
         error: _builtins.str = ...,
         token: _builtins.int = ...,
+        block: Global___Region | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "value", b"value"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "spec", b"spec", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "pieces", b"pieces", "spec", b"spec", "token", b"token", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "call_id", b"call_id", "error", b"error", "pieces", b"pieces", "spec", b"spec", "token", b"token", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -238,6 +238,39 @@ def run_block(bounds: Sequence[tuple[Shape, Shape]], run: Sequence[int]) -> tupl
     return bounds[run[0]][0], bounds[run[-1]][1]
 
 
+@dataclass(frozen=True)
+class Crop:
+    """The part of a piece inside the block a destination reads."""
+
+    start: Shape
+    stop: Shape
+    """Where the part sits in the value."""
+    region: tuple[slice, ...]
+    """Where it sits in the piece."""
+    offset: int | None
+    """Its first byte in the piece's C-order bytes, where it is one run of them (rows of
+    a piece split by rows), else None: it needs bytes of its own."""
+    whole: bool
+    """The part is the whole piece (it goes as it is)."""
+
+
+def crop_piece(start: Shape, stop: Shape, itemsize: int, block: tuple[Shape, Shape]) -> Crop | None:
+    """The part of the piece [start, stop) inside `block`; None where they do not meet
+    (the piece is not sent to that destination)."""
+    lo = tuple(max(a, b) for a, b in zip(start, block[0], strict=True))
+    hi = tuple(min(a, b) for a, b in zip(stop, block[1], strict=True))
+    if any(a >= b for a, b in zip(lo, hi, strict=True)):
+        return None
+    shape = tuple(b - a for a, b in zip(start, stop, strict=True))
+    local_start = tuple(a - s for a, s in zip(lo, start, strict=True))
+    local_stop = tuple(b - s for b, s in zip(hi, start, strict=True))
+    offset = _contiguous_offset(shape, local_start, local_stop)
+    return Crop(
+        lo, hi, tuple(slice(a, b) for a, b in zip(local_start, local_stop, strict=True)),
+        None if offset is None else offset * itemsize, (lo, hi) == (start, stop),
+    )
+
+
 def piece_header(
     call_id: str,
     value: pb.ValueRef,
@@ -333,6 +366,34 @@ def block_chunks(
     yield from iter_chunks(header, _bytes_of(piece.data), chunk_bytes)
 
 
+def exported_headers(
+    exported: pb.Exported, sender: str
+) -> Iterator[tuple[pb.BufferHeader, pb.Piece | None]]:
+    """The headers a value the worker exported travels under from `sender`, each with
+    its piece (a file, or bytes inline): the last flagged `last_from_sender`, a bare
+    header if the host has no piece for this receiver, an error header if it failed;
+    each marked with the block the receiver gets (`Exported.block`), if it gets one."""
+    value, spec = exported.value, exported.spec
+    if exported.error:
+        header = piece_header(exported.call_id, value, spec, None, sender, True)
+        header.error = exported.error
+        yield header, None
+        return
+    if not exported.pieces:
+        header = piece_header(exported.call_id, value, spec, None, sender, True)
+        set_held_block(header, exported.block)
+        yield header, None
+        return
+    last = len(exported.pieces) - 1
+    for i, piece in enumerate(exported.pieces):
+        header = piece_header(exported.call_id, value, spec, None, sender, i == last)
+        header.start.extend(piece.start)
+        header.stop.extend(piece.stop)
+        header.nbytes = piece.nbytes
+        set_held_block(header, exported.block)
+        yield header, piece
+
+
 def error_chunk(
     call_id: str, value: pb.ValueRef, spec: pb.TensorSpec, sender: str, error: str
 ) -> pb.BufferChunk:
@@ -362,6 +423,10 @@ class PieceInfo:
     error: str
     block: bool = False
     """The piece is all of the value its receiver gets (`BufferHeader.block`)."""
+    held: tuple[Shape, Shape] | None = None
+    """The block of the value its receiver gets, where that is not the whole value: the
+    piece itself (`block`), or the one its senders' pieces are cut to
+    (`BufferHeader.block_start`/`block_stop`)."""
 
     @property
     def has_piece(self) -> bool:
@@ -399,6 +464,7 @@ def check_header(header: pb.BufferHeader) -> PieceInfo:
         raise TransferError("header.nbytes", f"negative ({header.nbytes})")
     if header.block and header.whole:
         raise TransferError("header.block", "a block piece is not the whole value; set one of block, whole")
+    held = _held_block(header, shape)
     if header.whole:
         if not start and not stop:
             start, stop = (0,) * len(shape), shape
@@ -410,7 +476,7 @@ def check_header(header: pb.BufferHeader) -> PieceInfo:
     elif not start and not stop and header.nbytes == 0:
         return PieceInfo(
             header.call_id, value, shape, dtype, (), (), 0, header.sender,
-            header.last_from_sender, False, "",
+            header.last_from_sender, False, "", held=held,
         )
     if len(start) != len(shape) or len(stop) != len(shape):
         raise TransferError(
@@ -430,19 +496,71 @@ def check_header(header: pb.BufferHeader) -> PieceInfo:
             f"{header.nbytes} bytes for a {dtype.name} piece "
             f"{list(start)}..{list(stop)} that holds {expected}",
         )
+    if held is not None and not all(
+        a <= lo and hi <= b for lo, hi, a, b in zip(start, stop, held[0], held[1], strict=True)
+    ):
+        raise TransferError(
+            "header.start/stop",
+            f"the piece {list(start)}..{list(stop)} reaches outside the block "
+            f"{list(held[0])}..{list(held[1])} its receiver gets",
+        )
+    if header.block:
+        held = (start, stop)
     return PieceInfo(
         header.call_id, value, shape, dtype, start, stop, expected, header.sender,
-        header.last_from_sender, header.whole, "", header.block,
+        header.last_from_sender, header.whole, "", header.block, held,
     )
 
 
+def _held_block(header: pb.BufferHeader, shape: Shape) -> tuple[Shape, Shape] | None:
+    """`header.block_start`/`block_stop`, checked against the value's shape (None: unset)."""
+    start = tuple(int(x) for x in header.block_start)
+    stop = tuple(int(x) for x in header.block_stop)
+    if not start and not stop:
+        return None
+    if header.block or header.whole:
+        raise TransferError(
+            "header.block_start", "a block or whole piece carries no block bounds; set one of them"
+        )
+    if len(start) != len(shape) or len(stop) != len(shape) or not all(
+        0 <= lo <= hi <= dim for lo, hi, dim in zip(start, stop, shape, strict=True)
+    ):
+        raise TransferError(
+            "header.block_start/block_stop",
+            f"{list(start)}..{list(stop)} is not a block of a value of shape {list(shape)}",
+        )
+    return start, stop
+
+
+def set_held_block(header: pb.BufferHeader, block: pb.Region) -> None:
+    """Marks a header of a sender's pieces for a receiver that gets only `block`."""
+    if block.start or block.stop:
+        header.block_start.extend(block.start)
+        header.block_stop.extend(block.stop)
+
+
 def as_block_value(info: PieceInfo) -> PieceInfo:
-    """A block piece as the whole piece of a value of the block's own shape: what its
-    receiver assembles and keeps (it records where the block sits)."""
-    shape = tuple(b - a for a, b in zip(info.start, info.stop, strict=True))
+    """A piece of a block its receiver gets (`info.held`) as a piece of a value of the
+    block's own shape: what the receiver assembles and keeps (it records where the block
+    sits). The block that came as one piece is that value's whole piece."""
+    assert info.held is not None
+    low, high = info.held
+    shape = tuple(b - a for a, b in zip(low, high, strict=True))
+    if info.block:
+        return PieceInfo(
+            info.call_id, info.value, shape, info.dtype, (0,) * len(shape), shape, info.nbytes,
+            info.sender, True, True, "",
+        )
+    if not info.has_piece:
+        return PieceInfo(
+            info.call_id, info.value, shape, info.dtype, (), (), 0, info.sender,
+            info.last_from_sender, False, "",
+        )
     return PieceInfo(
-        info.call_id, info.value, shape, info.dtype, (0,) * len(shape), shape, info.nbytes,
-        info.sender, True, True, "",
+        info.call_id, info.value, shape, info.dtype,
+        tuple(a - b for a, b in zip(info.start, low, strict=True)),
+        tuple(a - b for a, b in zip(info.stop, low, strict=True)),
+        info.nbytes, info.sender, info.last_from_sender, False, "",
     )
 
 

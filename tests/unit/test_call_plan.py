@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.plans import (
@@ -167,3 +170,77 @@ def test_an_object_read_only_on_its_own_slice_leaves_nothing_to_send() -> None:
     slices = {"a": holder, "b": slice_record("b", 1)}
     placed = place_object(two_slice_program(), "c1", 0, pb.ObjectRef(call_id="made"), holder, slices)
     assert list(placed.aliases) == ["a"] and placed.expects == {} and placed.forward is None
+
+
+ROWS = ir.TensorSpec((8, 4), "float32")
+
+
+def sharded_comp(index: int, vslice: str, axes: tuple[tuple[str, ...], ...], *inputs: ir.ValueRef) -> ir.Computation:
+    """A computation over a mesh of 8 devices on axis "x" whose inputs are split as `axes`."""
+    return ir.Computation(
+        index=index, name=f"f{index}", slice=vslice, artifact=f"artifact-{index}".encode(), inputs=inputs,
+        input_specs=tuple(ROWS for _ in inputs), outputs=(ROWS,), mesh_shape=(8,), mesh_axes=("x",),
+        input_axes=tuple(axes for _ in inputs),
+    )
+
+
+def routed_program(axes: tuple[tuple[str, ...], ...]) -> ir.Program:
+    """%0 on slice a makes an 8x4 value that %1 on slice b reads split as `axes`."""
+    inp = ir.ValueRef(ir.PROGRAM_INPUT, 0)
+    return ir.Program(
+        name="p", inputs=(ROWS,),
+        computations=(sharded_comp(0, "a", (), inp), sharded_comp(1, "b", axes, ir.ValueRef(0, 0))),
+        outputs=(ir.ValueRef(1, 0),),
+        slices=(ir.SliceDecl("a", "a", 8), ir.SliceDecl("b", "b", 8)),
+    )
+
+
+def regions(blocks: Iterable[pb.Region]) -> list[tuple[list[int], list[int]]]:
+    return [(list(b.start), list(b.stop)) for b in blocks]
+
+
+def test_a_value_routed_to_hosts_that_split_it_by_rows_names_each_hosts_rows() -> None:
+    slices = {"a": slice_record("a", 2), "b": slice_record("b", 2)}
+    _, launches = plan_call(routed_program((("x",),)), "c1", "prog", slices)
+    (route,) = launches["a"][0].routes
+    assert list(route.destinations) == ["10.0.b.0:1", "10.0.b.1:1"]
+    assert regions(route.destination_blocks) == [([0, 0], [4, 4]), ([4, 0], [8, 4])]
+    assert [(e.value.node, e.senders) for e in launches["b"][0].expects] == [(0, 2)], "every producer host counts"
+
+
+def test_a_value_its_readers_replicate_or_do_not_describe_is_routed_whole() -> None:
+    slices = {"a": slice_record("a", 2), "b": slice_record("b", 2)}
+    for axes in ((), ((), ())):
+        _, launches = plan_call(routed_program(axes), "c1", "prog", slices)
+        assert list(launches["a"][0].routes[0].destination_blocks) == [], axes
+    unrecorded = routed_program((("x",),))
+    unrecorded = ir.Program(
+        unrecorded.name, unrecorded.inputs,
+        (unrecorded.computations[0], dataclasses.replace(unrecorded.computations[1], input_axes=())),
+        unrecorded.outputs, unrecorded.slices,
+    )
+    _, launches = plan_call(unrecorded, "c1", "prog", slices)
+    assert list(launches["a"][0].routes[0].destination_blocks) == []
+
+
+def test_the_input_axes_survive_the_program_proto() -> None:
+    program = routed_program((("x",), ()))
+    again = ir.Program.from_proto(program.to_proto())
+    assert [c.input_axes for c in again.computations] == [((),), ((("x",), ()),)]
+    assert again.fingerprint == program.fingerprint
+
+
+def test_an_object_forwarded_to_a_slice_splitting_it_by_rows_names_each_hosts_rows() -> None:
+    inp = ir.ValueRef(ir.PROGRAM_INPUT, 0)
+    program = ir.Program(
+        name="p", inputs=(ROWS,),
+        computations=(sharded_comp(0, "b", (("x",),), inp), sharded_comp(1, "c", (("x",),), inp)),
+        outputs=(ir.ValueRef(0, 0),),
+        slices=(ir.SliceDecl("b", "b", 8), ir.SliceDecl("c", "c", 4)),
+    )
+    holder = slice_record("h", 2)
+    slices = {"b": slice_record("b", 2), "c": slice_record("c", 1)}
+    placed = place_object(program, "c1", 0, pb.ObjectRef(call_id="made"), holder, slices)
+    assert placed.forward is not None
+    assert list(placed.forward.destinations) == ["10.0.b.0:1", "10.0.b.1:1", "10.0.c.0:1"]
+    assert regions(placed.forward.destination_blocks) == [([0, 0], [4, 4]), ([4, 0], [8, 4]), ([], [])]

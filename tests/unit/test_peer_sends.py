@@ -15,3 +15,9 @@ def test_values_whose_pieces_are_all_inline_are_sent_at_once() -> None:
 def test_a_value_with_a_piece_file_goes_to_the_pool() -> None:
     mixed = pb.Exported(pieces=[pb.Piece(nbytes=4, data=b"abcd"), pb.Piece(path="/dev/shm/x", nbytes=8)])
     assert not sends_at_once(mixed)
+
+
+def test_a_large_value_of_inline_bytes_goes_to_the_pool() -> None:
+    """Parts of pieces cut to a destination's block carry their bytes inline at any size."""
+    large = pb.Exported(pieces=[pb.Piece(nbytes=1 << 20, data=bytes(1 << 20))])
+    assert not sends_at_once(large)

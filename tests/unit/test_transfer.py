@@ -357,3 +357,53 @@ def test_only_small_values_move_inline() -> None:
     assert transfer.moves_inline(4096)
     assert transfer.moves_inline(transfer.INLINE_MOVE_BYTES)
     assert not transfer.moves_inline(transfer.INLINE_MOVE_BYTES + 1)
+
+
+def test_a_piece_is_cropped_to_a_block_as_the_rows_or_columns_inside_it() -> None:
+    rows = transfer.crop_piece((0, 0), (4, 6), 4, ((2, 0), (6, 6)))
+    assert rows is not None and (rows.start, rows.stop, rows.whole) == ((2, 0), (4, 6), False)
+    assert rows.offset == 2 * 6 * 4, "rows of a piece are one run of its bytes"
+    assert rows.region == (slice(2, 4), slice(0, 6))
+    columns = transfer.crop_piece((0, 0), (4, 6), 4, ((0, 0), (8, 3)))
+    assert columns is not None and (columns.start, columns.stop, columns.offset) == ((0, 0), (4, 3), None)
+    inside = transfer.crop_piece((4, 0), (8, 6), 4, ((4, 0), (8, 6)))
+    assert inside is not None and inside.whole and inside.offset == 0
+    assert transfer.crop_piece((0, 0), (4, 6), 4, ((4, 0), (8, 6))) is None, "touching is not meeting"
+
+
+def block_exported(block: tuple[list[int], list[int]], pieces: list[pb.Piece]) -> pb.Exported:
+    return pb.Exported(
+        call_id="call", value=ref(0, 0), spec=pb.TensorSpec(shape=[8, 6], dtype="float32"),
+        pieces=pieces, block=pb.Region(start=block[0], stop=block[1]),
+    )
+
+
+def test_pieces_cut_to_a_block_from_two_senders_assemble_into_the_block() -> None:
+    array = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    block = ([2, 0], [6, 6])
+    senders = {
+        "h0": [pb.Piece(start=[2, 0], stop=[4, 6], nbytes=48, data=array[2:4].tobytes())],
+        "h1": [pb.Piece(start=[4, 0], stop=[6, 6], nbytes=48, data=array[4:6].tobytes())],
+        "h2": [],
+    }
+    assembler = transfer.PieceAssembler(np.zeros((4, 6), np.float32))
+    done: set[str] = set()
+    for sender, pieces in senders.items():
+        for header, piece in transfer.exported_headers(block_exported(block, pieces), sender):
+            info = transfer.check_header(header)
+            assert info.held == ((2, 0), (6, 6)), "every header, a bare one too, names the block"
+            kept = transfer.as_block_value(info)
+            assert kept.shape == (4, 6) and not kept.whole
+            if piece is not None:
+                assembler.open(kept).write(piece.data)
+            if kept.last_from_sender:
+                done.add(sender)
+    assert done == set(senders) and assembler.complete
+    np.testing.assert_array_equal(assembler.target, array[2:6])
+
+
+def test_a_piece_outside_the_block_its_receiver_gets_is_refused_naming_both() -> None:
+    exported = block_exported(([0, 0], [4, 6]), [pb.Piece(start=[2, 0], stop=[6, 6], nbytes=96)])
+    ((header, _),) = transfer.exported_headers(exported, "h0")
+    with pytest.raises(transfer.TransferError, match=r"\[2, 0\]\.\.\[6, 6\] reaches outside the block \[0, 0\]\.\.\[4, 6\]"):
+        transfer.check_header(header)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, Piece, error_chunk, piece_header
+from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, Piece, crop_piece, exported_headers
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan, keep_spare
 
@@ -335,11 +335,12 @@ def remove(path: str) -> None:
 
 
 def piece_file_chunks(
-    header: pb.BufferHeader, path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    header: pb.BufferHeader, path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, offset: int = 0
 ) -> Iterator[pb.BufferChunk]:
-    """One piece read from its file as chunks, the header on the first."""
+    """One piece read from its file (from `offset`) as chunks, the header on the first."""
     remaining = header.nbytes
     with open(path, "rb") as f:
+        f.seek(offset)
         first = True
         while first or remaining > 0:
             data = f.read(min(chunk_bytes, remaining)) if remaining > 0 else b""
@@ -356,27 +357,57 @@ def piece_file_chunks(
 def exported_chunks(
     exported: pb.Exported, sender: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[pb.BufferChunk]:
-    """A value the worker exported, as this sender's chunk stream: its pieces read
-    from their files (the last flagged `last_from_sender`), a bare header if the
-    host holds no piece, or an error header if the value failed."""
-    if exported.error:
-        yield error_chunk(exported.call_id, exported.value, exported.spec, sender, exported.error)
-        return
-    if not exported.pieces:
-        yield pb.BufferChunk(
-            header=piece_header(exported.call_id, exported.value, exported.spec, None, sender, True)
-        )
-        return
-    last = len(exported.pieces) - 1
-    for i, piece in enumerate(exported.pieces):
-        header = piece_header(exported.call_id, exported.value, exported.spec, None, sender, i == last)
-        header.start.extend(piece.start)
-        header.stop.extend(piece.stop)
-        header.nbytes = piece.nbytes
-        if piece.path:
-            yield from piece_file_chunks(header, piece.path, chunk_bytes)
+    """A value the worker exported, as this sender's chunk stream (`exported_headers`),
+    its pieces read from their files or sent from their inline bytes."""
+    for header, piece in exported_headers(exported, sender):
+        if piece is None:
+            yield pb.BufferChunk(header=header)
+        elif piece.path:
+            yield from piece_file_chunks(header, piece.path, chunk_bytes, piece.offset)
         else:
             yield from _inline_chunks(header, piece.data, chunk_bytes)
+
+
+def cropped_to(exported: pb.Exported, block: pb.Region) -> pb.Exported:
+    """The copy of an exported value for a destination that reads only `block` of it
+    (empty: the whole value, which gets `exported` itself): each piece's part inside the
+    block, a piece outside it left out. A part that is one run of its piece's bytes stays
+    in the piece's file, from an offset; any other gets bytes of its own."""
+    if exported.error or not (block.start or block.stop):
+        return exported
+    out = pb.Exported(call_id=exported.call_id, token=exported.token)
+    out.value.CopyFrom(exported.value)
+    out.spec.CopyFrom(exported.spec)
+    out.block.CopyFrom(block)
+    bounds = (tuple(block.start), tuple(block.stop))
+    for piece in exported.pieces:
+        start, stop = tuple(piece.start), tuple(piece.stop)
+        shape = tuple(b - a for a, b in zip(start, stop, strict=True))
+        itemsize = piece.nbytes // max(math.prod(shape), 1)
+        crop = crop_piece(start, stop, itemsize, bounds)
+        if crop is None:
+            continue
+        if crop.whole:
+            out.pieces.append(piece)
+            continue
+        nbytes = math.prod(b - a for a, b in zip(crop.start, crop.stop, strict=True)) * itemsize
+        part = pb.Piece(start=crop.start, stop=crop.stop, nbytes=nbytes)
+        if crop.offset is not None and piece.path:
+            part.path, part.offset = piece.path, piece.offset + crop.offset
+        elif crop.offset is not None:
+            part.data = piece.data[crop.offset : crop.offset + nbytes]
+        else:
+            part.data = _piece_bytes(piece, shape, itemsize)[crop.region].tobytes()
+        out.pieces.append(part)
+    return out
+
+
+def _piece_bytes(piece: pb.Piece, shape: tuple[int, ...], itemsize: int) -> np.ndarray:
+    """A piece's bytes as an array of its shape (plus one axis of each element's bytes)."""
+    full = (*shape, itemsize)
+    if not piece.path:
+        return np.frombuffer(piece.data, np.uint8).reshape(full)
+    return np.memmap(piece.path, np.uint8, mode="r", offset=piece.offset, shape=full)
 
 
 def _inline_chunks(header: pb.BufferHeader, data: bytes, chunk_bytes: int) -> Iterator[pb.BufferChunk]:

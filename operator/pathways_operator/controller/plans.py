@@ -12,6 +12,11 @@ inputs. The island scheduler's grants, not the plan, decide when hosts run.
 A program input that names an object (a handle the client passed back) is
 placed per call (`place_object`): bound in place on the slice that holds it,
 and sent host to host from the holding hosts to every other slice reading it.
+
+A value sent to a multi-host slice that shards it goes to each of its hosts as
+only the block that host's devices read (`destination_blocks`, from the input
+shardings the client recorded in the program): each producer host sends a
+destination just its pieces' parts inside that block.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pathways_wire import ir
+from pathways_wire import host_blocks, ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.programs import PlanKey, ProgramRecord
 
@@ -60,6 +65,38 @@ def host_program(program: ir.Program, program_id: str, vslice: str) -> pb.HostPr
     return pb.HostProgram(program_id=program_id, program=msg, slice=vslice)
 
 
+def destination_blocks(
+    program: ir.Program, value: ir.ValueRef, hosts: Mapping[str, Sequence[str]], destinations: Sequence[str]
+) -> list[pb.Region]:
+    """Per destination (same order), the block of `value` it must receive: the union of
+    what its devices read for every computation of the slices in `hosts` (virtual slice
+    id -> its sidecar addresses, host 0 first) that reads it; empty for the whole value.
+    No blocks at all where every destination reads the whole value (nothing to cut).
+    A reading whose sharding the program does not record reads it whole."""
+    shape = program.spec_of(value).shape
+    readings: list[host_blocks.Reading] = []
+    for c in program.computations:
+        if c.slice not in hosts:
+            continue
+        for position, ref in enumerate(c.inputs):
+            if ref != value:
+                continue
+            axes = c.axes_of(position)
+            readings.append(host_blocks.Reading(
+                tuple(hosts[c.slice]),
+                axes if axes is not None else (("",),) * max(len(shape), 1),
+                c.mesh_shape,
+                c.mesh_axes,
+            ))
+    needs = host_blocks.host_needs(shape, readings)
+    blocks = [needs.get(a, host_blocks.Block.whole(shape)) for a in destinations]
+    if all(b.is_whole(shape) for b in blocks):
+        return []
+    return [
+        pb.Region() if b.is_whole(shape) else pb.Region(start=b.start, stop=b.stop) for b in blocks
+    ]
+
+
 def plan_call(
     program: ir.Program,
     call_id: str,
@@ -76,6 +113,7 @@ def plan_call(
         for i in range(len(c.outputs))
     }
     routes: dict[str, dict[ir.ValueRef, list[str]]] = defaultdict(dict)
+    readers: dict[ir.ValueRef, dict[str, list[str]]] = defaultdict(dict)
     expects: dict[str, dict[ir.ValueRef, int]] = defaultdict(dict)
     input_hosts: dict[int, list[str]] = defaultdict(list)
     input_readers: dict[int, list[str]] = defaultdict(list)
@@ -93,6 +131,7 @@ def plan_call(
             if source == target:
                 continue
             dests = routes[source].setdefault(ref, [])
+            readers[ref][target] = addresses[target]
             for a in addresses[target]:
                 if a not in dests:
                     dests.append(a)
@@ -121,6 +160,7 @@ def plan_call(
                 pb.Route(
                     value=ref.to_proto(), destinations=dests,
                     destination_tokens=[tokens[a] for a in dests],
+                    destination_blocks=destination_blocks(program, ref, readers[ref], dests),
                 )
                 for ref, dests in sorted(routes[vid].items())
             ],
@@ -203,6 +243,7 @@ def place_object(
     value = pb.ValueRef(node=ir.PROGRAM_INPUT, index=index)
     destinations: list[str] = []
     tokens: list[str] = []
+    reading_hosts: dict[str, list[str]] = {}
     readers = sorted({
         c.slice for c in program.computations
         for v in c.inputs if v.is_program_input and v.index == index
@@ -213,6 +254,7 @@ def place_object(
             placed.aliases[vid] = pb.Alias(input=value, object=obj)
             continue
         placed.expects[vid] = pb.Expect(value=value, senders=len(holder.hosts))
+        reading_hosts[vid] = [h.sidecar_address for h in gang.hosts]
         for host in gang.hosts:
             if host.sidecar_address not in destinations:
                 destinations.append(host.sidecar_address)
@@ -221,5 +263,8 @@ def place_object(
         placed.forward = pb.Forward(
             object=obj, call_id=call_id, input=value, spec=program.inputs[index].to_proto(),
             destinations=destinations, destination_tokens=tokens,
+            destination_blocks=destination_blocks(
+                program, ir.ValueRef(ir.PROGRAM_INPUT, index), reading_hosts, destinations
+            ),
         )
     return placed

@@ -58,6 +58,11 @@ class HostError(Exception):
         self.code = code
 
 
+Destinations = tuple[tuple[str, ...], tuple[pb.Region, ...]]
+"""A routed value's destination addresses and, per address, the block it reads
+(none: every one reads the whole value)."""
+
+
 @dataclass
 class _FetchWaiter:
     event: threading.Event = field(default_factory=threading.Event)
@@ -83,8 +88,8 @@ class Dataflow:
             done_with=self.shm.recycle_pieces,
         )
         self._lock = threading.Lock()
-        self._routes: dict[tuple[str, Ref], tuple[str, ...]] = {}
-        self._forwards: dict[tuple[str, Ref], tuple[str, ...]] = {}
+        self._routes: dict[tuple[str, Ref], Destinations] = {}
+        self._forwards: dict[tuple[str, Ref], Destinations] = {}
         """(reading call, its program input) -> destinations, until pushed once."""
         self._released: set[str] = set()
         self._fetches: dict[int, _FetchWaiter] = {}
@@ -131,7 +136,9 @@ class Dataflow:
             launch = command.launch
             with self._lock:
                 for route in launch.routes:
-                    self._routes[(launch.call_id, ref_of(route.value))] = tuple(route.destinations)
+                    self._routes[(launch.call_id, ref_of(route.value))] = (
+                        tuple(route.destinations), tuple(route.destination_blocks),
+                    )
                     self.pusher.learn_tokens(route.destinations, route.destination_tokens)
             self.link.send(pb.WorkerCommand(launch=launch))
             self.inbox.expect(launch.call_id, launch.expects)
@@ -154,7 +161,9 @@ class Dataflow:
         elif kind == "forward":
             forward = command.forward
             with self._lock:
-                self._forwards[(forward.call_id, ref_of(forward.input))] = tuple(forward.destinations)
+                self._forwards[(forward.call_id, ref_of(forward.input))] = (
+                    tuple(forward.destinations), tuple(forward.destination_blocks),
+                )
                 self.pusher.learn_tokens(forward.destinations, forward.destination_tokens)
             self.link.send(pb.WorkerCommand(forward=forward))
         else:
@@ -179,12 +188,12 @@ class Dataflow:
     def _push(self, exported: pb.Exported) -> None:
         key = (exported.call_id, ref_of(exported.value))
         with self._lock:
-            destinations = self._routes.get(key) or self._forwards.pop(key, ())
+            destinations, blocks = self._routes.get(key) or self._forwards.pop(key, ((), ()))
             released = exported.call_id in self._released
         if released:
             remove_pieces(exported)
             return
-        self.pusher.push(exported, destinations)
+        self.pusher.push(exported, destinations, blocks)
 
     def _fetched(self, exported: pb.Exported) -> None:
         with self._lock:
@@ -284,4 +293,4 @@ class Dataflow:
 
     def routes_of(self, call_id: str) -> Sequence[tuple[Ref, tuple[str, ...]]]:
         with self._lock:
-            return [(k[1], v) for k, v in self._routes.items() if k[0] == call_id]
+            return [(k[1], v[0]) for k, v in self._routes.items() if k[0] == call_id]

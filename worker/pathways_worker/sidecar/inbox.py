@@ -9,8 +9,10 @@ value (`transfer.moves_inline`) an array in memory that goes to the worker
 inside its Arrival; every piece is written at its place in it. A value is complete when its whole piece arrived,
 or when as many distinct senders as the call's Launch expects have sent their
 last piece. A Put may overtake its Launch: the value then waits, held, until
-the Launch says how many senders to count. Complete values, and values a sender reported
-as failed, go to the worker as an `Arrival`.
+the Launch says how many senders to count. A host that reads only a block of a
+value (`PieceInfo.held`: a client input's block, or a routed value cut by the hosts
+reading it) assembles just that block, and its Arrival says where it sits.
+Complete values, and values a sender reported as failed, go to the worker as an `Arrival`.
 """
 
 from __future__ import annotations
@@ -237,7 +239,7 @@ class Inbox:
             if info.call_id in self._released:
                 return DiscardSink(info.nbytes)
             entry = self._values.get(key)
-        block = (info.start, info.stop) if info.block else None
+        block = info.held
         if block is not None:
             info = as_block_value(info)
         if entry is None:
@@ -247,7 +249,7 @@ class Inbox:
             came = f"the block {block}" if block else "a piece of the whole value"
             raise TransferError(
                 "header.block", f"{entry.name}: this host receives {holds}, but {came} came; "
-                "a sender puts either one block or the whole value on a host",
+                "the senders put either one block or the whole value on a host",
             )
         with self._lock:
             if entry.delivered or entry.assembler is None:

@@ -2,7 +2,9 @@
 
 When the worker has written a routed value's pieces to shared memory, the
 sidecar sends them to every destination at once and deletes the files when all
-destinations are done. A failed value travels as a header with `error`, so the
+destinations are done. A destination that reads only a block of the value (a host
+of a slice that shards it) gets only the parts of this host's pieces inside that
+block (`shared_memory.cropped_to`), or a bare "nothing from me" header. A failed value travels as a header with `error`, so the
 consumers fail instead of waiting.
 
 The first push to a peer asks its `Health` for its data channel
@@ -35,11 +37,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, value_name
+from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error_chunk, moves_inline, value_name
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
-from pathways_worker.shared_memory import exported_chunks, remove_pieces
+from pathways_worker.shared_memory import cropped_to, exported_chunks, remove_pieces
 from pathways_worker.sidecar.data_channel import DataChannelError, DataLink, PeerData, boot_id
 from pathways_worker.sidecar.sidecar_metrics import TransferPath, TransferStats
 
@@ -116,8 +118,12 @@ class PeerPusher:
         with self._lock:
             return self._peer_tokens.get(address, self.token)
 
-    def push(self, exported: pb.Exported, destinations: Sequence[str]) -> None:
-        """Sends the value to every destination in parallel; frees its files after."""
+    def push(
+        self, exported: pb.Exported, destinations: Sequence[str], blocks: Sequence[pb.Region] = ()
+    ) -> None:
+        """Sends the value to every destination in parallel; frees its files after.
+        `blocks`: per destination (same order), the block of the value it reads (empty,
+        or none: the whole value); it gets only this host's pieces' parts inside it."""
         if not destinations:
             log.error(
                 "%s of call %s left the worker but its Launch routes it nowhere; dropped",
@@ -126,12 +132,15 @@ class PeerPusher:
             remove_pieces(exported)
             return
         left = [len(destinations)]
-        movable = len(destinations) == 1
 
-        def one(address: str, sent: DataLink | None) -> None:
+        def one(
+            address: str, block: pb.Region, copy: pb.Exported | None, movable: bool, sent: DataLink | None
+        ) -> None:
             try:
-                if sent is None or not self._answered(exported, address, sent):
-                    self._push_one(exported, address, movable)
+                if copy is None:
+                    copy = self._cropped(exported, block, address)
+                if copy is not None and (sent is None or not self._answered(copy, address, sent)):
+                    self._push_one(copy, address, movable)
             finally:
                 with self._lock:
                     left[0] -= 1
@@ -140,9 +149,25 @@ class PeerPusher:
                     self._done_with(exported)
 
         at_once = sends_at_once(exported)
-        for address in destinations:
-            sent = self._send_now(exported, address, movable) if at_once else None
-            self._pool.submit(one, address, sent)
+        for i, address in enumerate(destinations):
+            block = blocks[i] if i < len(blocks) else pb.Region()
+            movable = len(destinations) == 1 and not (block.start or block.stop)
+            # a small inline value is cut here, cheaply; a larger one on the pool's thread
+            copy = cropped_to(exported, block) if at_once else None
+            sent = self._send_now(copy, address, movable) if copy is not None else None
+            self._pool.submit(one, address, block, copy, movable, sent)
+
+    def _cropped(self, exported: pb.Exported, block: pb.Region, address: str) -> pb.Exported | None:
+        """What `address` gets of the value (`cropped_to`); None, once it was told the
+        value is lost, where its pieces could not be read."""
+        try:
+            return cropped_to(exported, block)
+        except (OSError, ValueError) as err:
+            self._give_up(exported, address, (
+                f"cutting {value_name(exported.value)} of call {exported.call_id} on {self.sender} "
+                f"to the block {address} reads failed: {type(err).__name__}: {err}"
+            ))
+            return None
 
     def _send_now(self, exported: pb.Exported, address: str, movable: bool) -> DataLink | None:
         """Sends a small value on the caller's thread over an idle link to a
@@ -200,14 +225,10 @@ class PeerPusher:
                         self._peers[address] = PeerData(self._peers[address].address, same_node=False)
                     continue
                 if code not in _RETRYABLE or attempt == self.attempts:
-                    message = (
+                    self._give_up(exported, address, (
                         f"pushing {what} from {self.sender} to {address} failed after "
                         f"{attempt} attempt(s): {code.name}: {details}"
-                    )
-                    log.error("%s", message)
-                    with self._lock:
-                        self.failures.append(message)
-                    self._tell_lost(exported, address, message)
+                    ))
                     return
                 log.warning("pushing %s to %s: %s (attempt %d), retrying", what, address, code.name, attempt)
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -249,6 +270,13 @@ class PeerPusher:
         with self._lock:
             self._idle.setdefault(address, []).append(link)
 
+    def _give_up(self, exported: pb.Exported, address: str, message: str) -> None:
+        """The value will not reach `address`: logged, recorded, and said to it."""
+        log.error("%s", message)
+        with self._lock:
+            self.failures.append(message)
+        self._tell_lost(exported, address, message)
+
     def _tell_lost(self, exported: pb.Exported, address: str, message: str) -> None:
         try:
             chunk = error_chunk(exported.call_id, exported.value, exported.spec, self.sender, message)
@@ -275,9 +303,11 @@ class PeerPusher:
 
 def sends_at_once(exported: pb.Exported) -> bool:
     """Whether a value is sent on the thread that got it from the worker: its
-    pieces are all inline (`transfer.moves_inline`), so sending them is one
-    short write and reads no file."""
-    return all(not piece.path for piece in exported.pieces)
+    pieces are all inline and small (`transfer.moves_inline`), so sending them is
+    one short write and reads no file."""
+    return all(not piece.path for piece in exported.pieces) and moves_inline(
+        sum(piece.nbytes for piece in exported.pieces)
+    )
 
 
 def _status(err: BaseException) -> tuple[grpc.StatusCode, str]:
