@@ -52,7 +52,10 @@ it to grant (one that calls again as its call ends would wait behind all that
 the others were granted meanwhile). From there the slice grows back towards
 the time ahead by one grant per completion, so a tenant that calls again a few
 computations later finds only a few more ahead of it. A client that keeps its
-next call queued never leaves, so its slice keeps the time ahead.
+next call queued never leaves, so its slice keeps the time ahead. A slice held
+beyond ``shared_window`` is refilled only once half of what it holds has run:
+its hosts then get their grants, and report their completions, a batch at a
+time rather than in one message each way per computation.
 
 Sharing between calls: stride scheduling
 ----------------------------------------
@@ -320,7 +323,9 @@ class IslandScheduler:
         for slice_id in self._calm:
             if slice_id in contended and not self._leaving(slice_id, wanting[slice_id]):
                 reach = self._reach.get(slice_id, self._shared_window)
-                limits[slice_id] = self._reach[slice_id] = min(self._ahead(slice_id), reach)
+                limit = self._reach[slice_id] = min(self._ahead(slice_id), reach)
+                low = limit <= self._shared_window or self.outstanding(slice_id) <= limit - limit // 2
+                limits[slice_id] = limit if low else 0  # refilled by halves, not grant by grant
             else:
                 limits[slice_id] = self._reach[slice_id] = self._shared_window
         return limits
