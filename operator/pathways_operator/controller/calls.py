@@ -267,7 +267,11 @@ class Calls:
             self.dispatched += len(items)
 
     def on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
-        """Completions from one host: count them, keep inline outputs, grant more."""
+        """Completions from one host: count them, keep inline outputs, grant more.
+
+        Those waiting on the condition are woken only when a call ended: each waiter
+        wakes, takes the lock and sleeps again, and with several clients waiting that
+        cost, at every completion, is taken from the hosts' computations."""
         if not event.completions:
             return
         with self._changed:
@@ -275,6 +279,7 @@ class Calls:
             if rec is None:
                 return
             now = time.monotonic()
+            ended = False
             for done in event.completions:
                 call = self._calls.get(done.call_id)
                 key = (rec.slice_id, done.seq)
@@ -290,8 +295,10 @@ class Calls:
                     self._tell_failed(call, report.failed_now)
                 if report.grant_done:
                     self._scheduler_complete(rec.slice_id, done.seq, now)
+                ended = ended or not call.progress.running
             self._dispatch_grants()
-            self._changed.notify_all()
+            if ended:
+                self._changed.notify_all()
 
     def _scheduler_complete(self, slice_id: str, seq: int, now: float) -> None:
         try:
