@@ -700,3 +700,15 @@ def test_a_slice_held_beyond_the_shared_window_is_refilled_by_halves() -> None:
     _, held, batches = two_tenants_of_millisecond_computations(window=64, ahead_s=0.010, ticks=300)
     assert min(held[100:]) >= 5, "refilled too late: the host ran short"
     assert set(batches[-20:]) <= {5, 6}, batches
+
+
+def test_completions_reported_together_do_not_make_the_pace_zero() -> None:
+    sched = IslandScheduler(window=64, shared_window=4, shared_ahead_s=0.010)
+    sched.submit("a", 1.0, chain("s", 50))
+    sched.submit("b", 1.0, chain("s", 50))
+    granted: deque[Grant] = deque(sched.grants())
+    complete_oldest(sched, granted, 0.001)
+    complete_oldest(sched, granted, 0.001)  # in the same batch as the one before
+    assert sched.pace("s") is None
+    complete_oldest(sched, granted, 0.003)
+    assert sched.pace("s") == pytest.approx(0.002)

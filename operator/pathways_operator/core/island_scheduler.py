@@ -390,10 +390,11 @@ class IslandScheduler:
         """A gap counts only if the slice had grants outstanding all along: time it
         spent with nothing granted is the scheduler's, not the computations'."""
         last = self._last_done.pop(slice_id, None)
-        if last is not None:
-            gap = max(0.0, now - last)
-            mean = self._pace.get(slice_id)
-            self._pace[slice_id] = gap if mean is None else mean + PACE_WEIGHT * (gap - mean)
+        mean = self._pace.get(slice_id)
+        if last is not None and mean is not None:
+            self._pace[slice_id] = mean + PACE_WEIGHT * (max(0.0, now - last) - mean)
+        elif last is not None and now > last:
+            self._pace[slice_id] = now - last  # not from within a batch: that would start at 0
         if busy:
             self._last_done[slice_id] = now
 
