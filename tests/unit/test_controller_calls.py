@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.calls import Calls
@@ -147,3 +149,9 @@ def test_waiting_with_finish_leaves_a_call_that_is_still_running() -> None:
     assert releases(rec) == []
     complete(calls, rec)
     assert calls.wait_call("c", 5.0).state == pb.CallStatus.SUCCEEDED, "the client may still wait and finish it"
+
+
+def test_a_shared_ahead_that_is_not_a_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATHWAYS_SHARED_AHEAD_MS", "fast")
+    with pytest.raises(ValueError, match="PATHWAYS_SHARED_AHEAD_MS='fast'"):
+        Calls(SliceTable(lambda: island("island-a", 1, 4)), Programs(), window=4, shared_window=4)

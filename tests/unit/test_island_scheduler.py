@@ -326,6 +326,10 @@ def test_a_slice_calm_for_a_whole_window_gets_the_whole_window_again() -> None:
     assert sched.outstanding("s") == 8
 
 
+TICK_S = 0.001
+"""One computation's device time in the simulated host."""
+
+
 def tenants_calling_back_to_back(
     weights: Mapping[str, float],
     length: int,
@@ -333,11 +337,13 @@ def tenants_calling_back_to_back(
     ticks: int,
     tenanted: bool = True,
     shared_window: int = 8,
+    shared_ahead_s: float = 0.0,
 ) -> tuple[Counter[str], IslandScheduler]:
     """Each tenant calls a chain of ``length`` computations on one slice, and calls
-    again ``gap`` ticks after its call ended; one host runs one grant per tick, in
-    seq order. Returns the computations each tenant completed in ``ticks`` ticks."""
-    sched = IslandScheduler(window=256, shared_window=shared_window)
+    again ``gap`` ticks after its call ended; one host runs one grant per tick
+    (a millisecond), in seq order. Returns the computations each tenant completed
+    in ``ticks`` ticks."""
+    sched = IslandScheduler(window=256, shared_window=shared_window, shared_ahead_s=shared_ahead_s)
     calls = Counter[str]()
     left: dict[str, int] = {}
     returning: dict[int, list[str]] = {}
@@ -359,7 +365,7 @@ def tenants_calling_back_to_back(
         if not queue:
             continue
         g = queue.popleft()
-        sched.complete(g.slice_id, g.seq)
+        sched.complete(g.slice_id, g.seq, now=tick * TICK_S)
         tenant = g.call_id.rsplit("-", 1)[0]
         done[tenant] += 1
         left[g.call_id] -= 1
@@ -368,10 +374,17 @@ def tenants_calling_back_to_back(
     return done, sched
 
 
+@pytest.mark.parametrize("shared_ahead_s", [0.0, 0.024])
 @pytest.mark.parametrize("gap", [0, 2, 5])
-def test_weights_1_2_4_8_share_a_slice_within_10_percent_over_back_to_back_calls(gap: int) -> None:
+def test_weights_1_2_4_8_share_a_slice_within_10_percent_over_back_to_back_calls(
+    gap: int, shared_ahead_s: float
+) -> None:
     weights = {"w1": 1.0, "w2": 2.0, "w4": 4.0, "w8": 8.0}
-    done, sched = tenants_calling_back_to_back(weights, length=128, gap=gap, ticks=20_000)
+    done, sched = tenants_calling_back_to_back(
+        weights, length=128, gap=gap, ticks=20_000, shared_ahead_s=shared_ahead_s
+    )
+    if shared_ahead_s:
+        assert sched.pace("s") == pytest.approx(TICK_S, rel=0.05)
     contended = sched.contended_grants
     for tenant, w in weights.items():
         want = w / sum(weights.values())
@@ -566,3 +579,136 @@ def test_the_simulator_does_detect_an_inconsistent_order() -> None:
     assert done == set()
 
 
+
+
+def complete_oldest(sched: IslandScheduler, granted: deque[Grant], now: float) -> None:
+    oldest = granted.popleft()
+    sched.complete(oldest.slice_id, oldest.seq, now=now)
+
+
+def two_tenants_of_millisecond_computations(
+    window: int, ahead_s: float, ticks: int
+) -> tuple[IslandScheduler, list[int], list[int]]:
+    """Two tenants keep one slice busy; its host finishes the oldest grant each
+    millisecond. Returns the scheduler, the grants outstanding after each tick,
+    and the size of each batch of grants it made after the first."""
+    sched = IslandScheduler(window=window, shared_window=2, shared_ahead_s=ahead_s)
+    sched.submit("a", 1.0, chain("s", 2 * ticks))
+    sched.submit("b", 1.0, chain("s", 2 * ticks))
+    granted: deque[Grant] = deque(sched.grants())
+    assert len(granted) == 2  # the pace is not known yet
+    held, batches = [], []
+    for tick in range(1, ticks + 1):
+        complete_oldest(sched, granted, tick * 0.001)
+        new = sched.grants()
+        granted.extend(new)
+        held.append(sched.outstanding("s"))
+        if new:
+            batches.append(len(new))
+    return sched, held, batches
+
+
+def test_a_contended_slice_keeps_the_shared_ahead_time_granted() -> None:
+    """Millisecond computations, 10 ms ahead: once the pace is learnt, ten grants
+    are outstanding while two tenants want the slice, not the two of ``shared_window``."""
+    sched, held, _ = two_tenants_of_millisecond_computations(window=64, ahead_s=0.010, ticks=100)
+    assert sched.pace("s") == pytest.approx(0.001)
+    assert max(held[50:]) == 10
+
+
+@pytest.mark.parametrize(("ahead_s", "expected"), [(0.001, 2), (1.0, 16)])
+def test_the_shared_ahead_time_is_held_between_the_shared_window_and_the_window(
+    ahead_s: float, expected: int
+) -> None:
+    _, held, _ = two_tenants_of_millisecond_computations(window=16, ahead_s=ahead_s, ticks=100)
+    assert max(held[50:]) == expected
+
+
+def test_a_tenant_alone_on_a_lately_contended_slice_gets_only_the_shared_window_ahead() -> None:
+    """Whoever comes first to a shared slice is only ``shared_window`` ahead of those
+    that follow, however fast its computations are."""
+    sched = IslandScheduler(window=64, shared_window=2, shared_ahead_s=0.010)
+    sched.submit("a", 1.0, chain("s", 50))
+    sched.submit("b", 1.0, chain("s", 500))
+    granted: deque[Grant] = deque()
+    tick = 0
+    while sched.pending("a") or any(g.call_id == "a" for g in granted):
+        granted.extend(sched.grants())
+        tick += 1
+        complete_oldest(sched, granted, tick * 0.001)
+        assert tick <= 200
+    assert sched.pace("s") == pytest.approx(0.001)
+    while granted:  # what was granted while a was still there
+        tick += 1
+        complete_oldest(sched, granted, tick * 0.001)
+    for _ in range(20):
+        granted.extend(sched.grants())
+        assert sched.outstanding("s") == 2
+        tick += 1
+        complete_oldest(sched, granted, tick * 0.001)
+
+
+def test_time_a_slice_spent_with_nothing_granted_does_not_count_as_its_pace() -> None:
+    sched = IslandScheduler(window=4, shared_window=2, shared_ahead_s=0.010)
+    for i, start in enumerate((0.0, 10.0)):  # two calls, ten seconds apart
+        sched.submit(f"c{i}", 1.0, chain("s", 4))
+        granted: deque[Grant] = deque(sched.grants())
+        for k in range(1, 5):
+            complete_oldest(sched, granted, start + k * 0.001)
+    assert sched.pace("s") == pytest.approx(0.001)
+
+
+def test_untimed_completions_leave_the_pace_unknown() -> None:
+    sched = IslandScheduler(window=4, shared_window=2, shared_ahead_s=0.010)
+    sched.submit("c", 1.0, chain("s", 4))
+    drain_in_order(sched)
+    assert sched.pace("s") is None
+
+
+@pytest.mark.parametrize("ahead_s", [-0.001, math.inf, math.nan])
+def test_shared_ahead_must_be_a_finite_time(ahead_s: float) -> None:
+    with pytest.raises(ValueError, match="shared_ahead_s"):
+        IslandScheduler(window=4, shared_window=2, shared_ahead_s=ahead_s)
+
+
+def test_a_tenant_whose_call_runs_out_finds_only_the_shared_window_ahead_when_it_ends() -> None:
+    """Once a tenant has nothing more to grant, the others get no more than
+    ``shared_window`` ahead: were it to call again as its call ends, it would
+    wait behind the whole time ahead otherwise."""
+    sched = IslandScheduler(window=64, shared_window=2, shared_ahead_s=0.010)
+    sched.submit("a", 8.0, chain("s", 60), tenant="a")
+    sched.submit("b", 1.0, chain("s", 500), tenant="b")
+    sched.submit("c", 1.0, chain("s", 500), tenant="c")  # b and c still compete once a has run out
+    granted: deque[Grant] = deque(sched.grants())
+    widest = 0
+    for tick in range(1, 201):
+        last_of_a = granted[0].call_id == "a" and not sched.pending("a") and sum(
+            g.call_id == "a" for g in granted
+        ) == 1
+        complete_oldest(sched, granted, tick * 0.001)
+        if last_of_a:
+            assert sched.outstanding("s") <= 2, granted
+            break
+        granted.extend(sched.grants())
+        widest = max(widest, sched.outstanding("s"))
+    else:
+        raise AssertionError("call a did not end")
+    assert widest == 10
+
+
+def test_a_slice_held_beyond_the_shared_window_is_refilled_by_halves() -> None:
+    _, held, batches = two_tenants_of_millisecond_computations(window=64, ahead_s=0.010, ticks=300)
+    assert min(held[100:]) >= 5, "refilled too late: the host ran short"
+    assert set(batches[-20:]) <= {5, 6}, batches
+
+
+def test_completions_reported_together_do_not_make_the_pace_zero() -> None:
+    sched = IslandScheduler(window=64, shared_window=4, shared_ahead_s=0.010)
+    sched.submit("a", 1.0, chain("s", 50))
+    sched.submit("b", 1.0, chain("s", 50))
+    granted: deque[Grant] = deque(sched.grants())
+    complete_oldest(sched, granted, 0.001)
+    complete_oldest(sched, granted, 0.001)  # in the same batch as the one before
+    assert sched.pace("s") is None
+    complete_oldest(sched, granted, 0.003)
+    assert sched.pace("s") == pytest.approx(0.002)

@@ -45,6 +45,13 @@ SHARED_WINDOW = 8
 that a call re-entering after its previous call ended waits behind little, so
 stride order (not grant-time FIFO) decides the shares."""
 
+SHARED_AHEAD_MS = 24.0
+"""Device time kept granted ahead on a slice several tenants want, when that is
+more than `SHARED_WINDOW` grants (short computations): enough to cover a
+completion's trip worker -> sidecar -> controller and the next grants' trip back
+on a busy machine, so the slice does not idle between them
+(`PATHWAYS_SHARED_AHEAD_MS` overrides it; 0 counts grants only)."""
+
 READY_WAIT_S = 120.0
 """How long a call waits for a gang that is being relaunched."""
 
@@ -86,7 +93,17 @@ class Calls:
         self._changed = slices.changed
         self._programs = programs
         self._calls: dict[str, CallRecord] = {}
-        self._scheduler = IslandScheduler(window=window, shared_window=min(window, shared_window))
+        raw = os.environ.get("PATHWAYS_SHARED_AHEAD_MS", str(SHARED_AHEAD_MS))
+        try:
+            ahead_ms = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"PATHWAYS_SHARED_AHEAD_MS={raw!r} is not a number of milliseconds; unset it for "
+                f"the default ({SHARED_AHEAD_MS:g}) or set 0 to hold contended slices to the shared window"
+            ) from None
+        self._scheduler = IslandScheduler(
+            window=window, shared_window=min(window, shared_window), shared_ahead_s=ahead_ms / 1e3
+        )
         self.dispatched = 0
         """Computations granted so far (the operator's metric)."""
         self.objects = ObjectTable()
@@ -257,36 +274,42 @@ class Calls:
             self.dispatched += len(items)
 
     def on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
-        """Completions from one host: count them, keep inline outputs, grant more."""
+        """Completions from one host: count them, keep inline outputs, grant more.
+
+        Those waiting on the condition are woken only when a call ended: each waiter
+        wakes, takes the lock and sleeps again, and with several clients waiting that
+        cost, at every completion, is taken from the hosts' computations."""
         if not event.completions:
             return
         with self._changed:
             rec = self._slices.slice_of_link(link)
             if rec is None:
                 return
+            now = time.monotonic()
+            ended = False
             for done in event.completions:
                 call = self._calls.get(done.call_id)
                 key = (rec.slice_id, done.seq)
                 if call is None:
-                    self._scheduler_complete(rec.slice_id, done.seq)
+                    self._scheduler_complete(rec.slice_id, done.seq, now)
                     continue
                 for value in done.outputs:
                     call.values[(value.value.node, value.value.index)] = value
-                report = call.progress.report(
-                    key, link.name, done.ok, done.error, done.node, time.monotonic()
-                )
+                report = call.progress.report(key, link.name, done.ok, done.error, done.node, now)
                 if report is None:
                     continue
                 if report.failed_now:
                     self._tell_failed(call, report.failed_now)
                 if report.grant_done:
-                    self._scheduler_complete(rec.slice_id, done.seq)
+                    self._scheduler_complete(rec.slice_id, done.seq, now)
+                ended = ended or not call.progress.running
             self._dispatch_grants()
-            self._changed.notify_all()
+            if ended:
+                self._changed.notify_all()
 
-    def _scheduler_complete(self, slice_id: str, seq: int) -> None:
+    def _scheduler_complete(self, slice_id: str, seq: int, now: float) -> None:
         try:
-            self._scheduler.complete(slice_id, seq)
+            self._scheduler.complete(slice_id, seq, now)
         except (KeyError, ValueError):
             pass  # the slice was reset since this grant; nothing is outstanding
 

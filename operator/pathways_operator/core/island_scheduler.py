@@ -37,6 +37,26 @@ that re-enters after its previous call ended (and in the gap left the others
 alone on the slice) would start behind everything they were granted
 meanwhile, and the shares drift towards equal.
 
+A count of grants is not a measure of work, though: the host runs dry when its
+completion has to travel to the scheduler and the next grants back before the
+window's other computations finish, so short computations need more of them
+ahead. With ``shared_ahead_s`` and completions timed (``complete(..., now)``),
+the scheduler learns each slice's time per computation (the mean gap between
+completions while the slice had grants outstanding) and, while several tenants
+want the slice, keeps about ``shared_ahead_s`` of device time granted there:
+never fewer than ``shared_window`` grants, never more than ``window``. Only
+``shared_window`` is granted ahead, though, to a tenant alone on a lately
+contended slice (whoever arrives first is that little ahead of those that
+follow), and while a tenant's grants there are running out with nothing more of
+it to grant (one that calls again as its call ends would wait behind all that
+the others were granted meanwhile). From there the slice grows back towards
+the time ahead by one grant per completion, so a tenant that calls again a few
+computations later finds only a few more ahead of it. A client that keeps its
+next call queued never leaves, so its slice keeps the time ahead. A slice held
+beyond ``shared_window`` is refilled only once half of what it holds has run:
+its hosts then get their grants, and report their completions, a batch at a
+time rather than in one message each way per computation.
+
 Sharing between calls: stride scheduling
 ----------------------------------------
 Programs sharing slices receive grants in proportion to their ``weight``
@@ -78,6 +98,10 @@ from pathways_wire.wording import plural
 
 STRIDE = float(1 << 20)
 """Pass advance of a call of weight 1 per grant; large so that float passes stay precise."""
+
+PACE_WEIGHT = 1 / 32
+"""Weight of each completion gap in a slice's mean time per computation: completions
+come back in batches (one gap, then zeros), so the mean must span several batches."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +164,9 @@ class _Call:
 class IslandScheduler:
     """Grants computations of concurrent program calls in one global order, shared by weight."""
 
-    def __init__(self, window: int = 256, shared_window: int | None = None) -> None:
+    def __init__(
+        self, window: int = 256, shared_window: int | None = None, shared_ahead_s: float = 0.0
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1 computation per slice, got {window}")
         shared = window if shared_window is None else shared_window
@@ -148,8 +174,20 @@ class IslandScheduler:
             raise ValueError(
                 f"shared_window must be between 1 and the window ({window}), got {shared_window}"
             )
+        if not (math.isfinite(shared_ahead_s) and shared_ahead_s >= 0):
+            raise ValueError(
+                f"shared_ahead_s must be a finite number of seconds >= 0 (0: count grants only), "
+                f"got {shared_ahead_s!r}"
+            )
         self._window = window
         self._shared_window = shared
+        self._shared_ahead_s = shared_ahead_s
+        self._pace: dict[str, float] = {}
+        """Slice -> mean seconds per computation, learnt from timed completions."""
+        self._last_done: dict[str, float] = {}
+        """Slice -> when its last completion came, while it still had grants outstanding."""
+        self._reach: dict[str, int] = {}
+        """Contended slice -> grants it may have outstanding on its way to the time ahead."""
         self._calm: dict[str, int] = {}
         """Contended slices -> grants made there since they were last contended."""
         self._next_seq = 0
@@ -277,10 +315,39 @@ class IslandScheduler:
         """The window of each slice that is, or lately was, contended."""
         if self._shared_window == self._window:
             return {}
-        for slice_id, tenants in self._wanting().items():
-            if len(tenants) > 1:
-                self._calm[slice_id] = 0
-        return {s: self._shared_window for s in self._calm}
+        wanting = self._wanting()
+        contended = {s for s, tenants in wanting.items() if len(tenants) > 1}
+        for slice_id in contended:
+            self._calm[slice_id] = 0
+        limits: dict[str, int] = {}
+        for slice_id in self._calm:
+            if slice_id in contended and not self._leaving(slice_id, wanting[slice_id]):
+                reach = self._reach.get(slice_id, self._shared_window)
+                limit = self._reach[slice_id] = min(self._ahead(slice_id), reach)
+                low = limit <= self._shared_window or self.outstanding(slice_id) <= limit - limit // 2
+                limits[slice_id] = limit if low else 0  # refilled by halves, not grant by grant
+            else:
+                limits[slice_id] = self._reach[slice_id] = self._shared_window
+        return limits
+
+    def _leaving(self, slice_id: str, wanting: dict[str, int]) -> bool:
+        """Whether a tenant still has grants on the slice but nothing more to be granted:
+        if it calls again, it waits behind whatever the others are granted meanwhile."""
+        granted = self._granted.get(slice_id, {}).values()
+        return any(self._calls[call_id].tenant not in wanting for call_id, _ in granted)
+
+    def _ahead(self, slice_id: str) -> int:
+        """Grants that hold about ``shared_ahead_s`` of the slice's device time, within
+        [``shared_window``, ``window``]; ``shared_window`` until its pace is known."""
+        pace = self._pace.get(slice_id)
+        if not self._shared_ahead_s or pace is None:
+            return self._shared_window
+        wanted = round(self._shared_ahead_s / pace) if pace > 0 else self._window
+        return max(self._shared_window, min(self._window, wanted))
+
+    def pace(self, slice_id: str) -> float | None:
+        """Mean seconds per computation on the slice, from timed completions (None: not known yet)."""
+        return self._pace.get(slice_id)
 
     def _wanting(self) -> dict[str, dict[str, int]]:
         """Slice -> tenant -> its calls with ungranted work that touch the slice."""
@@ -298,18 +365,38 @@ class IslandScheduler:
             return
         if calm + 1 >= self._window:
             del self._calm[slice_id]  # calm for a whole window: back to the full window
+            self._reach.pop(slice_id, None)
         else:
             self._calm[slice_id] = calm + 1
 
-    def complete(self, slice_id: str, seq: int) -> None:
-        """Record that every host of ``slice_id`` finished grant ``seq``; frees window room."""
+    def complete(self, slice_id: str, seq: int, now: float | None = None) -> None:
+        """Record that every host of ``slice_id`` finished grant ``seq``; frees window room.
+
+        ``now`` (seconds, any steady clock) times the completion, so that the slice's
+        time per computation is learnt (see the module docstring)."""
         on_slice = self._granted.get(slice_id, {})
         if seq not in on_slice:
             raise UnknownGrant(slice_id, seq, sorted(on_slice))
         call_id, _ = on_slice.pop(seq)
+        if slice_id in self._reach:
+            self._reach[slice_id] += 1
+        if now is not None:
+            self._time_completion(slice_id, now, busy=bool(on_slice))
         call = self._calls[call_id]
         call.outstanding -= 1
         self._forget_if_done(call)
+
+    def _time_completion(self, slice_id: str, now: float, busy: bool) -> None:
+        """A gap counts only if the slice had grants outstanding all along: time it
+        spent with nothing granted is the scheduler's, not the computations'."""
+        last = self._last_done.pop(slice_id, None)
+        mean = self._pace.get(slice_id)
+        if last is not None and mean is not None:
+            self._pace[slice_id] = mean + PACE_WEIGHT * (max(0.0, now - last) - mean)
+        elif last is not None and now > last:
+            self._pace[slice_id] = now - last  # not from within a batch: that would start at 0
+        if busy:
+            self._last_done[slice_id] = now
 
     def cancel(self, call_id: str) -> None:
         """Drop the call's ungranted computations; its outstanding grants still need complete().
@@ -333,6 +420,8 @@ class IslandScheduler:
         """
         affected = {cid for cid, call in self._calls.items() if slice_id in call.slices}
         self._calm.pop(slice_id, None)
+        self._last_done.pop(slice_id, None)
+        self._reach.pop(slice_id, None)
         for call_id, _ in self._granted.pop(slice_id, {}).values():
             affected.add(call_id)
             self._calls[call_id].outstanding -= 1
