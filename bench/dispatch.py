@@ -6,10 +6,17 @@ it lives; Chained is one program of `CHAIN` computations; Fused is one computati
 that loops `CHAIN` times. Calls return futures, so each timing ends when the last
 result exists (`block_until_ready`), as the `jax.jit` baseline's does. The baseline is the same chain of `jax.jit` calls in this
 process, one device.
+
+What stops the tiny computation's target, same run: the fixed cost of a call (a
+one-computation program, end to end), a profile of the Chained run (CPU per
+computation of each process of the embedded cluster), and the floor under both,
+one small message between two processes over loopback gRPC
+(`bench.floors`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -17,7 +24,7 @@ import jax
 import numpy as np
 
 import pathways as pw
-from bench import workloads
+from bench import floors, workloads
 from bench.measure import Figure, figure
 
 CHAIN = 128
@@ -26,11 +33,18 @@ TINY_OVERHEAD_US = 30.0
 """What a tiny computation of a Chained program may cost beyond `jax.jit`."""
 
 
-def run(sizes: tuple[int, ...], repeats: int, op_calls: int) -> tuple[list[Figure], dict[str, Any]]:
-    pw.connect(islands={"island-a": 8}, devices_per_host=4)
+FLOOR_BYTES = 64
+FLOOR_ROUNDS = 200
+CALL_ROUND_TRIPS = 3
+
+
+def run(sizes: tuple[int, ...], repeats: int, op_calls: int,
+        profile_calls: int = 48) -> tuple[list[Figure], dict[str, Any]]:
+    runtime = pw.connect(islands={"island-a": 8}, devices_per_host=4)
     device_slice = pw.make_virtual_device_set().add_slice(devices=1)
     figures: list[Figure] = []
     table: dict[str, Any] = {}
+    call_ms = float("nan")
     for n in sizes:
         fn = workloads.body(n)
         step = pw.jit(fn, slice=device_slice)
@@ -100,6 +114,10 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int) -> tuple[list[Figur
                     f.met = f.ratio <= 1.2
             figures.append(f)
             row[mode] = f.median
+        if n == 0:
+            limits = _limits(runtime, op, chained, x, repeats, op_calls, profile_calls, row)
+            call_ms = limits[0].median
+            figures += limits
         table[workloads.label(n)] = row
     within = [label for label, row in table.items() if row["Chained"] <= 1.1 * row["jax"]]
     smallest = within[0] if within else "none of the sizes run"
@@ -108,4 +126,53 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int) -> tuple[list[Figur
         float("nan"), float("nan"), 1, note=f"{smallest} (paper: ≥ 2.3 ms on 16 hosts)",
     ))
     pw.shutdown()
-    return figures, table
+    return figures + _floors(repeats, call_ms), table
+
+
+def _limits(runtime: Any, op: Any, chained: Any, x: Any, repeats: int, op_calls: int,
+            profile_calls: int, row: dict[str, float]) -> list[Figure]:
+    """The fixed cost of a call, and the CPU each process spends per computation of Chained."""
+    def call_ms() -> float:
+        start = time.perf_counter()
+        for _ in range(op_calls):
+            op(x).block_until_ready()
+        return (time.perf_counter() - start) / op_calls * 1e3
+
+    fixed = figure(EXP, "add f32[4]: one-computation call, end to end (fixed cost of a call)", "ms",
+                   [call_ms() for _ in range(repeats)])
+    fixed.note = f"{fixed.median * 1e3 / CHAIN:.0f} µs per computation of a {CHAIN}-computation call"
+
+    def chained_calls() -> int:
+        for _ in range(profile_calls):
+            chained(x).block_until_ready()
+        return profile_calls * CHAIN
+
+    pids = floors.cluster_pids(runtime)
+    cpu = floors.profile(pids, chained_calls, repeats)
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK") / (profile_calls * CHAIN)
+    out = [fixed]
+    for role, samples in cpu.items():
+        f = figure(EXP, f"add f32[4]: Chained, CPU of the {role}", "µs/comp", samples)
+        f.note = (f"{len(pids[role])} process(es), /proc/<pid>/stat utime+stime over "
+                  f"{profile_calls} calls per repeat, resolution {tick_us:.1f} µs/comp")
+        out.append(f)
+    total = [sum(per_role) for per_role in zip(*cpu.values())]
+    out.append(figure(EXP, "add f32[4]: Chained, CPU of all processes", "µs/comp", total,
+                      note=f"on {os.cpu_count()} cores; Chained takes {row['Chained']:.0f} µs/comp"))
+    return out
+
+
+def _floors(repeats: int, call_ms: float) -> list[Figure]:
+    """One small message between two processes over loopback gRPC: what each hop of a call costs.
+
+    A call goes client → controller → sidecar → worker and back: `CALL_ROUND_TRIPS` round trips."""
+    with floors.RelayChain(1) as pair:
+        trips = {"gRPC stream": pair.stream_round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats),
+                 "unary gRPC": pair.unary_round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats)}
+    out = []
+    for how, samples in trips.items():
+        f = figure(EXP, f"floor: {FLOOR_BYTES} B round trip between two processes, {how}", "µs", samples)
+        f.note = (f"mean of {FLOOR_ROUNDS} per repeat; {CALL_ROUND_TRIPS} round trips: "
+                  f"{f.median * CALL_ROUND_TRIPS / 1e3:.2f} ms, a call's fixed cost {call_ms:.2f} ms")
+        out.append(f)
+    return out

@@ -54,7 +54,7 @@ def main() -> int:
 
         def one() -> list[Figure]:
             sizes = (0, 128, 512) if quick else (0, 64, 128, 256, 384, 512, 768)
-            got, table = dispatch.run(sizes, REPEATS, 8 if quick else 32)
+            got, table = dispatch.run(sizes, REPEATS, 8 if quick else 32, 48 if quick else 128)
             dispatch_table.update(table)
             return got
 

@@ -17,7 +17,10 @@ Floors, same run: what the machine allows the path. Writing into fresh
 does), and mapping a file populated (what a consumer does); the last two in
 sequence are the least a move on one node costs. The fixed cost of a move
 between islands is the same moved-minus-stayed time for a 4 KiB value: the
-hops between processes that every move pays whatever its size.
+hops between processes that every move pays whatever its size. Its floor is
+those hand-offs with no runtime behind them: a 4 KiB message relayed along a
+chain of processes over loopback gRPC streams and back (`bench.floors`), as many
+hops as a move hands its value on.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from bench.floors import RelayChain
 from bench.measure import Figure, figure
 
 EXP = "4 transfers"
@@ -42,6 +46,11 @@ HANDOVER_ENV = "PATHWAYS_SIDECAR_FILE_HANDOVER"
 CROSS_TARGETS = {1: 0.25}
 """Share of raw TCP a move between islands must reach, by size in MiB (else 0.5):
 a small value pays the fixed cost of a move on few bytes."""
+MOVE_HOPS = 8
+"""Hand-offs between threads and processes of a move between islands: the producer's
+finisher, worker→sidecar stream, data channel, the consumer sidecar's inbox and stream
+thread, sidecar→worker stream, the worker's executor thread, dispatch."""
+RELAY_ROUNDS = 100
 
 
 def _receiver(port_q: Any, nbytes: int, rounds: int) -> None:
@@ -245,10 +254,18 @@ def run(sizes_mib: tuple[int, ...], repeats: int) -> list[Figure]:
         ("floor of a move on one node: warm write, then populated map", one_node_floor_gbps),
     ):
         floors.append(figure(EXP, f"{max(sizes_mib)} MiB {name}", "GB/s", fn(big, repeats)))
+    with RelayChain(MOVE_HOPS // 2) as chain:
+        trip = chain.stream_round_trip_us(4096, RELAY_ROUNDS, repeats)
+        hops = chain.hops
     a, b = _slices(handover=False)
-    fixed = _move_seconds(*_programs(0, a, b, rows=4), repeats)
-    floors.append(figure(EXP, "fixed cost of a move between islands (4 KiB value)", "ms",
-                         [s * 1e3 for s in fixed]))
+    fixed = figure(EXP, "fixed cost of a move between islands (4 KiB value)", "ms",
+                   [s * 1e3 for s in _move_seconds(*_programs(0, a, b, rows=4), repeats)])
+    hop = figure(EXP, "floor: one hop of a 4 KiB message between processes over loopback gRPC", "µs",
+                 [t / hops for t in trip])
+    hop.note = (f"relayed through {hops // 2} processes and back, mean of {RELAY_ROUNDS} per repeat; "
+                f"{MOVE_HOPS} hops: {hop.median * MOVE_HOPS / 1e3:.2f} ms, the move's fixed cost "
+                f"{fixed.median:.2f} ms")
+    floors += [fixed, hop]
     for mib in sizes_mib:
         tcp[mib] = figure(EXP, f"{mib} MiB raw loopback TCP", "GB/s", tcp_gbps(mib * MIB, repeats))
         mem[mib] = figure(EXP, f"{mib} MiB memcpy", "GB/s", memcpy_gbps(mib * MIB, repeats))

@@ -1,0 +1,164 @@
+"""What stops a target this machine cannot reach: where the CPU goes, and what one hop costs.
+
+A profile charges the embedded cluster's CPU to its processes (this client, the
+controller, each host's worker and sidecar), read from `/proc/<pid>/stat` before
+and after a run, so it counts every thread, gRPC's included. The floors are the
+same hand-offs with no runtime behind them: one message between processes over
+loopback gRPC, as a bidirectional stream (a call's hops, a move's hand-offs) and
+as a unary call, echoed by the last of a chain of relaying processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+STREAM = "/floor.Relay/Stream"
+UNARY = "/floor.Relay/Echo"
+ROLES = ("client", "controller", "worker", "sidecar")
+PID_FILES = {"worker": "worker.pid", "sidecar": "dataflow.pid"}
+"""A host's processes as `local_hosts.host_run_dir` records them, by role."""
+
+
+def stat_cpu_ticks(stat: str) -> int:
+    """utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line, in clock ticks.
+
+    The command name (field 2) is in parentheses and may hold spaces or parentheses,
+    so fields are counted from the last ')'."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU a process has used, all its threads, living and ended (a tick's resolution)."""
+    return stat_cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / os.sysconf("SC_CLK_TCK")
+
+
+def cluster_pids(runtime: Any) -> dict[str, list[int]]:
+    """The embedded cluster's processes by role: this client, the controller it started,
+    and the worker and sidecar of each host the controller has started."""
+    cluster = runtime.cluster
+    if cluster is None:
+        raise ValueError("profile: the runtime has no embedded cluster; connect() without an address")
+    pids: dict[str, list[int]] = {"client": [os.getpid()], "controller": [cluster.process.pid],
+                                  "worker": [], "sidecar": []}
+    for role, name in PID_FILES.items():
+        for path in sorted((Path(cluster.state_dir) / "hosts").glob(f"*/{name}")):
+            pids[role].append(int(path.read_text()))
+    return pids
+
+
+def profile(pids: dict[str, list[int]], run: Callable[[], int], repeats: int) -> dict[str, list[float]]:
+    """µs of CPU per unit of work, by role, per repeat: `run()` does some work and returns
+    how many units it did; each role's CPU is summed over its processes."""
+    out: dict[str, list[float]] = {role: [] for role in pids}
+    for _ in range(repeats):
+        before = {role: sum(cpu_seconds(p) for p in ps) for role, ps in pids.items()}
+        units = run()
+        for role, ps in pids.items():
+            out[role].append((sum(cpu_seconds(p) for p in ps) - before[role]) / units * 1e6)
+    return out
+
+
+# ---------------------------------------------------------------- the relay chain
+
+
+def _serve_relay(port_q: Any, next_q: Any) -> None:
+    """A process that echoes each message, or hands it to the next process and its answer back."""
+    downstream: dict[str, Any] = {}
+
+    def stream(requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
+        target = downstream["address"]
+        if not target:
+            yield from requests
+            return
+        pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        with grpc.insecure_channel(target) as channel:
+            answers = channel.stream_stream(STREAM)(iter(pending.get, None))
+            for message in requests:
+                pending.put(message)
+                yield next(answers)
+            pending.put(None)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), handlers=[grpc.method_handlers_generic_handler("floor.Relay", {
+        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+        "Echo": grpc.unary_unary_rpc_method_handler(lambda message, context: message),
+    })])
+    port_q.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    downstream["address"] = next_q.get()
+    server.wait_for_termination()
+
+
+class RelayChain:
+    """`processes` relays on loopback, each passing a message to the next; the last echoes it.
+
+    A round trip crosses each of the `processes` links twice (a message out, its answer
+    back), so it is `2 × processes` hops."""
+
+    def __init__(self, processes: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = []
+        ports, nexts = [], []
+        for _ in range(processes):
+            port_q, next_q = ctx.Queue(), ctx.Queue()
+            proc = ctx.Process(target=_serve_relay, args=(port_q, next_q), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            ports.append(port_q)
+            nexts.append(next_q)
+        addresses = [f"127.0.0.1:{q.get(timeout=60)}" for q in ports]
+        for next_q, downstream in zip(nexts, addresses[1:] + [""]):
+            next_q.put(downstream)
+        self.hops = 2 * processes
+        self.channel = grpc.insecure_channel(addresses[0])
+        grpc.channel_ready_future(self.channel).result(timeout=60)
+
+    def stream_round_trip_us(self, nbytes: int, rounds: int, repeats: int) -> list[float]:
+        """µs per round trip of one `nbytes` message at a time over one stream, per repeat
+        (the mean of `rounds`), after one repeat's warm-up."""
+        message = b"x" * nbytes
+        pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        answers = self.channel.stream_stream(STREAM)(iter(pending.get, None))
+        out = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for _ in range(rounds):
+                pending.put(message)
+                next(answers)
+            out.append((time.perf_counter() - start) / rounds * 1e6)
+        pending.put(None)
+        return out[1:]
+
+    def unary_round_trip_us(self, nbytes: int, rounds: int, repeats: int) -> list[float]:
+        """µs per unary call to the first process (which answers it itself), per repeat."""
+        call = self.channel.unary_unary(UNARY)
+        message = b"x" * nbytes
+        out = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for _ in range(rounds):
+                call(message)
+            out.append((time.perf_counter() - start) / rounds * 1e6)
+        return out[1:]
+
+    def close(self) -> None:
+        self.channel.close()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join(10)
+
+    def __enter__(self) -> RelayChain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
