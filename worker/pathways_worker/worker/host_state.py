@@ -15,7 +15,12 @@ timeout is a timer the driver's clock fires back as `TimerFired`.
   outputs are exported as failures so other slices learn it too. A failed
   call fails every value it still waits for.
 * Overlap. JAX dispatch is asynchronous, so the next grant is dispatched
-  without waiting for the last. On a multi-process slice one limit stays: two
+  without waiting for the last. A single-process slice has at most
+  `DISPATCH_AHEAD` computations dispatched ahead of the one running: with a
+  whole window of queued executions (and their output buffers) XLA ran a lone
+  tenant's 1 ms computations slower than several tenants' (the single-tenant
+  baseline of bench experiment 5 came out below the contended rate). On a
+  multi-process slice one limit stays: two
   computations whose collectives could run side by side deadlock with gloo CPU
   collectives (seen on jax 0.10.2, even when every process issues them in the
   same order), and JAX runs side by side whatever does not depend on each
@@ -84,6 +89,11 @@ FINISH_BATCH = 32
 IN_FLIGHT_LIMIT = 2
 """Computations a multi-process slice has in flight at once, at most (see Overlap)."""
 
+DISPATCH_AHEAD = 8
+"""Computations a single-process slice has dispatched and maybe not finished, at most (see
+Overlap): enough to keep its devices fed, few enough that XLA does not hold a whole
+window of queued executions and their output buffers."""
+
 
 @dataclass(slots=True)
 class GrantRecord:
@@ -124,6 +134,8 @@ class HostState:
         self._batch: list[Finished] = []
         self._chain: deque[tuple[GrantId, tuple[object, ...]]] = deque()
         """Multi-process: the computations in flight, each reading the one before, until seen finished."""
+        self._ahead: deque[tuple[object, ...]] = deque()
+        """Single-process: the outputs of the last computations dispatched, at most `DISPATCH_AHEAD`."""
         self._timers = 0
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
             stimuli.ProgramLoaded: self.calls.load,
@@ -172,6 +184,8 @@ class HostState:
         self._head = None
         if self.multi_process and not done.error:
             self._chain.append((done.grant, done.outputs))
+        elif done.outputs:
+            self._ahead.append(done.outputs)
         call, comp, prepared = head.call, head.comp, head.prepared
         plan = call.plan
         if self.calls.get(call.call_id) is not call or plan is None or prepared is None:
@@ -313,14 +327,20 @@ class HostState:
         self, grant: GrantId, program_id: str, comp: LocalComputation, inputs: tuple[object, ...]
     ) -> Dispatch:
         """On a multi-process slice, only a chain of at most `IN_FLIGHT_LIMIT`
-        computations, each reading the one before, may be in flight."""
-        if not self.multi_process or not self._chain:
+        computations, each reading the one before, may be in flight; on a single-process
+        one, at most `DISPATCH_AHEAD` computations are dispatched ahead of the one running."""
+        if not self.multi_process:
+            wait_for: tuple[object, ...] = ()
+            while len(self._ahead) >= DISPATCH_AHEAD:
+                wait_for = self._ahead.popleft()
+            return Dispatch(grant, program_id, comp, inputs, wait_for=wait_for)
+        if not self._chain:
             return Dispatch(grant, program_id, comp, inputs)
         in_flight = self._chain[-1][1]
         if not any(value is made for value in inputs for made in in_flight):
             self._chain.clear()
             return Dispatch(grant, program_id, comp, inputs, in_flight, wait_for=in_flight)
-        wait_for: tuple[object, ...] = ()
+        wait_for = ()
         while len(self._chain) >= IN_FLIGHT_LIMIT:
             wait_for = self._chain.popleft()[1]
         return Dispatch(grant, program_id, comp, inputs, in_flight, wait_for)
