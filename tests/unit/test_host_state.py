@@ -15,7 +15,8 @@ import pytest
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref
 from pathways_worker.worker.call_plan import layout_program
-from pathways_worker.worker.host_state import DISPATCH_AHEAD, FINISH_BATCH, HostState
+from pathways_worker.worker import host_state
+from pathways_worker.worker.host_state import FINISH_BATCH, HostState
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
@@ -314,8 +315,11 @@ def test_multi_process_slice_lets_go_of_outputs_seen_finished() -> None:
     assert dispatch.in_flight == () and dispatch.wait_for == ()
 
 
-def test_single_process_slice_dispatches_at_most_dispatch_ahead_computations_ahead() -> None:
-    length = DISPATCH_AHEAD + 2
+def test_single_process_slice_dispatches_ahead_at_most_dispatch_ahead_bytes_of_outputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(host_state, "DISPATCH_AHEAD_BYTES", 3 * OUT_BYTES)
+    length = 6
     chain = program([INPUT], *([(i, 0)] for i in range(length - 1)))
     state = host(1 << 20, False, chain)
     state.handle(launch("c1", inputs=[INPUT]))
@@ -325,9 +329,9 @@ def test_single_process_slice_dispatches_at_most_dispatch_ahead_computations_ahe
         dispatches += only(Dispatch, ran(state, dispatches[-1]))
 
     waits = [(d.grant.node, d.in_flight, d.wait_for) for d in dispatches]
-    assert waits == [(n, (), ()) for n in range(DISPATCH_AHEAD)] + [
-        (n, (), (f"c1-out{n - DISPATCH_AHEAD}",)) for n in range(DISPATCH_AHEAD, length)
-    ], "each computation past the first DISPATCH_AHEAD waits for the one that many back"
+    assert waits == [(n, (), ()) for n in range(3)] + [
+        (n, (), (f"c1-out{n - 3}",)) for n in range(3, length)
+    ], "once three outputs' bytes are ahead, each computation waits for the oldest of them"
 
 
 def test_released_call_logs_how_many_computations_overlapped_the_one_before() -> None:

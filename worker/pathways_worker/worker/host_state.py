@@ -16,7 +16,7 @@ timeout is a timer the driver's clock fires back as `TimerFired`.
   call fails every value it still waits for.
 * Overlap. JAX dispatch is asynchronous, so the next grant is dispatched
   without waiting for the last. A single-process slice has at most
-  `DISPATCH_AHEAD` computations dispatched ahead of the one running: with a
+  `DISPATCH_AHEAD_BYTES` of outputs dispatched ahead of the one running: with a
   whole window of queued executions (and their output buffers) XLA ran a lone
   tenant's 1 ms computations slower than several tenants' (the single-tenant
   baseline of bench experiment 5 came out below the contended rate). On a
@@ -89,10 +89,10 @@ FINISH_BATCH = 32
 IN_FLIGHT_LIMIT = 2
 """Computations a multi-process slice has in flight at once, at most (see Overlap)."""
 
-DISPATCH_AHEAD = 8
-"""Computations a single-process slice has dispatched and maybe not finished, at most (see
-Overlap): enough to keep its devices fed, few enough that XLA does not hold a whole
-window of queued executions and their output buffers."""
+DISPATCH_AHEAD_BYTES = 16 << 20
+"""Output bytes of the computations a single-process slice has dispatched ahead of the one
+running, at most (see Overlap): a dozen 1 ms matmuls keep its devices fed; a whole window
+of them queued in XLA, each with its output buffer, ran slower."""
 
 
 @dataclass(slots=True)
@@ -134,8 +134,9 @@ class HostState:
         self._batch: list[Finished] = []
         self._chain: deque[tuple[GrantId, tuple[object, ...]]] = deque()
         """Multi-process: the computations in flight, each reading the one before, until seen finished."""
-        self._ahead: deque[tuple[object, ...]] = deque()
-        """Single-process: the outputs of the last computations dispatched, at most `DISPATCH_AHEAD`."""
+        self._ahead: deque[tuple[tuple[object, ...], int]] = deque()
+        """Single-process: the outputs of the last computations dispatched and their bytes."""
+        self._ahead_bytes = 0
         self._timers = 0
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
             stimuli.ProgramLoaded: self.calls.load,
@@ -184,8 +185,9 @@ class HostState:
         self._head = None
         if self.multi_process and not done.error:
             self._chain.append((done.grant, done.outputs))
-        elif done.outputs:
-            self._ahead.append(done.outputs)
+        elif done.outputs and head.reserved:
+            self._ahead.append((done.outputs, head.reserved))
+            self._ahead_bytes += head.reserved
         call, comp, prepared = head.call, head.comp, head.prepared
         plan = call.plan
         if self.calls.get(call.call_id) is not call or plan is None or prepared is None:
@@ -320,19 +322,21 @@ class HostState:
         head.reserved, head.call, head.prepared = need, call, prepared
         self._stop_timer(head, out)
         self._move(head, "running")
-        out.append(self._dispatch(grant, plan.program_id, comp, tuple(inputs)))
+        out.append(self._dispatch(grant, plan.program_id, comp, tuple(inputs), need))
         return "running"
 
     def _dispatch(
-        self, grant: GrantId, program_id: str, comp: LocalComputation, inputs: tuple[object, ...]
+        self, grant: GrantId, program_id: str, comp: LocalComputation, inputs: tuple[object, ...], need: int
     ) -> Dispatch:
         """On a multi-process slice, only a chain of at most `IN_FLIGHT_LIMIT`
         computations, each reading the one before, may be in flight; on a single-process
-        one, at most `DISPATCH_AHEAD` computations are dispatched ahead of the one running."""
+        one, the computations dispatched ahead of the one running hold at most
+        `DISPATCH_AHEAD_BYTES` of outputs, this one's `need` included."""
         if not self.multi_process:
             wait_for: tuple[object, ...] = ()
-            while len(self._ahead) >= DISPATCH_AHEAD:
-                wait_for = self._ahead.popleft()
+            while self._ahead and self._ahead_bytes + need > DISPATCH_AHEAD_BYTES:
+                wait_for, nbytes = self._ahead.popleft()
+                self._ahead_bytes -= nbytes
             return Dispatch(grant, program_id, comp, inputs, wait_for=wait_for)
         if not self._chain:
             return Dispatch(grant, program_id, comp, inputs)
