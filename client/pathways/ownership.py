@@ -78,9 +78,7 @@ class Ownership:
 
     def take_drops(self) -> list[pb.ObjectRef]:
         """The objects to drop so far, for a call to carry (see `give_back` if it cannot)."""
-        closing = self._drain()
-        with self._lock:
-            drops, self._pending = self._pending, []
+        drops, closing = self._collect()
         if closing:
             self._gone.put(None)  # the drop thread's to see
         return drops
@@ -90,8 +88,9 @@ class Ownership:
         with self._lock:
             self._pending += drops
 
-    def _drain(self) -> bool:
-        """Turns the handles gone so far into pending drops; whether `close` was asked."""
+    def _collect(self) -> tuple[list[pb.ObjectRef], bool]:
+        """The objects to drop so far (pending ones and those of the handles gone since),
+        taken; and whether `close` was asked."""
         closing = False
         gone: list[tuple[CallFuture, ir.ValueRef]] = []
         while True:
@@ -103,11 +102,11 @@ class Ownership:
                 closing = True
             else:
                 gone.append(item)
-        if gone:
-            with self._lock:
-                for item in gone:
-                    self._pending += self._forget(*item)
-        return closing
+        with self._lock:
+            for item in gone:
+                self._pending += self._forget(*item)
+            drops, self._pending = self._pending, []
+        return drops, closing
 
     def _drop_loop(self) -> None:
         """Frees the objects whose handles went and no call carried, in batches, until `close`."""
@@ -116,9 +115,7 @@ class Ownership:
             self._gone.put(first)  # back, for whoever drains first
             if first is not None:
                 self._closing.wait(DROP_LINGER_S)
-            closing = self._drain()
-            with self._lock:
-                drops, self._pending = self._pending, []
+            drops, closing = self._collect()
             if drops and not self._stop.is_set():  # abandoned: the controller goes with them
                 try:
                     self._controller.DropObjects(
