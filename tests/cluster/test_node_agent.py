@@ -4,12 +4,16 @@ In-cluster clients authenticate with the projected service-account token and ver
 the API server with the published CA; volumes appear at their mountPath (mount
 namespace) or through rewritten paths (fallback); init containers run first and
 restarts follow ``restartPolicy``; extra agents serve extra islands on their own IPs;
-and an API server restart does not lose the agent.
+an API server restart does not lose the agent; and a volume on an ancestor of the
+container's interpreter (the chart's emptyDir on ``/tmp`` for a checkout under ``/tmp``)
+does not hide it.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,3 +206,35 @@ def test_exec_readiness_and_http_liveness_probes(cluster: Cluster, namespace: st
     assert status.ready and status.restart_count == 0 and status.state.running is not None
     # $(POD_IP) was expanded: the server bound the pod's own IP, where the probes reached it
     assert f"Serving HTTP on {probed.status.pod_ip} port 8080" in log.read_text(), log.read_text()
+
+
+LIST_AND_WRITE = (
+    "import os, sys\n"
+    "volume = sys.argv[1]\n"
+    "print('before=' + ','.join(sorted(os.listdir(volume))))\n"
+    "open(os.path.join(volume, 'written-by-pod'), 'w').write('x')\n"
+    "print('after=' + ','.join(sorted(os.listdir(volume))))\n"
+    "print('python=' + sys.executable)\n"
+)
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_a_volume_on_an_ancestor_of_the_interpreter_does_not_hide_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    venv = Path(sys.prefix)
+    ancestor = str(venv.parent)
+    body = pod(
+        "ancestor",
+        container("main", "python", "-c", LIST_AND_WRITE, ancestor, mounts={"scratch": ancestor}),
+        volumes=[empty_dir_volume("scratch")],
+    )
+    cluster.core.create_namespaced_pod(namespace, body)
+    done = cluster.wait_pod_phase(namespace, "ancestor", {"Succeeded", "Failed"}, timeout=45)
+    log_file = cluster.container_log(namespace, "ancestor", "main")
+    log = log_file.read_text() if log_file.exists() else "(no log: the container never started)"
+    assert done.status.phase == "Succeeded", (done.status.container_statuses, log)
+    assert f"before={venv.name}\n" in log, "the volume is empty but for the interpreter's path"
+    assert f"after={venv.name},written-by-pod\n" in log
+    assert f"python={sys.executable}\n" in log
+    assert not (venv.parent / "written-by-pod").exists(), "the write went to the volume"

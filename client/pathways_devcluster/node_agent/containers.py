@@ -4,7 +4,7 @@ The node agent is a stand-in for the kubelet, not a kubelet: it has no container
 runtime and no images. A container here is a process in its own session, started from
 ``command`` + ``args`` (the image is ignored; ``python``/``python3`` is this interpreter,
 so the repository's virtualenv is used; the working directory is the repository root
-unless ``workingDir`` says otherwise), with the environment a kubelet would give it (see
+unless ``workingDir`` says otherwise; volumes on their ancestors do not hide them), with the environment a kubelet would give it (see
 ``pod_env``) and its volumes mounted or rewritten (see ``pod_volumes``). Its stdout and
 stderr go to ``container_log_path``: ``.log`` for the first run, ``.log.N`` for restart N;
 the PID of its current run is in ``container_pid_path``, so fault tests signal exactly
@@ -56,6 +56,10 @@ from pathways_devcluster.node_agent.pod_volumes import (
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+IMAGE_PATHS = tuple(
+    sorted({str(REPO_ROOT), sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix})
+)
+"""The image's own files, which no volume on an ancestor hides (see ``pod_volumes``)."""
 RUNTIME = "kpw-node-agent://"
 """The prefix of container and image IDs, where a kubelet names its container runtime."""
 
@@ -161,7 +165,7 @@ class PodSandbox:
 def _executable(command: str, path: str, mounts: Sequence[Mount]) -> bool:
     """Whether ``command`` would exec (checked up front: the mount wrapper hides the error)."""
     if "/" in command:
-        return os.access(host_path(command, mounts), os.X_OK)
+        return os.access(host_path(command, mounts, IMAGE_PATHS), os.X_OK)
     return shutil.which(command, path=path) is not None
 
 
@@ -202,10 +206,10 @@ class ContainerRunner:
             message = f'exec: "{argv[0]}": executable file not found in $PATH'
             self.record_exit(c, 128, "StartError", message)
             return False
-        argv, env = apply_mounts(argv, env, mounts, box.mount_mode, box.mount_points)
+        argv, env = apply_mounts(argv, env, mounts, box.mount_mode, box.mount_points, IMAGE_PATHS)
         cwd = REPO_ROOT
         if c.spec.get("workingDir"):
-            cwd = Path(host_path(str(c.spec["workingDir"]), mounts))
+            cwd = Path(host_path(str(c.spec["workingDir"]), mounts, IMAGE_PATHS))
             cwd.mkdir(parents=True, exist_ok=True)
         if c.runs > 0:
             c.restart_count += 1
@@ -312,7 +316,7 @@ class ContainerRunner:
         if box.mount_mode == "namespace" and mounts and c.popen is not None:
             argv = ["nsenter", f"--mount=/proc/{c.popen.pid}/ns/mnt", "--", *argv]
         else:
-            argv, env = apply_mounts(argv, env, mounts, "rewrite", box.mount_points)
+            argv, env = apply_mounts(argv, env, mounts, "rewrite", box.mount_points, IMAGE_PATHS)
         result = subprocess.run(
             argv, env=env, cwd=REPO_ROOT, capture_output=True, timeout=timeout, check=False
         )

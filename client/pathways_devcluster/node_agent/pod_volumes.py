@@ -23,6 +23,15 @@ to the host except empty mount-point directories, which the agent removes on exi
 ``KPW_MOUNT_<MOUNTPATH>`` (upper-cased, non-alphanumerics as ``_``) and every env value
 or argument that equals or begins with a mountPath is rewritten to the materialized
 directory. Code that builds paths at run time must use the env var in this mode.
+
+The image of every container is the host itself: the checkout and this interpreter's
+installation (the *image paths* the agent passes in). A real image's files lie outside
+any volume, but here where they lie is an accident of where the checkout is, so a volume
+on an ancestor of an image path (the chart's emptyDir on ``/tmp`` while the checkout is
+under ``/tmp``) must not hide it: rewriting leaves paths inside such an image path alone,
+and in a namespace the image path is first bound into the volume's directory, which is
+then bound recursively onto its mountPath so that it shows through. A volume at or below
+an image path still hides what it covers, as in Kubernetes.
 """
 
 from __future__ import annotations
@@ -105,11 +114,21 @@ def mount_env_name(mount_path: str) -> str:
 
 @dataclass(frozen=True)
 class Mount:
-    """One volumeMount of one container, resolved to a host path."""
+    """One volumeMount of one container, resolved to a host path.
+
+    ``recursive`` binds carry the mounts below ``source`` along: a volume that an image
+    path shows through, and the image path's own bind (see ``mount_order``).
+    """
 
     source: Path
     target: str
     read_only: bool
+    recursive: bool = False
+
+    @property
+    def bind_flags(self) -> str:
+        """How the namespace wrapper binds it: ``bind`` or ``rbind``, ``,ro`` when read-only."""
+        return ("rbind" if self.recursive else "bind") + (",ro" if self.read_only else "")
 
 
 def _write_file(path: Path, data: bytes, mode: int | None) -> None:
@@ -296,18 +315,10 @@ class MountPoints:
 
 _NAMESPACE_SCRIPT = (
     'while [ "$1" != "--" ]; do '
-    'mount --bind "$1" "$2" || exit 126; '
-    'if [ "$3" = ro ]; then mount -o remount,bind,ro "$2" || exit 126; fi; '
+    'mount "--${3%,ro}" "$1" "$2" || exit 126; '
+    'case "$3" in *,ro) mount -o remount,bind,ro "$2" || exit 126;; esac; '
     'shift 3; done; shift; exec "$@"'
 )
-
-
-def _rewrite(value: str, mounts: Sequence[Mount]) -> str:
-    for m in sorted(mounts, key=lambda m: len(m.target), reverse=True):
-        target = m.target.rstrip("/") or "/"
-        if value == target or value.startswith(target + "/"):
-            return str(m.source) + value[len(target) :]
-    return value
 
 
 def _under(path: str | Path, root: str) -> bool:
@@ -316,18 +327,47 @@ def _under(path: str | Path, root: str) -> bool:
     return root == "/" or text == root or text.startswith(root + "/")
 
 
-def mount_order(mounts: Sequence[Mount]) -> list[Mount]:
-    """The order to bind ``mounts`` in, so that no mount hides what a later one needs.
+def shown_through(target: str, image_paths: Sequence[str]) -> list[str]:
+    """The image paths that a volume on ``target`` must not hide: those strictly below it.
+
+    Only the outermost: the others show through along with the one they lie in.
+    """
+    target = target.rstrip("/") or "/"
+    below = {p for p in image_paths if p != target and _under(p, target)}
+    return sorted(p for p in below if not any(q != p and _under(p, q) for q in below))
+
+
+def _rewrite(value: str, mounts: Sequence[Mount], image_paths: Sequence[str]) -> str:
+    for m in sorted(mounts, key=lambda m: len(m.target), reverse=True):
+        target = m.target.rstrip("/") or "/"
+        if value == target or value.startswith(target + "/"):
+            if any(_under(value, p) for p in shown_through(target, image_paths)):
+                return value
+            return str(m.source) + value[len(target) :]
+    return value
+
+
+def mount_order(mounts: Sequence[Mount], image_paths: Sequence[str] = ()) -> list[Mount]:
+    """The binds to make, in order, so that no mount hides what a later one needs.
 
     A mount whose target covers another mount's source (an emptyDir on ``/tmp`` while
     the agent keeps volumes under ``/tmp``) goes after it; otherwise parents go before
-    the targets nested in them.
+    the targets nested in them. A volume on an ancestor of an image path is preceded by
+    a bind of that image path to the same place inside the volume's source, and is
+    itself bound recursively, so the image path shows through it.
     """
 
     def covers_a_source(m: Mount) -> bool:
         return any(o is not m and _under(o.source, m.target) for o in mounts)
 
-    return sorted(mounts, key=lambda m: (covers_a_source(m), len(Path(m.target).parts)))
+    binds: list[Mount] = []
+    for m in sorted(mounts, key=lambda m: (covers_a_source(m), len(Path(m.target).parts))):
+        shown = shown_through(m.target, image_paths)
+        for path in shown:
+            inside = m.source / Path(path).relative_to(m.target)
+            binds.append(Mount(Path(path), str(inside), read_only=False, recursive=True))
+        binds.append(Mount(m.source, m.target, m.read_only, recursive=m.recursive or bool(shown)))
+    return binds
 
 
 def apply_mounts(
@@ -336,6 +376,7 @@ def apply_mounts(
     mounts: Sequence[Mount],
     mode: MountMode,
     mount_points: MountPoints,
+    image_paths: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and env that make a process see ``mounts`` (see the module docstring)."""
     if not mounts:
@@ -343,15 +384,15 @@ def apply_mounts(
     if mode == "namespace":
         wrapped = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
         wrapped += [_NAMESPACE_SCRIPT, "kpw-mount"]
-        for m in mount_order(mounts):
+        for m in mount_order(mounts, image_paths):
             mount_points.ensure(m)
-            wrapped += [str(m.source), m.target, "ro" if m.read_only else "rw"]
+            wrapped += [str(m.source), m.target, m.bind_flags]
         return wrapped + ["--", *argv], dict(env)
-    new_env = {k: _rewrite(v, mounts) for k, v in env.items()}
+    new_env = {k: _rewrite(v, mounts, image_paths) for k, v in env.items()}
     new_env.update({mount_env_name(m.target): str(m.source) for m in mounts})
-    return [_rewrite(a, mounts) for a in argv], new_env
+    return [_rewrite(a, mounts, image_paths) for a in argv], new_env
 
 
-def host_path(path: str, mounts: Sequence[Mount]) -> str:
+def host_path(path: str, mounts: Sequence[Mount], image_paths: Sequence[str] = ()) -> str:
     """Where a container path (e.g. ``workingDir``) lies on the host, before any mount."""
-    return _rewrite(path, mounts)
+    return _rewrite(path, mounts, image_paths)
