@@ -29,6 +29,7 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,10 +133,17 @@ class DevCluster:
             # rewrites paths instead of mounting (no mount namespaces) rewrites this one too
             "--set-json", f"operator.extraEnv={json.dumps(state_env)}",
             "--wait", "--timeout", f"{INSTALL_TIMEOUT_S}s",
-            timeout=INSTALL_TIMEOUT_S + 30,
+            timeout=INSTALL_TIMEOUT_S + 30, explain=self._release_pods,
         )  # fmt: skip
 
-    def _helm(self, *args: str, check: bool = True, timeout: float = 120.0) -> None:
+    def _helm(
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 120.0,
+        explain: Callable[[], str] | None = None,
+    ) -> None:
+        """Runs helm; on failure ``explain`` adds what the cluster shows (the release's pods)."""
         helm_home = self.state_dir / "helm"
         env = {
             **os.environ,
@@ -153,9 +161,18 @@ class DevCluster:
             result = subprocess.CompletedProcess(args, 124, "", f"timed out after {timeout:.0f} s")
         if result.returncode != 0:
             why = f"helm {args[0]} {RELEASE} exited {result.returncode}:\n{result.stderr}{result.stdout}"
+            if explain is not None:
+                why += explain()
             if check:
                 raise ControlPlaneError(f"{why}\nnode agent log: {self._agent_log()}")
             log.warning("%s", why)
+
+    def _release_pods(self) -> str:
+        try:
+            listed = self.control_plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+        except (ControlPlaneError, OSError) as e:
+            return f"\n(the pods in {NAMESPACE} could not be listed: {e})"
+        return "".join(f"\n{line}" for line in pod_states(listed.get("items") or []))
 
     def _agent_log(self) -> Path | None:
         return self.agent.log_file if self.agent is not None else None
@@ -190,3 +207,38 @@ class DevCluster:
     def _slice_pods(self) -> list[str]:
         listed: Any = self.control_plane.request("GET", f"/api/v1/pods?labelSelector={SLICE_LABEL}")
         return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in listed["items"]]
+
+
+def pod_states(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per container of ``pods``: its state, and its last run's end when it ran before.
+
+    What a failed ``helm install --wait`` leaves out: why the operator never became ready
+    (``StartError`` and its message, a ``CrashLoopBackOff``, an ``Error`` exit code).
+    """
+    lines = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        name = f"pod {pod['metadata']['name']} ({status.get('phase', 'no phase')})"
+        statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+        if not statuses:
+            lines.append(f"{name}: no container started yet")
+        for c in statuses:
+            line = f"{name} container {c['name']}: {_state(c.get('state') or {})}"
+            last = (c.get("lastState") or {}).get("terminated")
+            if last:
+                line += f"; last run {_state({'terminated': last})}"
+            lines.append(line)
+    return lines
+
+
+def _state(state: Mapping[str, Any]) -> str:
+    for kind in ("waiting", "running", "terminated"):
+        if kind in state:
+            detail = state[kind] or {}
+            words = [kind, str(detail.get("reason") or "")]
+            if "exitCode" in detail:
+                words.append(f"exit code {detail['exitCode']}")
+            if detail.get("message"):
+                words.append(f"({str(detail['message']).strip()})")
+            return " ".join(w for w in words if w)
+    return "unknown"
