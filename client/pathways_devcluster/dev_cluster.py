@@ -219,7 +219,10 @@ def pod_states(pods: Sequence[Mapping[str, Any]]) -> list[str]:
     for pod in pods:
         status = pod.get("status") or {}
         name = f"pod {pod['metadata']['name']} ({status.get('phase', 'no phase')})"
-        statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+        statuses = [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]
         if not statuses:
             lines.append(f"{name}: no container started yet")
         for c in statuses:

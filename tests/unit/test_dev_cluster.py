@@ -17,7 +17,11 @@ def test_a_failed_install_names_each_containers_state_and_how_its_last_run_ended
                     "name": "operator",
                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
                     "lastState": {
-                        "terminated": {"exitCode": 128, "reason": "StartError", "message": NOT_FOUND}
+                        "terminated": {
+                            "exitCode": 128,
+                            "reason": "StartError",
+                            "message": NOT_FOUND,
+                        }
                     },
                 }
             ],

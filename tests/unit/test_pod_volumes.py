@@ -42,13 +42,14 @@ def test_rewriting_still_points_a_volume_at_or_below_an_image_path_at_its_direct
     assert host_path(f"{CHECKOUT}/data/x", [TMP, data], IMAGE) == "/state/volumes/uid/data/x"
     assert host_path(PYTHON, [venv], IMAGE) == "/state/volumes/uid/venv/bin/python"
     argv, env = apply_mounts(
-        [PYTHON, "/tmp/out"], {"DATA": f"{CHECKOUT}/data"}, [TMP, data], "rewrite", MountPoints(), IMAGE
-    )
+        [PYTHON, "/tmp/out"], {"DATA": f"{CHECKOUT}/data"}, [TMP, data], "rewrite",
+        MountPoints(), IMAGE,
+    )  # fmt: skip
     assert argv == [PYTHON, "/state/volumes/uid/tmp/out"]
     assert env["DATA"] == "/state/volumes/uid/data"
 
 
-def test_an_image_path_is_bound_into_the_ancestor_volume_before_the_volume_is_bound_recursively() -> None:
+def test_an_image_path_is_bound_into_an_ancestor_volume_which_is_then_bound_recursively() -> None:
     token = Mount(Path("/state/volumes/uid/token"), "/var/run/secrets", read_only=True)
     ro_tmp = Mount(TMP.source, "/tmp", read_only=True)
     assert mount_order([token, ro_tmp], IMAGE) == [
@@ -71,6 +72,7 @@ def test_a_volume_holding_other_volumes_sources_is_still_bound_last_with_its_ima
     ]
 
 
-def test_the_namespace_wrapper_binds_in_mount_order_with_each_binds_flags() -> None:
-    argv, _ = apply_mounts(["python"], {}, [TMP], "namespace", MountPoints(), ("/nonexistent-image",))
+def test_a_volume_with_no_image_path_below_it_is_bound_plainly_in_a_namespace() -> None:
+    image = ("/nonexistent-image",)
+    argv, _ = apply_mounts(["python"], {}, [TMP], "namespace", MountPoints(), image)
     assert argv[-5:] == [str(TMP.source), "/tmp", "bind", "--", "python"]

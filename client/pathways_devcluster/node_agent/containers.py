@@ -4,11 +4,11 @@ The node agent is a stand-in for the kubelet, not a kubelet: it has no container
 runtime and no images. A container here is a process in its own session, started from
 ``command`` + ``args`` (the image is ignored; ``python``/``python3`` is this interpreter,
 so the repository's virtualenv is used; the working directory is the repository root
-unless ``workingDir`` says otherwise; volumes on their ancestors do not hide them), with the environment a kubelet would give it (see
-``pod_env``) and its volumes mounted or rewritten (see ``pod_volumes``). Its stdout and
-stderr go to ``container_log_path``: ``.log`` for the first run, ``.log.N`` for restart N;
-the PID of its current run is in ``container_pid_path``, so fault tests signal exactly
-that process.
+unless ``workingDir`` says otherwise; a volume on an ancestor of either does not hide
+them), with the environment a kubelet would give it (see ``pod_env``) and its volumes
+mounted or rewritten (see ``pod_volumes``). Its stdout and stderr go to
+``container_log_path``: ``.log`` for the first run, ``.log.N`` for restart N; the PID of
+its current run is in ``container_pid_path``, so fault tests signal exactly that process.
 
 ``ContainerRunner`` does for one pod what the kubelet's container manager does: it
 starts a container, reaps it when its process exits and records the exit the way the
