@@ -45,6 +45,10 @@ class HostChannels:
         """Another controller took over: its hosts' tokens are learned anew (the caller holds the lock)."""
         self._tokens.clear()
 
+    def token(self, address: str) -> str:
+        """The token to present to the host at `address` (its slice's, as last learned)."""
+        return self._tokens.get(address, "")
+
     def stub(self, address: str) -> pb_grpc.DataflowStub:
         with self._lock:
             stub = self._stubs.get(address)

@@ -77,6 +77,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from pathways_wire import host_blocks, ir, transfer
+from pathways_wire.data_frames import DataChannelError
 from pathways_wire.host_blocks import Block
 from pathways import interruptible
 from pathways.array import Array, CallFuture
@@ -84,6 +85,7 @@ from pathways.credentials import PresentToken, client_credentials
 from pathways.embedded import LocalCluster, start_local_cluster
 from pathways.functions import mesh_axes_of
 from pathways.host_channels import GRPC_OPTIONS, HostChannels
+from pathways.host_data import HostData, data_channel_wanted
 from pathways.ownership import Ownership
 from pathways_wire.errors import (
     ExecutionError,
@@ -146,6 +148,7 @@ class Runtime:
         self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._lock = threading.Lock()
         self._hosts = HostChannels(self._lock)
+        self._data = HostData(self._hosts, self.client_id, CALL_TIMEOUT_S, data_channel_wanted(os.environ))
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pw-io")
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
@@ -382,6 +385,7 @@ class Runtime:
                 for fut in in_flight:
                     fut.cancel()
                 self._hosts.abort()
+                self._data.abort()
             raise
 
     def _host_blocks(
@@ -609,24 +613,28 @@ class Runtime:
     def _put(
         self, address: str, call_id: str, values: Sequence[tuple[ir.ValueRef, np.ndarray, Block | None]]
     ) -> None:
-        """`values` whole, or where a block is given only that block."""
-        chunks = (
-            chunk
+        """`values` whole, or where a block is given only that block: over the host's
+        data channel (`HostData`), or where it has none in one gRPC Put stream."""
+        pieces = [
+            transfer.whole_value_piece(call_id, ref.to_proto(), array)
+            if block is None
+            else transfer.block_piece(call_id, ref.to_proto(), array, block.start, block.stop)
             for ref, array, block in values
-            for chunk in (
-                transfer.whole_value_chunks(call_id, ref.to_proto(), np.ascontiguousarray(array))
-                if block is None
-                else transfer.block_chunks(call_id, ref.to_proto(), array, block.start, block.stop)
-            )
-        )
+        ]
+        doing = f"sending {', '.join(str(ref) for ref, _, _ in values)} to host {address}"
         try:
-            self.host(address).Put(chunks, timeout=CALL_TIMEOUT_S)
-        except grpc.RpcError as err:
-            names = ", ".join(str(ref) for ref, _, _ in values)
-            raise _translate(err, f"sending {names} to host {address}") from None
-        self._count(sent=sum(
-            array.nbytes if block is None else block.size * array.itemsize for _, array, block in values
-        ))
+            sent = self._data.put(address, pieces)
+        except DataChannelError as err:
+            raise _translated(getattr(grpc.StatusCode, err.code, None), str(err), doing) from None
+        except OSError as err:
+            raise RuntimeUnavailableError(f"{doing}: the data connection broke: {err}") from None
+        if not sent:
+            chunks = (chunk for header, data in pieces for chunk in transfer.iter_chunks(header, data))
+            try:
+                self.host(address).Put(chunks, timeout=CALL_TIMEOUT_S)
+            except grpc.RpcError as err:
+                raise _translate(err, doing) from None
+        self._count(sent=sum(data.nbytes for _, data in pieces))
 
     def _fetch(
         self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec, release: bool = True
@@ -696,6 +704,7 @@ class Runtime:
                 self._ownership.abandon()
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
+            self._data.close()
             self._hosts.close()
             self._channel.close()
             if self.cluster is not None:
@@ -742,6 +751,10 @@ def _input_axes(computation: ir.Computation, index: int) -> host_blocks.AxisSpec
 def _translate(err: grpc.RpcError, doing: str) -> Exception:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else str(err)
+    return _translated(code, details or "", doing)
+
+
+def _translated(code: grpc.StatusCode | None, details: str, doing: str) -> Exception:
     if code == grpc.StatusCode.FAILED_PRECONDITION or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return PlacementError(f"{doing}: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

@@ -330,6 +330,32 @@ def pieces_chunks(
         yield from iter_chunks(header, _bytes_of(piece.data), chunk_bytes)
 
 
+def whole_value_piece(
+    call_id: str, value_ref: pb.ValueRef, array: np.ndarray, sender: str = "client"
+) -> tuple[pb.BufferHeader, memoryview]:
+    """A whole value (a program input) as one piece: its header and its bytes."""
+    array = _c_order(np.asarray(array))
+    parse_dtype(array.dtype.name, "array.dtype")
+    spec = spec_of(array)
+    piece = Piece((0,) * array.ndim, tuple(array.shape), array)
+    header = piece_header(call_id, value_ref, spec, piece, sender, True)
+    header.whole = True
+    return header, _bytes_of(array)
+
+
+def block_piece(
+    call_id: str, value_ref: pb.ValueRef, array: np.ndarray, start: Shape, stop: Shape, sender: str = "client"
+) -> tuple[pb.BufferHeader, memoryview]:
+    """The block [start, stop) of a program input, as all of it one host receives
+    (`BufferHeader.block`: that host holds only the block): its header and its bytes."""
+    parse_dtype(array.dtype.name, "array.dtype")
+    region = tuple(slice(a, b) for a, b in zip(start, stop, strict=True))
+    piece = Piece(tuple(start), tuple(stop), np.ascontiguousarray(array[region]))
+    header = piece_header(call_id, value_ref, spec_of(array), piece, sender, True)
+    header.block = True
+    return header, _bytes_of(piece.data)
+
+
 def whole_value_chunks(
     call_id: str,
     value_ref: pb.ValueRef,
@@ -337,14 +363,8 @@ def whole_value_chunks(
     sender: str = "client",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Iterator[pb.BufferChunk]:
-    """A whole value (a program input) as one piece, for `Dataflow.Put`."""
-    array = _c_order(np.asarray(array))
-    parse_dtype(array.dtype.name, "array.dtype")
-    spec = spec_of(array)
-    piece = Piece((0,) * array.ndim, tuple(array.shape), array)
-    header = piece_header(call_id, value_ref, spec, piece, sender, True)
-    header.whole = True
-    yield from iter_chunks(header, _bytes_of(array), chunk_bytes)
+    """`whole_value_piece` as the chunks of a `Dataflow.Put` stream."""
+    yield from iter_chunks(*whole_value_piece(call_id, value_ref, array, sender), chunk_bytes)
 
 
 def block_chunks(
@@ -356,14 +376,8 @@ def block_chunks(
     sender: str = "client",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Iterator[pb.BufferChunk]:
-    """The block [start, stop) of a program input, as all of it one host receives
-    (`BufferHeader.block`: that host holds only the block), for `Dataflow.Put`."""
-    parse_dtype(array.dtype.name, "array.dtype")
-    region = tuple(slice(a, b) for a, b in zip(start, stop, strict=True))
-    piece = Piece(tuple(start), tuple(stop), np.ascontiguousarray(array[region]))
-    header = piece_header(call_id, value_ref, spec_of(array), piece, sender, True)
-    header.block = True
-    yield from iter_chunks(header, _bytes_of(piece.data), chunk_bytes)
+    """`block_piece` as the chunks of a `Dataflow.Put` stream."""
+    yield from iter_chunks(*block_piece(call_id, value_ref, array, start, stop, sender), chunk_bytes)
 
 
 def exported_headers(

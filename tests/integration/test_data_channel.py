@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import time
 
 import numpy as np
 import pytest
@@ -24,16 +27,8 @@ import pytest
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.sidecar.byte_budget import ByteBudget
-from pathways_worker.sidecar.data_channel import (
-    HELLO,
-    PIECE,
-    REPLY,
-    DataChannelError,
-    DataChannelServer,
-    DataLink,
-    read_frame,
-    send_frame,
-)
+from pathways_wire.data_frames import HELLO, PIECE, REPLY, DataChannelError, DataConnection, read_frame, send_frame
+from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink
 from pathways_worker.shared_memory import ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
 
@@ -162,9 +157,9 @@ def test_a_file_that_is_not_what_it_claims_is_refused(receiver: Receiver, tmp_pa
     header.stop[:] = list(VALUE.shape)
     header.nbytes = VALUE.nbytes
     header.path, header.file_device, header.file_inode = exported.pieces[0].path, 1, 2
-    send_frame(link._sock, PIECE, header)
+    send_frame(link.sock, PIECE, header)
     reply = pb.PutReply()
-    read_frame(link._sock, REPLY, reply)
+    read_frame(link.sock, REPLY, reply)
     assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error
 
 
@@ -234,3 +229,32 @@ def test_a_value_beyond_the_budget_is_refused_as_exhausted(receiver: Receiver, t
     assert err.value.code == "RESOURCE_EXHAUSTED"
     receiver.link().send(exported_value(tmp_path, VALUE, 2, call_id="call-2"), handover=False, movable=False)
     assert len(receiver.arrivals) == 1 and not receiver.arrivals[0].error
+
+
+def test_a_client_puts_values_from_memory_on_one_connection(receiver: Receiver) -> None:
+    conn = DataConnection(receiver.address, "client", TOKEN, timeout_s=30.0)
+    values = [
+        [transfer.whole_value_piece(call_id, pb.ValueRef(node=3, index=0), VALUE * k)]
+        for k, call_id in enumerate(("call-1", "call-2"), start=1)
+    ]
+    assert conn.put(values) == 2
+    assert [a.call_id for a in receiver.arrivals] == ["call-1", "call-2"]
+    for k, arrival in enumerate(receiver.arrivals, start=1):
+        got = map_value(arrival.path, tuple(arrival.spec.shape), np.dtype(arrival.spec.dtype))
+        np.testing.assert_array_equal(got, VALUE * k)
+    assert conn.is_open()
+    conn.close()
+
+
+def test_a_refused_client_learns_why_and_its_connection_reads_as_closed(receiver: Receiver) -> None:
+    conn = DataConnection(receiver.address, "client", "not-the-token", timeout_s=30.0)
+    value = [transfer.whole_value_piece("call-1", pb.ValueRef(node=3, index=0), VALUE)]
+    with pytest.raises(DataChannelError, match="hello.token") as refused:
+        conn.put([value])
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert receiver.arrivals == []
+    deadline = time.monotonic() + 10
+    while conn.is_open() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not conn.is_open()
+    conn.close()

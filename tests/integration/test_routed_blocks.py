@@ -50,6 +50,11 @@ def runtime() -> Iterator[pw.Runtime]:
 
 def bytes_in(runtime: pw.Runtime, address: str) -> float:
     """What the sidecar at `address` has received, by every path together."""
+    return sum(bytes_in_by_path(runtime, address).values())
+
+
+def bytes_in_by_path(runtime: pw.Runtime, address: str) -> dict[str, float]:
+    """What the sidecar at `address` has received, by path: grpc, data-channel, handover."""
     name = runtime.host(address).Health(pb.HealthRequest(), timeout=10).host
     assert runtime.cluster is not None
     urls = [
@@ -59,10 +64,10 @@ def bytes_in(runtime: pw.Runtime, address: str) -> float:
     ]
     assert urls, f"host {name} ({address}) logged no metrics address"
     samples = scrape(urls[-1])
-    return sum(
-        samples[f'pathways_sidecar_transfer_bytes_total{{direction="in",path="{path}"}}']
+    return {
+        path: samples[f'pathways_sidecar_transfer_bytes_total{{direction="in",path="{path}"}}']
         for path in ("grpc", "data-channel", "handover")
-    )
+    }
 
 
 def received(runtime: pw.Runtime, hosts: tuple[str, ...], before: dict[str, float]) -> list[float]:

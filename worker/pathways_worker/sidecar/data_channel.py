@@ -1,10 +1,11 @@
-"""The data channel: bulk bytes between sidecars over raw TCP, beside gRPC.
+"""The data channel's two ends on a host: receiving values, and pushing them to peers.
 
 Python gRPC streaming reaches about a third of raw loopback TCP here (every
-1 MiB chunk is a protobuf, copied four times), so routed values travel on a
-plain socket instead. Each sidecar listens on a data port next to its gRPC
-port and advertises it in `HealthReply.data_address`; gRPC `Put` stays for
-clients and as the fallback when a peer has no data channel.
+1 MiB chunk is a protobuf, copied four times), so routed values, and the inputs
+clients put, travel on a plain socket instead (`pathways_wire.data_frames`: the
+frames, and a sender's connection). Each sidecar listens on a data port next to
+its gRPC port and advertises it in `HealthReply.data_address`; gRPC `Put` stays
+as the fallback when a host has no data channel.
 
 A connection starts with a `DataHello` frame (sender, and the receiving slice's
 token, compared in constant time; a hello without it is refused). A server is made
@@ -27,8 +28,7 @@ so a same-named file elsewhere is never taken): the receiver copies it into
 the value's file in the kernel, or, when the piece is the whole value and has
 no other destination (`movable`), renames the file itself into place.
 
-Frames: one kind byte (`H`ello, `P`iece, `R`eply), a 4-byte big-endian length,
-then that many bytes of protobuf. Every read and write has a timeout.
+Every read and write has a timeout.
 """
 
 from __future__ import annotations
@@ -38,14 +38,20 @@ import logging
 import mmap
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError, Message
-
+from pathways_wire.data_frames import (
+    HELLO,
+    PIECE,
+    REPLY,
+    DataChannelError,
+    DataConnection,
+    read_frame,
+    send_frame,
+)
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.sidecar.byte_budget import BudgetError
@@ -54,12 +60,7 @@ from pathways_worker.sidecar.sidecar_metrics import TransferStats
 
 log = logging.getLogger(__name__)
 
-FRAME = struct.Struct("!BI")
-HELLO, PIECE, REPLY = b"H"[0], b"P"[0], b"R"[0]
-MAX_FRAME_BYTES = 1 << 20
-"""Bound on one frame's protobuf (a header is a few hundred bytes)."""
 BOUNCE_BYTES = 4 << 20
-CONNECT_TIMEOUT_S = 5.0
 FRAME_TIMEOUT_S = 60.0
 """Longest silence inside a frame or a piece's bytes."""
 REFUSE_DRAIN_S = 1.0
@@ -76,47 +77,7 @@ def boot_id() -> str:
         return ""
 
 
-class DataChannelError(Exception):
-    """The receiver refused a value (`code` as gRPC would say it), or the connection broke."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 # ---------------------------------------------------------------- frames
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError(f"connection closed {n - got} bytes before the end of a frame")
-        got += k
-    return bytes(buf)
-
-
-def send_frame(sock: socket.socket, kind: int, message: Message, data: bytes = b"") -> None:
-    """One frame, and after it in the same write the `data` it announces (a
-    small piece's bytes): one segment on the wire, not two."""
-    body = message.SerializeToString()
-    sock.sendall(b"".join((FRAME.pack(kind, len(body)), body, data)))
-
-
-def read_frame(sock: socket.socket, kind: int, message: Message) -> None:
-    """Reads one frame of `kind` into `message`; TransferError names what was wrong."""
-    got, length = FRAME.unpack(_recv_exact(sock, FRAME.size))
-    if got != kind:
-        raise TransferError("frame.kind", f"expected {chr(kind)!r}, got byte {got}")
-    if length > MAX_FRAME_BYTES:
-        raise TransferError("frame.length", f"{length} B exceeds {MAX_FRAME_BYTES} B per frame")
-    try:
-        message.ParseFromString(_recv_exact(sock, length))
-    except DecodeError as err:
-        raise TransferError("frame", f"not a {type(message).__name__}: {err}") from None
 
 
 # ---------------------------------------------------------------- receiving
@@ -244,59 +205,28 @@ class PeerData:
     same_node: bool
 
 
-class DataLink:
+class DataLink(DataConnection):
     """One open connection to a peer's data channel, used by one push at a time."""
-
-    def __init__(self, address: str, sender: str, token: str, timeout_s: float) -> None:
-        host, _, port = address.rpartition(":")
-        self.address = address
-        self._sender = sender
-        self._sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(timeout_s)
-        send_frame(self._sock, HELLO, pb.DataHello(sender=sender, token=token))
-
-    def close(self) -> None:
-        self._sock.close()
 
     def send(self, exported: pb.Exported, handover: bool, movable: bool) -> int:
         """Sends one value (its pieces' bytes, or on one machine their files) and
         waits for the receiver's answer; returns the pieces it received."""
-        try:
-            self.send_pieces(exported, handover, movable)
-        except OSError as err:  # the receiver may have refused and closed: say why
-            try:
-                self.answer()
-            except (DataChannelError, OSError):
-                raise
-            raise err
-        return self.answer()
+        return self.answered(lambda: self.send_exported(exported, handover, movable))
 
-    def send_pieces(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
+    def send_exported(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
         """The value's frames, without waiting for the answer (`answer`)."""
-        for header, piece in exported_headers(exported, self._sender):
+        for header, piece in exported_headers(exported, self.sender):
             path = piece.path if piece is not None else ""
             if path and handover and not piece_offset(piece):
                 st = os.stat(path)
                 header.path, header.file_device, header.file_inode = path, st.st_dev, st.st_ino
                 header.movable = movable and len(exported.pieces) == 1
-                send_frame(self._sock, PIECE, header)
+                send_frame(self.sock, PIECE, header)
             elif piece is not None and not path:
-                send_frame(self._sock, PIECE, header, piece.data)
+                send_frame(self.sock, PIECE, header, piece.data)
             else:
-                send_frame(self._sock, PIECE, header)
-                send_file(self._sock, path, header.nbytes, piece_offset(piece))
-
-    def answer(self) -> int:
-        """The receiver's answer to the value sent last: the pieces it received."""
-        reply = pb.PutReply()
-        try:
-            read_frame(self._sock, REPLY, reply)
-        except TransferError as err:
-            raise DataChannelError("INTERNAL", f"bad answer from {self.address}: {err}") from None
-        if reply.error:
-            raise DataChannelError(reply.code or "UNKNOWN", reply.error)
-        return int(reply.pieces)
+                send_frame(self.sock, PIECE, header)
+                send_file(self.sock, path, header.nbytes, piece_offset(piece))
 
 
 def piece_offset(piece: pb.Piece | None) -> int:

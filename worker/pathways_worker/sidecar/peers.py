@@ -41,8 +41,9 @@ from pathways_wire.transfer import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES, error
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
+from pathways_wire.data_frames import DataChannelError
 from pathways_worker.shared_memory import cropped_to, exported_chunks, remove_pieces
-from pathways_worker.sidecar.data_channel import DataChannelError, DataLink, PeerData, boot_id
+from pathways_worker.sidecar.data_channel import DataLink, PeerData, boot_id
 from pathways_worker.sidecar.sidecar_metrics import TransferPath, TransferStats
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class PeerPusher:
         if link is None or peer is None:
             return None
         try:
-            link.send_pieces(exported, handover=peer.same_node, movable=movable)
+            link.send_exported(exported, handover=peer.same_node, movable=movable)
         except OSError:
             link.close()
             return None
