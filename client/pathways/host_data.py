@@ -1,13 +1,14 @@
-"""The client's data connections to the hosts' sidecars: its inputs go over raw TCP.
+"""The client's data connections to the hosts' sidecars: its inputs and fetches go over raw TCP.
 
 A program's inputs from numpy are the bytes every step sends (a training batch).
 Over gRPC `Put` each 1 MiB chunk becomes a protobuf, copied on both sides; over a
 host's data channel (`pathways_wire.data_frames`) the bytes go from the array to
 the socket, and the sidecar reads them straight into the value's shared-memory
-file. A host's sidecar advertises its channel in its `Health` answer, asked once
+file. A fetch comes back the same way, read from the socket straight into the
+numpy array it makes. A host's sidecar advertises its channel in its `Health` answer, asked once
 per host address; idle connections are kept per address, each opened with the
 slice's token of the moment, and one that its host closed is not reused. A host
-with no data channel, or one that cannot be reached there, gets gRPC `Put`, as does
+with no data channel, or one that cannot be reached there, gets gRPC `Put` and `Fetch`, as does
 every host where ``PATHWAYS_CLIENT_DATA_CHANNEL=off`` (a network that admits only
 the hosts' gRPC port).
 """
@@ -15,13 +16,15 @@ the hosts' gRPC port).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import grpc
 
 from pathways.host_channels import HostChannels
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.data_frames import DataConnection
+from pathways_wire.transfer import FetchTarget, Receive
 
 HEALTH_TIMEOUT_S = 10.0
 IDLE_PER_HOST = 4
@@ -58,17 +61,40 @@ class HostData:
         answers; False, having sent nothing, where the host has no data channel (the
         caller puts over gRPC). Raises `DataChannelError` for a value the host refused
         (its code and why) and `OSError` for a connection that broke."""
+        with self._connection(address) as conn:
+            if conn is None:
+                return False
+            conn.put([[value] for value in values])
+            return True
+
+    def receive(self, address: str, fallback: Receive) -> Receive:
+        """How a fetch gets the pieces of the host at `address`: over its data channel,
+        read straight into the value, or by `fallback` (gRPC) where it has none."""
+
+        def receive(request: pb.FetchRequest, target: FetchTarget, host: str) -> None:
+            with self._connection(address) as conn:
+                if conn is None:
+                    fallback(request, target, host)
+                else:
+                    conn.fetch(request, target, host)
+
+        return receive
+
+    @contextmanager
+    def _connection(self, address: str) -> Iterator[DataConnection | None]:
+        """A connection to the host's data channel for one exchange (None where it has
+        none), kept for the next one unless the exchange failed."""
         taken = self._take(address)
         if taken is None:
-            return False
+            yield None
+            return
         token, conn = taken
         try:
-            conn.put([[value] for value in values])
+            yield conn
         except BaseException:
             self._end(conn)
             raise
         self._give_back(address, token, conn)
-        return True
 
     def _take(self, address: str) -> tuple[str, DataConnection] | None:
         data_address = self._data_address(address)

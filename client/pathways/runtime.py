@@ -639,21 +639,23 @@ class Runtime:
     def _fetch(
         self, hosts: list[str], call_id: str, ref: ir.ValueRef, spec: ir.TensorSpec, release: bool = True
     ) -> np.ndarray:
+        """The value from the hosts that hold it: over their data channels, or gRPC `Fetch`."""
+        doing = f"fetching {ref} {spec} from hosts {hosts}"
+        sources = [self._data.receive(h, transfer.grpc_receive(self.host(h))) for h in hosts]
         try:
-            value: np.ndarray = transfer.fetch_value(
-                [self.host(h) for h in hosts],
-                call_id,
-                ref.to_proto(),
-                CALL_TIMEOUT_S,
-                release=release,
-                hosts=hosts,
+            value: np.ndarray = transfer.fetch_from(
+                sources, hosts, call_id, ref.to_proto(), CALL_TIMEOUT_S, release=release
             )
-            self._count(received=value.nbytes)
-            return value
         except grpc.RpcError as err:
-            raise _translate(err, f"fetching {ref} {spec} from hosts {hosts}") from None
+            raise _translate(err, doing) from None
+        except DataChannelError as err:
+            raise _translated(getattr(grpc.StatusCode, err.code, None), str(err), doing) from None
         except transfer.TransferError as err:
-            raise ExecutionError(f"fetching {ref} {spec} from hosts {hosts}: {err}") from None
+            raise ExecutionError(f"{doing}: {err}") from None
+        except OSError as err:
+            raise RuntimeUnavailableError(f"{doing}: the data connection broke: {err}") from None
+        self._count(received=value.nbytes)
+        return value
 
     # ------------------------------------------------------------ lifecycle
 

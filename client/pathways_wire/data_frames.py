@@ -6,11 +6,13 @@ there: Python gRPC streaming reaches about a third of raw loopback TCP (each 1 M
 chunk is a protobuf, copied four times), while here a piece's bytes go from the
 sender's buffer to the socket, and from the socket into the value.
 
-A frame is one kind byte (`H`ello, `P`iece, `R`eply), a 4-byte big-endian length,
-then that many bytes of protobuf. A connection opens with a `DataHello` (the sender,
-and the receiving slice's token); then each value is a run of `BufferHeader` piece
-frames, each followed by its `nbytes` raw bytes, and the receiver answers each value
-with a `PutReply` (an `error` and gRPC-style `code` when it refused it).
+A frame is one kind byte (`H`ello, `P`iece, `R`eply, `F`etch), a 4-byte big-endian
+length, then that many bytes of protobuf. A connection opens with a `DataHello` (the
+sender, and the receiving slice's token); then each value is a run of `BufferHeader`
+piece frames, each followed by its `nbytes` raw bytes, and the receiver answers each
+value with a `PutReply` (an `error` and gRPC-style `code` when it refused it). A client
+may instead send a `FetchRequest`: the host answers with a `PutReply` saying how many
+piece frames follow (or why none do), then its pieces of the value, each with its bytes.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from collections.abc import Callable, Sequence
 from google.protobuf.message import DecodeError, Message
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.transfer import TransferError
+from pathways_wire.transfer import FetchTarget, TransferError, receive_piece
 
 FRAME = struct.Struct("!BI")
-HELLO, PIECE, REPLY = b"H"[0], b"P"[0], b"R"[0]
+HELLO, PIECE, REPLY, FETCH = b"H"[0], b"P"[0], b"R"[0], b"F"[0]
 MAX_FRAME_BYTES = 1 << 20
 """Bound on one frame's protobuf (a header is a few hundred bytes)."""
 CONNECT_TIMEOUT_S = 5.0
@@ -116,6 +118,10 @@ class DataConnection:
 
     def answer(self) -> int:
         """The receiver's answer to the oldest value not yet answered: the pieces it received."""
+        return int(self._reply().pieces)
+
+    def _reply(self) -> pb.PutReply:
+        """The receiver's next answer; its refusal raised as `DataChannelError`."""
         reply = pb.PutReply()
         try:
             read_frame(self.sock, REPLY, reply)
@@ -123,7 +129,7 @@ class DataConnection:
             raise DataChannelError("INTERNAL", f"bad answer from {self.address}: {err}") from None
         if reply.error:
             raise DataChannelError(reply.code or "UNKNOWN", reply.error)
-        return int(reply.pieces)
+        return reply
 
     def put(self, values: Sequence[Sequence[tuple[pb.BufferHeader, memoryview]]]) -> int:
         """Sends values (each its pieces, the last flagged as such) and waits for every
@@ -147,3 +153,14 @@ class DataConnection:
                 raise
             raise err
         return sum(self.answer() for _ in range(values))
+
+    def fetch(self, request: pb.FetchRequest, target: FetchTarget, host: str) -> None:
+        """This host's pieces of a value, each read straight into `target`."""
+        send_frame(self.sock, FETCH, request)
+        finished = False
+        for _ in range(self._reply().pieces):
+            header = pb.BufferHeader()
+            read_frame(self.sock, PIECE, header)
+            finished = receive_piece(header, target, host, self.sock.recv_into)
+        if not finished:
+            raise TransferError("last_from_sender", f"{target.what}: host {host} ended its pieces early")

@@ -790,7 +790,7 @@ def put_value(
     return int(reply.pieces)
 
 
-class _FetchTarget:
+class FetchTarget:
     """The shared destination of a fetch from several hosts, made on the first header."""
 
     def __init__(self, what: str) -> None:
@@ -805,7 +805,28 @@ class _FetchTarget:
             return self.assembler
 
 
-def _receive(chunks: Iterable[pb.BufferChunk], target: _FetchTarget, host: str) -> None:
+def _opened(header: pb.BufferHeader, target: FetchTarget, host: str) -> tuple[PieceWriter | None, bool]:
+    """The writer of a piece a host sent (None for a header with no piece), and
+    whether it was that host's last."""
+    info = check_header(header)
+    if info.error:
+        raise RuntimeError(f"{target.what} failed on host {host}: {info.error}")
+    assembler = target.assembler_for(info)
+    return (assembler.open(info) if info.has_piece else None), info.last_from_sender
+
+
+def receive_piece(
+    header: pb.BufferHeader, target: FetchTarget, host: str, read_into: Callable[[memoryview], int]
+) -> bool:
+    """One piece a host sent over a data connection, its bytes read straight into the
+    target; returns whether it was the host's last."""
+    writer, last = _opened(header, target, host)
+    if writer is not None and not writer.done:
+        writer.fill(read_into)
+    return last
+
+
+def _receive(chunks: Iterable[pb.BufferChunk], target: FetchTarget, host: str) -> None:
     writer: PieceWriter | None = None
     finished = False
     for chunk in chunks:
@@ -814,19 +835,25 @@ def _receive(chunks: Iterable[pb.BufferChunk], target: _FetchTarget, host: str) 
                 raise TransferError(
                     "header", f"{target.what}: host {host} started a piece before finishing one"
                 )
-            info = check_header(chunk.header)
-            if info.error:
-                raise RuntimeError(f"{target.what} failed on host {host}: {info.error}")
-            finished = info.last_from_sender
-            writer = target.assembler_for(info).open(info) if info.has_piece else None
-            if writer is None:
-                target.assembler_for(info)
+            writer, finished = _opened(chunk.header, target, host)
         if chunk.data:
             if writer is None:
                 raise TransferError("data", f"{target.what}: host {host} sent data without a header")
             writer.write(chunk.data)
     if not finished or (writer is not None and not writer.done):
         raise TransferError("last_from_sender", f"{target.what}: host {host} ended its stream early")
+
+
+Receive = Callable[[pb.FetchRequest, FetchTarget, str], None]
+"""How one host's pieces of a fetched value reach the target: a gRPC Fetch stream
+(`grpc_receive`), or a data connection (`DataConnection.fetch`)."""
+
+
+def grpc_receive(stub: pb_grpc.DataflowStub) -> Receive:
+    def receive(request: pb.FetchRequest, target: FetchTarget, host: str) -> None:
+        _receive(stub.Fetch(request, timeout=request.timeout_s + 5.0), target, host)
+
+    return receive
 
 
 def fetch_value(
@@ -837,29 +864,43 @@ def fetch_value(
     release: bool = False,
     hosts: Sequence[str] | None = None,
 ) -> np.ndarray:
-    """Fetches a value's pieces from every host holding some (in parallel) and
-    assembles them into one numpy array. gRPC errors propagate as grpc.RpcError;
-    pieces that do not cover the value raise TransferError."""
+    """Fetches a value's pieces from every host holding some (in parallel) over gRPC
+    and assembles them into one numpy array (`fetch_from`)."""
     stub_list = [stubs] if isinstance(stubs, pb_grpc.DataflowStub) else list(stubs)
     names = list(hosts) if hosts is not None else [f"#{i}" for i in range(len(stub_list))]
+    return fetch_from([grpc_receive(s) for s in stub_list], names, call_id, value_ref, timeout_s, release)
+
+
+def fetch_from(
+    sources: Sequence[Receive],
+    hosts: Sequence[str],
+    call_id: str,
+    value_ref: pb.ValueRef,
+    timeout_s: float,
+    release: bool = False,
+) -> np.ndarray:
+    """Fetches a value's pieces from every host holding some (in parallel, each by its
+    source) and assembles them into one numpy array. A source's errors propagate
+    (grpc.RpcError, DataChannelError); pieces that do not cover the value raise
+    TransferError."""
     what = f"{value_name(value_ref)} of call {call_id}"
-    target = _FetchTarget(what)
+    target = FetchTarget(what)
     request = pb.FetchRequest(call_id=call_id, timeout_s=timeout_s, release=release)
     request.value.CopyFrom(value_ref)
     errors: list[BaseException] = []
 
-    def one(stub: pb_grpc.DataflowStub, host: str) -> None:
+    def one(receive: Receive, host: str) -> None:
         try:
-            _receive(stub.Fetch(request, timeout=timeout_s + 5.0), target, host)
+            receive(request, target, host)
         except BaseException as err:  # re-raised in the caller's thread
             errors.append(err)
 
-    if len(stub_list) == 1:
-        one(stub_list[0], names[0])
+    if len(sources) == 1:
+        one(sources[0], hosts[0])
     else:
         threads = [
             threading.Thread(target=one, args=(s, h), daemon=True)
-            for s, h in zip(stub_list, names, strict=True)
+            for s, h in zip(sources, hosts, strict=True)
         ]
         for t in threads:
             t.start()
@@ -873,7 +914,7 @@ def fetch_value(
     if not assembler.complete:
         raise TransferError(
             "start/stop",
-            f"{what}: pieces from {len(stub_list)} host(s) cover {assembler.covered} "
+            f"{what}: pieces from {len(sources)} host(s) cover {assembler.covered} "
             f"of {assembler.size} elements",
         )
     return assembler.target

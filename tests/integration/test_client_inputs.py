@@ -1,9 +1,10 @@
-"""A client's inputs reach the hosts over their data channels, or over gRPC Put where
-``PATHWAYS_CLIENT_DATA_CHANNEL=off``.
+"""A client's inputs reach the hosts, and its fetches come back, over the hosts' data
+channels, or over gRPC Put and Fetch where ``PATHWAYS_CLIENT_DATA_CHANNEL=off``.
 
 Each setting gets its own embedded cluster (the client reads the switch as it
-starts), whose sidecars serve metrics: the ``in`` byte counters by path say how each
-host received its rows of a batch, and the result says they arrived whole.
+starts), whose sidecars serve metrics: the ``in`` and ``out`` byte counters by path say
+how each host received its rows of an input and sent its rows of the result, and the
+results say the bytes arrived whole.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[tuple[pw.Runtime, str]]:
         pw.shutdown()
 
 
-def test_each_host_receives_its_rows_of_an_input_by_the_path_the_switch_says(
+def test_each_host_receives_and_sends_its_rows_by_the_path_the_switch_says(
     runtime: tuple[pw.Runtime, str],
 ) -> None:
     rt, switch = runtime
@@ -57,13 +58,13 @@ def test_each_host_receives_its_rows_of_an_input_by_the_path_the_switch_says(
     out = prog(x)
     hosts = out.hosts
     assert len(hosts) == 2
-    before = {h: bytes_in_by_path(rt, h) for h in hosts}
+    before = {(h, d): bytes_in_by_path(rt, h, d) for h in hosts for d in ("in", "out")}
     for step in range(3):
         np.testing.assert_array_equal(np.asarray(prog(x + step)), (x + step) * 2.0)
     used, unused = ("data-channel", "grpc") if switch == "on" else ("grpc", "data-channel")
     for h in hosts:
-        after = bytes_in_by_path(rt, h)
-        assert after[used] - before[h][used] == 3 * x.nbytes // 2, (h, before[h], after)
-        assert after[unused] == before[h][unused], (h, before[h], after)
-        assert after["handover"] == before[h]["handover"]
-    assert rt.traffic.sent >= 3 * x.nbytes
+        for direction in ("in", "out"):
+            was, now = before[h, direction], bytes_in_by_path(rt, h, direction)
+            assert now[used] - was[used] == 3 * x.nbytes // 2, (h, direction, was, now)
+            assert now[unused] == was[unused], (h, direction, was, now)
+            assert now["handover"] == was["handover"]

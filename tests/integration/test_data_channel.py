@@ -27,8 +27,9 @@ import pytest
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.sidecar.byte_budget import ByteBudget
-from pathways_wire.data_frames import HELLO, PIECE, REPLY, DataChannelError, DataConnection, read_frame, send_frame
-from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink
+from pathways_wire.data_frames import HELLO, PIECE, REPLY, read_frame, send_frame
+from pathways_wire.data_frames import DataChannelError, DataConnection
+from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink, Refusal
 from pathways_worker.shared_memory import ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
 
@@ -257,4 +258,45 @@ def test_a_refused_client_learns_why_and_its_connection_reads_as_closed(receiver
     while conn.is_open() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not conn.is_open()
+    conn.close()
+
+
+def fetch_request(call_id: str = "call-1") -> pb.FetchRequest:
+    request = pb.FetchRequest(call_id=call_id, timeout_s=10.0)
+    request.value.node, request.value.index = 3, 0
+    return request
+
+
+def test_a_client_fetches_a_hosts_pieces_straight_into_the_value(tmp_path: Path) -> None:
+    exported = exported_value(tmp_path, VALUE, 4)
+    asked: list[pb.FetchRequest] = []
+
+    def fetch(request: pb.FetchRequest) -> pb.Exported | Refusal:
+        asked.append(request)
+        return exported if request.call_id == "call-1" else Refusal("FAILED_PRECONDITION", "call-2 failed")
+
+    shm = ShmDir(str(tmp_path / "r"), "s")
+    inbox = Inbox(shm, ByteBudget(BUDGET), deliver=lambda a: None, host_name="r", wait_s=0.2)
+    server = DataChannelServer("127.0.0.1", 0, inbox, "r", TOKEN, fetch=fetch)
+    conn = DataConnection(f"127.0.0.1:{server.port}", "client", TOKEN, timeout_s=30.0)
+    try:
+        target = transfer.FetchTarget("v")
+        conn.fetch(fetch_request(), target, "r")
+        assert target.assembler is not None and target.assembler.complete
+        np.testing.assert_array_equal(target.assembler.target, VALUE)
+        assert not any(os.path.exists(p.path) for p in exported.pieces)  # sent, so removed
+        with pytest.raises(DataChannelError, match="call-2 failed") as refused:
+            conn.fetch(fetch_request("call-2"), transfer.FetchTarget("v"), "r")
+        assert refused.value.code == "FAILED_PRECONDITION"
+        assert [r.call_id for r in asked] == ["call-1", "call-2"]
+    finally:
+        conn.close()
+        server.close()
+
+
+def test_a_host_that_serves_no_fetches_says_so(receiver: Receiver) -> None:
+    conn = DataConnection(receiver.address, "client", TOKEN, timeout_s=30.0)
+    with pytest.raises(DataChannelError, match="not served here; use gRPC Fetch") as refused:
+        conn.fetch(fetch_request(), transfer.FetchTarget("v"), "receiver")
+    assert refused.value.code == "UNIMPLEMENTED"
     conn.close()

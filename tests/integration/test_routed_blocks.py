@@ -53,8 +53,9 @@ def bytes_in(runtime: pw.Runtime, address: str) -> float:
     return sum(bytes_in_by_path(runtime, address).values())
 
 
-def bytes_in_by_path(runtime: pw.Runtime, address: str) -> dict[str, float]:
-    """What the sidecar at `address` has received, by path: grpc, data-channel, handover."""
+def bytes_in_by_path(runtime: pw.Runtime, address: str, direction: str = "in") -> dict[str, float]:
+    """What the sidecar at `address` has received (or with `direction="out"` sent), by
+    path: grpc, data-channel, handover."""
     name = runtime.host(address).Health(pb.HealthRequest(), timeout=10).host
     assert runtime.cluster is not None
     urls = [
@@ -65,7 +66,7 @@ def bytes_in_by_path(runtime: pw.Runtime, address: str) -> dict[str, float]:
     assert urls, f"host {name} ({address}) logged no metrics address"
     samples = scrape(urls[-1])
     return {
-        path: samples[f'pathways_sidecar_transfer_bytes_total{{direction="in",path="{path}"}}']
+        path: samples[f'pathways_sidecar_transfer_bytes_total{{direction="{direction}",path="{path}"}}']
         for path in ("grpc", "data-channel", "handover")
     }
 

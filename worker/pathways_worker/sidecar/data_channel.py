@@ -20,6 +20,9 @@ memory: `inbox`). After the sender's last piece of
 a value the receiver answers with a `PutReply` (an `error` and gRPC-style
 `code` if something was wrong). A malformed frame gets such an answer naming
 the field, and the connection is closed; the receiver keeps serving others.
+A client's `FetchRequest` frame gets this host's pieces of the value back on the
+same connection (`Fetcher`: the worker exports them, as for gRPC `Fetch`), sent
+from their files and then removed.
 
 On one machine the bytes need not travel at all. When the peer's advertised
 node (boot id) and shared-memory device match the sender's, a header carries
@@ -40,10 +43,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pathways_wire.data_frames import (
+    FETCH,
     HELLO,
     PIECE,
     REPLY,
@@ -54,6 +58,7 @@ from pathways_wire.data_frames import (
 )
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
+from pathways_worker.shared_memory import remove_pieces
 from pathways_worker.sidecar.byte_budget import BudgetError
 from pathways_worker.sidecar.inbox import Inbox, Sink
 from pathways_worker.sidecar.sidecar_metrics import TransferStats
@@ -83,12 +88,26 @@ def boot_id() -> str:
 # ---------------------------------------------------------------- receiving
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a fetch gets nothing: a gRPC status code's name, and the reason."""
+
+    code: str
+    message: str
+
+
+Fetcher = Callable[[pb.FetchRequest], "pb.Exported | Refusal"]
+"""This host's pieces of a value a client fetches (their files the server's to send and
+remove), or why there are none: `Dataflow.fetched`."""
+
+
 class DataChannelServer:
     """Accepts data connections and feeds their pieces to the inbox."""
 
     def __init__(
         self, host: str, port: int, inbox: Inbox, host_name: str, token: str = "",
         transfers: TransferStats | None = None, *, insecure: bool = False,
+        fetch: Fetcher | None = None,
     ) -> None:
         if not token and not insecure:
             raise ValueError(
@@ -96,6 +115,7 @@ class DataChannelServer:
                 "(pass --insecure-no-token to check no sender)"
             )
         self._inbox = inbox
+        self._fetch = fetch
         self._transfers = transfers or TransferStats()
         self._host_name = host_name
         self._token = token
@@ -158,6 +178,9 @@ class DataChannelServer:
                     raise TransferError("data", "the connection closed inside a value")
                 return False
             conn.settimeout(FRAME_TIMEOUT_S)
+            if head[0] == FETCH and not pieces:
+                self._answer_fetch(conn)
+                return True
             header = pb.BufferHeader()
             read_frame(conn, PIECE, header)
             info = check_header(header)
@@ -169,6 +192,29 @@ class DataChannelServer:
             if info.last_from_sender or info.whole or info.error:
                 send_frame(conn, REPLY, pb.PutReply(pieces=pieces))
                 return True
+
+    def _answer_fetch(self, conn: socket.socket) -> None:
+        """A client's fetch: a `PutReply` saying how many piece frames follow (or why
+        none do), then this host's pieces of the value, as a Fetch stream would carry."""
+        request = pb.FetchRequest()
+        read_frame(conn, FETCH, request)
+        if self._fetch is None:
+            send_frame(conn, REPLY, pb.PutReply(
+                error=f"host {self._host_name}: fetch over the data channel is not served here; use gRPC Fetch",
+                code="UNIMPLEMENTED",
+            ))
+            return
+        found = self._fetch(request)
+        if isinstance(found, Refusal):
+            send_frame(conn, REPLY, pb.PutReply(error=found.message, code=found.code))
+            return
+        try:
+            headers = sum(1 for _ in exported_headers(found, self._host_name))
+            send_frame(conn, REPLY, pb.PutReply(pieces=headers))
+            send_exported(conn, found, self._host_name)
+            self._transfers.add("out", "data-channel", sum(p.nbytes for p in found.pieces))
+        finally:
+            remove_pieces(found)
 
     @staticmethod
     def _receive(conn: socket.socket, sink: Sink, header: pb.BufferHeader, bounce: memoryview) -> None:
@@ -215,18 +261,26 @@ class DataLink(DataConnection):
 
     def send_exported(self, exported: pb.Exported, handover: bool, movable: bool) -> None:
         """The value's frames, without waiting for the answer (`answer`)."""
-        for header, piece in exported_headers(exported, self.sender):
-            path = piece.path if piece is not None else ""
-            if path and handover and not piece_offset(piece):
-                st = os.stat(path)
-                header.path, header.file_device, header.file_inode = path, st.st_dev, st.st_ino
-                header.movable = movable and len(exported.pieces) == 1
-                send_frame(self.sock, PIECE, header)
-            elif piece is not None and not path:
-                send_frame(self.sock, PIECE, header, piece.data)
-            else:
-                send_frame(self.sock, PIECE, header)
-                send_file(self.sock, path, header.nbytes, piece_offset(piece))
+        send_exported(self.sock, exported, self.sender, handover, movable)
+
+
+def send_exported(
+    sock: socket.socket, exported: pb.Exported, sender: str, handover: bool = False, movable: bool = False
+) -> None:
+    """An exported value's piece frames, each followed by its bytes; on one machine
+    (`handover`) a piece that starts its file goes as the file's path instead."""
+    for header, piece in exported_headers(exported, sender):
+        path = piece.path if piece is not None else ""
+        if path and handover and not piece_offset(piece):
+            st = os.stat(path)
+            header.path, header.file_device, header.file_inode = path, st.st_dev, st.st_ino
+            header.movable = movable and len(exported.pieces) == 1
+            send_frame(sock, PIECE, header)
+        elif piece is not None and not path:
+            send_frame(sock, PIECE, header, piece.data)
+        else:
+            send_frame(sock, PIECE, header)
+            send_file(sock, path, header.nbytes, piece_offset(piece))
 
 
 def piece_offset(piece: pb.Piece | None) -> int:

@@ -35,7 +35,7 @@ from pathways_worker.batch_queue import BatchQueue
 from pathways_worker.settings import SidecarSettings
 from pathways_worker.shared_memory import ShmDir, exported_chunks, remove_pieces
 from pathways_worker.sidecar.byte_budget import BudgetError, ByteBudget
-from pathways_worker.sidecar.data_channel import DataChannelServer, boot_id
+from pathways_worker.sidecar.data_channel import DataChannelServer, Refusal, boot_id
 from pathways_worker.sidecar.inbox import Inbox, Sink
 from pathways_worker.sidecar.peers import PeerPusher
 from pathways_worker.sidecar.sidecar_metrics import TransferStats
@@ -108,7 +108,7 @@ class Dataflow:
         self.data_server = DataChannelServer(
             settings.listen.rpartition(":")[0].strip("[]"), settings.data_port, self.inbox,
             settings.host_name, settings.data_token, self.transfers,
-            insecure=settings.insecure_no_token,
+            insecure=settings.insecure_no_token, fetch=self.fetched,
         )
 
     def close(self) -> None:
@@ -239,6 +239,18 @@ class Dataflow:
 
     def fetch(self, request: pb.FetchRequest) -> Iterator[pb.BufferChunk]:
         """Asks the worker for this host's pieces of a value, then streams them."""
+        return self._stream(self.exported_for_fetch(request))
+
+    def fetched(self, request: pb.FetchRequest) -> pb.Exported | Refusal:
+        """`exported_for_fetch` for the data channel, which sends the pieces itself."""
+        try:
+            return self.exported_for_fetch(request)
+        except HostError as err:
+            return Refusal(err.code.name, str(err))
+
+    def exported_for_fetch(self, request: pb.FetchRequest) -> pb.Exported:
+        """Asks the worker for this host's pieces of a value and waits for them; the
+        caller sends them and removes their files (`remove_pieces`)."""
         what = f"{value_name(request.value)} of call {request.call_id}"
         if not request.call_id:
             raise HostError(grpc.StatusCode.INVALID_ARGUMENT, "call_id: empty")
@@ -266,7 +278,7 @@ class Dataflow:
         if exported.error:
             remove_pieces(exported)
             raise HostError(grpc.StatusCode.FAILED_PRECONDITION, exported.error)
-        return self._stream(exported)
+        return exported
 
     def _stream(self, exported: pb.Exported) -> Iterator[pb.BufferChunk]:
         try:
