@@ -9,8 +9,10 @@ level-based: a restart simply starts looking again.
 
 What wakes a loop early: a change of the object's spec (``on.update``), an
 event of one of a slice's pods, and, for programs, any change of a slice in
-their namespace. Handlers here are a few lines each; all decisions live in
-``slices`` and ``programs`` (and, below them, ``pathways_operator.core``).
+their namespace, an event of their driver pod (it started, it ended) and a step
+their driver reported (``DriverPods``' ``wake``). Handlers here are a few lines
+each; all decisions live in ``slices`` and ``programs`` (and, below them,
+``pathways_operator.core``).
 
 Deletion never waits on the operator for long: kopf's finalizer is removed once the
 daemon has stopped (at once: a loop does not wait for a reconcile in progress; at worst
@@ -41,6 +43,7 @@ from pathways_operator.k8s import log_context
 from pathways_operator.k8s.program_reconciler import ProgramReconciler
 from pathways_wire.kube_names import (
     ANNOTATION_PREFIX,
+    DRIVER_LABEL,
     GROUP,
     PROGRAM_PLURAL,
     SLICE_LABEL,
@@ -257,3 +260,7 @@ def register(
         wakeups.wake(slice_key(namespace or "default", labels[SLICE_LABEL]))
 
     _register_kind(registry, "program", PROGRAM_PLURAL, "run", program_key, programs, wakeups, executor)
+
+    @kopf.on.event("", "v1", "pods", labels={DRIVER_LABEL: kopf.PRESENT}, registry=registry)
+    async def driver_pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        wakeups.wake(program_key(namespace or "default", labels[DRIVER_LABEL]))
