@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         driver_pods = DriverPods(api, args.state_dir, DriverPodSettings(
             image=args.driver_image or args.worker_image, pull_policy=args.worker_image_pull_policy,
             checkpoint_volumes=args.driver_checkpoint_volumes,
-        ))
+        ), wake=lambda key: wakeups.wake(handlers.program_key(*key.split("/", 1))))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,
                          interceptors=[ClientGate(driver_pods)] if driver_pods is not None else [])
     port = server.add_insecure_port(args.controller_listen)

@@ -187,6 +187,17 @@ def test_start_mints_a_token_owned_by_the_program_and_reports_need_it(tmp_path: 
         drivers.report_result("forged", {"results": {}})
 
 
+def test_a_step_report_wakes_its_programs_reconciler_once_the_step_is_written(tmp_path: Path) -> None:
+    api = FakeApi()
+    woken: list[tuple[str, int]] = []
+    drivers = DriverPods(api, tmp_path, SETTINGS,  # type: ignore[arg-type]
+                         wake=lambda key: woken.append((key, drivers.steps_completed("ns", "train", "uid-1"))))
+    drivers.start(launch())
+    assert woken == []
+    drivers.report_progress(token_of(api), 0, {"loss": 1.5})
+    assert woken == [("ns/train", 1)]
+
+
 def test_suspend_is_asked_in_the_reply_to_the_next_step_report(tmp_path: Path) -> None:
     drivers, api = pods(tmp_path)
     drivers.start(launch())

@@ -15,7 +15,8 @@ program's entrypoint. It runs in a pod of its own, owned by the program
   ``ReportResult``), presenting that token; :class:`DriverPods` checks it and
   keeps what a program's driver reported in the program's work directory,
   ``progress.jsonl`` and ``results.json``, where the program reconciler reads them
-  (as it reads a child process driver's, ``k8s.drivers``);
+  (as it reads a child process driver's, ``k8s.drivers``), and wakes that reconciler
+  at each step;
 * its exit code (``pathways_wire.driver_protocol``) and what it reported drive
   the program's phase; a pod deleted or evicted before it reported is a lost host
   (``core.program_lifecycle.driver_pod_state``);
@@ -282,8 +283,14 @@ class UnknownProgramToken(Exception):
 class DriverPods:
     """Starts, watches and stops driver pods, and takes their drivers' reports."""
 
-    def __init__(self, api: ClusterApi, state_dir: Path, settings: DriverPodSettings) -> None:
+    def __init__(
+        self, api: ClusterApi, state_dir: Path, settings: DriverPodSettings,
+        wake: Callable[[str], None] = lambda key: None,
+    ) -> None:
         self._api = api
+        self._wake = wake
+        """``wake(namespace/name)``: a program's driver reported a step; its reconciler looks now,
+        so ``status.stepsCompleted`` follows the report, not the reconciler's next poll."""
         self._state_dir = state_dir
         self.settings = settings
         self._lock = threading.Lock()
@@ -489,6 +496,7 @@ class DriverPods:
         workdir.mkdir(parents=True, exist_ok=True)
         with open(workdir / PROGRESS_FILE, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
+        self._wake(program.key)
         with self._lock:
             return program.key in self._suspend
 
