@@ -302,8 +302,7 @@ class _Bench:
         self._wait(ready, f"VirtualSlice {name} Ready", READY_TIMEOUT_S)
         ready_at = time.monotonic()
         try:
-            self._first_computation(name)
-            first: float | str = time.monotonic() - ready_at
+            first: float | str = self._first_computation(name) - ready_at
         except (RuntimeError, TimeoutError) as err:
             first = str(err).splitlines()[0]
         self.objects.delete("virtualslices", name)
@@ -312,8 +311,9 @@ class _Bench:
                    f"VirtualSlice {name} and its pods gone", GONE_TIMEOUT_S)
         return ready_at - start, first
 
-    def _first_computation(self, name: str) -> None:
-        """A PathwaysProgram of one step on the VirtualSlice ``name``; returns once that step is done.
+    def _first_computation(self, name: str) -> float:
+        """A PathwaysProgram of one step on the VirtualSlice ``name``; returns when that step
+        was seen done (`time.monotonic`), after deleting the program and waiting for it to go.
 
         The operator's controller serves only a program's own driver (its client
         token), so the first computation is a program's: its driver pod starts, connects,
@@ -331,10 +331,12 @@ class _Bench:
             return int(status.get("stepsCompleted") or 0) >= 1 or status.get("phase") == "Succeeded"
 
         self._wait(stepped, f"PathwaysProgram {first}'s first step", READY_TIMEOUT_S)
+        stepped_at = time.monotonic()
         self.objects.delete("pathwaysprograms", first)
         self._wait(lambda: self.objects.get("pathwaysprograms", first) is None
                    and not self.objects.pods(f"pathways.dev/program={first}"),
                    f"PathwaysProgram {first} and its driver gone", GONE_TIMEOUT_S)
+        return stepped_at
 
     def pods_ready(self, name: str, n: int) -> float:
         from tests.cluster.builders import container, pod
