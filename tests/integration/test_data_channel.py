@@ -284,7 +284,10 @@ def test_a_client_fetches_a_hosts_pieces_straight_into_the_value(tmp_path: Path)
         conn.fetch(fetch_request(), target, "r")
         assert target.assembler is not None and target.assembler.complete
         np.testing.assert_array_equal(target.assembler.target, VALUE)
-        assert not any(os.path.exists(p.path) for p in exported.pieces)  # sent, so removed
+        deadline = time.monotonic() + 10  # the host removes the files after the last byte left
+        while any(os.path.exists(p.path) for p in exported.pieces) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(os.path.exists(p.path) for p in exported.pieces)
         with pytest.raises(DataChannelError, match="call-2 failed") as refused:
             conn.fetch(fetch_request("call-2"), transfer.FetchTarget("v"), "r")
         assert refused.value.code == "FAILED_PRECONDITION"
