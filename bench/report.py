@@ -84,7 +84,10 @@ def write(figures: list[Figure], mode: str, title: str, info: dict[str, str] | N
     """Records a run as `results/<date>T<time>[-quick].json`, then renders its section of RESULTS.md from it."""
     now = datetime.datetime.now()
     info = {"date": now.isoformat(timespec="seconds"), **machine(), **(info or {})}
-    out = HERE / "results" / f"{now:%Y-%m-%dT%H-%M}{'-quick' if mode == 'quick' else ''}.json"
+    suffix = "-quick" if mode == "quick" else ""
+    out = HERE / "results" / f"{now:%Y-%m-%dT%H-%M}{suffix}.json"
+    if out.exists():  # two runs ending in one minute: neither record is lost
+        out = out.with_name(f"{now:%Y-%m-%dT%H-%M-%S}{suffix}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(
         {"mode": mode, "machine": info, "figures": [dataclasses.asdict(f) for f in figures]},
