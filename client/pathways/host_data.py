@@ -153,6 +153,16 @@ class HostData:
             self._busy.discard(conn)
         conn.close()
 
+    def forget(self, addresses: Sequence[str]) -> None:
+        """Closes the idle connections to these hosts (a slice released: they go away),
+        and asks for their data addresses anew if they are used again."""
+        with self._lock:
+            idle = [conn for a in addresses for _, conn in self._idle.pop(a, [])]
+            for a in addresses:
+                self._addresses.pop(a, None)
+        for conn in idle:
+            conn.close()
+
     def abort(self) -> None:
         """Ends every connection, those in use included: whoever sends or waits on one
         gets an error at once. Later puts open new ones."""

@@ -676,6 +676,7 @@ class Runtime:
             )
         except grpc.RpcError:
             pass
+        self._data.forget([h.address for h in info.hosts])
 
     def release_slices(self) -> None:
         with self._lock:
@@ -690,6 +691,7 @@ class Runtime:
                 )
             except grpc.RpcError:
                 pass
+            self._data.forget([h.address for h in info.hosts])
 
     def close(self) -> None:
         """Frees what this client holds. An embedded cluster this client started is stopped

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from pathways_wire import pathways_pb2 as pb
 from tests.integration.test_routed_blocks import bytes_in_by_path
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,3 +70,47 @@ def test_each_host_receives_and_sends_its_rows_by_the_path_the_switch_says(
             assert now[used] - was[used] == 3 * x.nbytes // 2, (h, direction, was, now)
             assert now[unused] == was[unused], (h, direction, was, now)
             assert now["handover"] == was["handover"]
+
+
+def _connections_to(ports: set[int]) -> int:
+    """This process's TCP sockets whose remote port is one of `ports` (any state),
+    read from /proc: its socket inodes, matched against the kernel's TCP table."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = 0
+    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rsplit(":", 1)[1], 16) in ports and fields[9] in inodes:
+            found += 1
+    return found
+
+
+def test_a_released_slice_leaves_no_data_connection_of_the_client(runtime: tuple[pw.Runtime, str]) -> None:
+    rt, switch = runtime
+    vslice = pw.make_virtual_device_set().add_slice(devices=8)
+    triple = pw.jit(lambda v: v * 3.0, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
+
+    @pw.program(name="triple-rows")
+    def prog(v: np.ndarray) -> np.ndarray:
+        return triple(v)
+
+    x = np.ones((ROWS, COLS), np.float32)
+    out = prog(x)
+    np.testing.assert_array_equal(np.asarray(out), x * 3.0)
+    ports = {
+        int(rt.host(h).Health(pb.HealthRequest(), timeout=10).data_address.rsplit(":", 1)[1])
+        for h in out.hosts
+    }
+    if switch == "on":
+        assert _connections_to(ports) >= len(ports)  # kept for the next call, one per host at least
+    else:
+        assert _connections_to(ports) == 0
+    del out
+    vslice.release()
+    assert _connections_to(ports) == 0
