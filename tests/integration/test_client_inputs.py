@@ -45,17 +45,23 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[tuple[pw.Runtime, str]]:
         pw.shutdown()
 
 
+def rows_program(name: str, factor: float) -> tuple[pw.ProgramFunction, pw.VirtualSlice]:
+    """A program that scales its input on a slice of two hosts, each holding half the rows."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=8)
+    scale = pw.jit(lambda v: v * factor, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
+
+    @pw.program(name=name)
+    def prog(v: np.ndarray) -> np.ndarray:
+        return scale(v)
+
+    return prog, vslice
+
+
 def test_each_host_receives_and_sends_its_rows_by_the_path_the_switch_says(
     runtime: tuple[pw.Runtime, str],
 ) -> None:
     rt, switch = runtime
-    vslice = pw.make_virtual_device_set().add_slice(devices=8)
-    double = pw.jit(lambda v: v * 2.0, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
-
-    @pw.program(name="double-rows")
-    def prog(v: np.ndarray) -> np.ndarray:
-        return double(v)
-
+    prog, _ = rows_program("double-rows", 2.0)
     x = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
     out = prog(x)
     hosts = out.hosts
@@ -93,13 +99,7 @@ def _connections_to(ports: set[int]) -> int:
 
 def test_a_released_slice_leaves_no_data_connection_of_the_client(runtime: tuple[pw.Runtime, str]) -> None:
     rt, switch = runtime
-    vslice = pw.make_virtual_device_set().add_slice(devices=8)
-    triple = pw.jit(lambda v: v * 3.0, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
-
-    @pw.program(name="triple-rows")
-    def prog(v: np.ndarray) -> np.ndarray:
-        return triple(v)
-
+    prog, vslice = rows_program("triple-rows", 3.0)
     x = np.ones((ROWS, COLS), np.float32)
     out = prog(x)
     np.testing.assert_array_equal(np.asarray(out), x * 3.0)
