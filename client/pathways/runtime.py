@@ -623,17 +623,11 @@ class Runtime:
         ]
         doing = f"sending {', '.join(str(ref) for ref, _, _ in values)} to host {address}"
         try:
-            sent = self._data.put(address, pieces)
-        except DataChannelError as err:
-            raise _translated(getattr(grpc.StatusCode, err.code, None), str(err), doing) from None
-        except OSError as err:
-            raise RuntimeUnavailableError(f"{doing}: the data connection broke: {err}") from None
-        if not sent:
-            chunks = (chunk for header, data in pieces for chunk in transfer.iter_chunks(header, data))
-            try:
+            if not self._data.put(address, pieces):
+                chunks = (chunk for header, data in pieces for chunk in transfer.iter_chunks(header, data))
                 self.host(address).Put(chunks, timeout=CALL_TIMEOUT_S)
-            except grpc.RpcError as err:
-                raise _translate(err, doing) from None
+        except (grpc.RpcError, DataChannelError, OSError) as err:
+            raise _translate(err, doing) from None
         self._count(sent=sum(data.nbytes for _, data in pieces))
 
     def _fetch(
@@ -646,14 +640,10 @@ class Runtime:
             value: np.ndarray = transfer.fetch_from(
                 sources, hosts, call_id, ref.to_proto(), CALL_TIMEOUT_S, release=release
             )
-        except grpc.RpcError as err:
+        except (grpc.RpcError, DataChannelError, OSError) as err:
             raise _translate(err, doing) from None
-        except DataChannelError as err:
-            raise _translated(getattr(grpc.StatusCode, err.code, None), str(err), doing) from None
         except transfer.TransferError as err:
             raise ExecutionError(f"{doing}: {err}") from None
-        except OSError as err:
-            raise RuntimeUnavailableError(f"{doing}: the data connection broke: {err}") from None
         self._count(received=value.nbytes)
         return value
 
@@ -752,13 +742,16 @@ def _input_axes(computation: ir.Computation, index: int) -> host_blocks.AxisSpec
     return mesh_axes_of(_declared_shardings(computation)[0][index])
 
 
-def _translate(err: grpc.RpcError, doing: str) -> Exception:
-    code = err.code() if hasattr(err, "code") else None
-    details = err.details() if hasattr(err, "details") else str(err)
-    return _translated(code, details or "", doing)
-
-
-def _translated(code: grpc.StatusCode | None, details: str, doing: str) -> Exception:
+def _translate(err: grpc.RpcError | DataChannelError | OSError, doing: str) -> Exception:
+    """What the user gets for a failed exchange with a host or the controller: the same
+    error for the same cause, whether it came over gRPC or a host's data channel."""
+    if isinstance(err, DataChannelError):
+        code, details = getattr(grpc.StatusCode, err.code, None), str(err)
+    elif isinstance(err, OSError):
+        return RuntimeUnavailableError(f"{doing}: the data connection broke: {err}")
+    else:
+        code = err.code() if hasattr(err, "code") else None
+        details = (err.details() if hasattr(err, "details") else str(err)) or ""
     if code == grpc.StatusCode.FAILED_PRECONDITION or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return PlacementError(f"{doing}: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
