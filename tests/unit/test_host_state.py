@@ -334,6 +334,26 @@ def test_single_process_slice_dispatches_ahead_at_most_dispatch_ahead_bytes_of_o
     ], "once three outputs' bytes are ahead, each computation waits for the oldest of them"
 
 
+def test_single_process_slice_remembers_at_most_dispatch_ahead_count_computations_of_small_outputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(host_state, "DISPATCH_AHEAD_COUNT", 3)
+    length = 7
+    chain = program([INPUT], *([(i, 0)] for i in range(length - 1)))
+    state = host(1 << 20, False, chain)
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    dispatches = only(Dispatch, state.handle(grants("c1", *range(length))))
+    for _ in range(length):
+        dispatches += only(Dispatch, ran(state, dispatches[-1]))
+
+    assert host_state.DISPATCH_AHEAD_BYTES > length * OUT_BYTES, "the bytes alone would hold every output"
+    waits = [(d.grant.node, d.wait_for) for d in dispatches]
+    assert waits == [(n, ()) for n in range(3)] + [
+        (n, (f"c1-out{n - 3}",)) for n in range(3, length)
+    ], "once three computations are ahead, each lets go of the oldest, waiting for it"
+
+
 def test_released_call_logs_how_many_computations_overlapped_the_one_before() -> None:
     state = host(1 << 20, True)
     state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))

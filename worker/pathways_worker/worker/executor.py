@@ -245,7 +245,7 @@ class Executor:
         comp = dispatch.comp
         overlapped = False
         try:
-            if dispatch.wait_for:
+            if dispatch.wait_for and not all(is_ready(x) for x in dispatch.wait_for):
                 jax.block_until_ready(dispatch.wait_for)
             exe = self._executables[dispatch.program_id][comp.index]
             args = [

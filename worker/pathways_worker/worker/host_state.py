@@ -94,6 +94,13 @@ DISPATCH_AHEAD_BYTES = 16 << 20
 running, at most (see Overlap): a dozen 1 ms matmuls keep its devices fed; a whole window
 of them queued in XLA, each with its output buffer, ran slower."""
 
+DISPATCH_AHEAD_COUNT = 32
+"""Computations a single-process slice remembers as dispatched ahead, at most, whatever
+their bytes. The machine does not see them finish (only a multi-process slice reports
+its batches back), so without this bound a chain of small outputs kept every one alive:
+16 MiB of 16-byte outputs is a million arrays, each pinning its buffer and walked by
+every collection of Python's oldest generation."""
+
 
 @dataclass(slots=True)
 class GrantRecord:
@@ -331,10 +338,13 @@ class HostState:
         """On a multi-process slice, only a chain of at most `IN_FLIGHT_LIMIT`
         computations, each reading the one before, may be in flight; on a single-process
         one, the computations dispatched ahead of the one running hold at most
-        `DISPATCH_AHEAD_BYTES` of outputs, this one's `need` included."""
+        `DISPATCH_AHEAD_BYTES` of outputs, this one's `need` included, and are at most
+        `DISPATCH_AHEAD_COUNT`."""
         if not self.multi_process:
             wait_for: tuple[object, ...] = ()
-            while self._ahead and self._ahead_bytes + need > DISPATCH_AHEAD_BYTES:
+            while self._ahead and (
+                self._ahead_bytes + need > DISPATCH_AHEAD_BYTES or len(self._ahead) >= DISPATCH_AHEAD_COUNT
+            ):
                 wait_for, nbytes = self._ahead.popleft()
                 self._ahead_bytes -= nbytes
             return Dispatch(grant, program_id, comp, inputs, wait_for=wait_for)
