@@ -19,7 +19,10 @@ timeout is a timer the driver's clock fires back as `TimerFired`.
   `DISPATCH_AHEAD_BYTES` of outputs dispatched ahead of the one running: with a
   whole window of queued executions (and their output buffers) XLA ran a lone
   tenant's 1 ms computations slower than several tenants' (the single-tenant
-  baseline of bench experiment 5 came out below the contended rate). On a
+  baseline of bench experiment 5 came out below the contended rate). It
+  reports no batches back, so the machine never sees those computations end;
+  it holds at most `DISPATCH_AHEAD_COUNT` of them, or small outputs would be
+  held by the million. On a
   multi-process slice one limit stays: two
   computations whose collectives could run side by side deadlock with gloo CPU
   collectives (seen on jax 0.10.2, even when every process issues them in the
