@@ -1607,6 +1607,7 @@ class HostCommand(_message.Message):
     RELEASE_FIELD_NUMBER: _builtins.int
     DROP_FIELD_NUMBER: _builtins.int
     FORWARD_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -1621,6 +1622,10 @@ class HostCommand(_message.Message):
     def drop(self) -> Global___DropObjects: ...
     @_builtins.property
     def forward(self) -> Global___Forward: ...
+    @_builtins.property
+    def batch(self) -> Global___HostCommands:
+        """several commands, in order (`command_batches`)"""
+
     def __init__(
         self,
         *,
@@ -1631,16 +1636,37 @@ class HostCommand(_message.Message):
         release: Global___ReleaseCall | None = ...,
         drop: Global___DropObjects | None = ...,
         forward: Global___Forward | None = ...,
+        batch: Global___HostCommands | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop", "forward"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop", "forward", "batch"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
 Global___HostCommand: _TypeAlias = HostCommand  # noqa: Y015
+
+@_typing.final
+class HostCommands(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMANDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commands(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostCommand]: ...
+    def __init__(
+        self,
+        *,
+        commands: _abc.Iterable[Global___HostCommand] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commands", b"commands"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostCommands: _TypeAlias = HostCommands  # noqa: Y015
 
 @_typing.final
 class GrantBatch(_message.Message):
@@ -2014,6 +2040,7 @@ class WorkerCommand(_message.Message):
     EXPORT_FIELD_NUMBER: _builtins.int
     DROP_FIELD_NUMBER: _builtins.int
     FORWARD_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -2038,6 +2065,10 @@ class WorkerCommand(_message.Message):
     def forward(self) -> Global___Forward:
         """write an object's pieces for other hosts"""
 
+    @_builtins.property
+    def batch(self) -> Global___WorkerCommands:
+        """several commands, in order (`command_batches`)"""
+
     def __init__(
         self,
         *,
@@ -2050,16 +2081,37 @@ class WorkerCommand(_message.Message):
         export: Global___ExportRequest | None = ...,
         drop: Global___DropObjects | None = ...,
         forward: Global___Forward | None = ...,
+        batch: Global___WorkerCommands | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "batch", b"batch", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "batch", b"batch", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop", "forward"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop", "forward", "batch"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
 Global___WorkerCommand: _TypeAlias = WorkerCommand  # noqa: Y015
+
+@_typing.final
+class WorkerCommands(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMANDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commands(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerCommand]: ...
+    def __init__(
+        self,
+        *,
+        commands: _abc.Iterable[Global___WorkerCommand] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commands", b"commands"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerCommands: _TypeAlias = WorkerCommands  # noqa: Y015
 
 @_typing.final
 class Arrival(_message.Message):

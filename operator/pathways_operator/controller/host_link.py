@@ -17,6 +17,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.command_batches import batches
 from pathways_wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,20 @@ class HostLink:
             self._channel.close()
 
     def _commands(self) -> Iterator[pb.HostCommand]:
-        while True:
-            item = self._queue.get()
+        """What is queued, a batch per message (`command_batches`)."""
+
+        def poll() -> pb.HostCommand | None:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return None
             if item is None:
-                return
-            yield item
+                self._queue.put(None)  # closing: the next take ends the stream
+            return item
+
+        return batches(
+            self._queue.get, poll, lambda commands: pb.HostCommand(batch=pb.HostCommands(commands=commands))
+        )
 
     def _run(self) -> None:
         stub = pb_grpc.DataflowStub(self._channel)

@@ -130,7 +130,13 @@ class Dataflow:
 
     def command(self, command: pb.HostCommand) -> None:
         kind = command.WhichOneof("command")
-        if kind == "load":
+        if kind == "batch":
+            for each in command.batch.commands:  # each on its own, as if it came alone
+                try:
+                    self.command(each)
+                except Exception:
+                    log.exception("control command %s failed", each.WhichOneof("command"))
+        elif kind == "load":
             self.link.send(pb.WorkerCommand(load=command.load))
         elif kind == "launch":
             launch = command.launch

@@ -20,6 +20,7 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.command_batches import batches
 from pathways_wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,21 @@ class WorkerLink:
         while not opened.wait(0.1):
             if ended.is_set() or self._stop.is_set():
                 return
-        while not ended.is_set() and not self._stop.is_set():
+
+        def take() -> pb.WorkerCommand | None:
+            while not ended.is_set() and not self._stop.is_set():
+                try:
+                    return self._commands.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+            return None
+
+        def poll() -> pb.WorkerCommand | None:
             try:
-                command = self._commands.get(timeout=0.2)
+                return self._commands.get_nowait()
             except queue.Empty:
-                continue
-            yield command
+                return None
+
+        yield from batches(
+            take, poll, lambda commands: pb.WorkerCommand(batch=pb.WorkerCommands(commands=commands))
+        )

@@ -104,7 +104,13 @@ class Executor:
 
     def handle(self, command: pb.WorkerCommand) -> None:
         kind = command.WhichOneof("command")
-        if kind == "load":
+        if kind == "batch":
+            for each in command.batch.commands:  # each on its own, as if it came alone
+                try:
+                    self.handle(each)
+                except Exception:
+                    log.exception("command %s failed", each.WhichOneof("command"))
+        elif kind == "load":
             self.load(command.load)
         elif kind == "launch":
             inputs = tuple(self._inline(command.launch.call_id, v) for v in command.launch.inputs)
