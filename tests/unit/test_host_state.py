@@ -337,8 +337,8 @@ def test_single_process_slice_dispatches_ahead_at_most_dispatch_ahead_bytes_of_o
 def test_single_process_slice_remembers_at_most_dispatch_ahead_count_computations_of_small_outputs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(host_state, "DISPATCH_AHEAD_COUNT", 3)
-    length = 7
+    monkeypatch.setattr(host_state, "DISPATCH_AHEAD_COUNT", 4)
+    length = 8
     chain = program([INPUT], *([(i, 0)] for i in range(length - 1)))
     state = host(1 << 20, False, chain)
     state.handle(launch("c1", inputs=[INPUT]))
@@ -349,9 +349,9 @@ def test_single_process_slice_remembers_at_most_dispatch_ahead_count_computation
 
     assert host_state.DISPATCH_AHEAD_BYTES > length * OUT_BYTES, "the bytes alone would hold every output"
     waits = [(d.grant.node, d.wait_for) for d in dispatches]
-    assert waits == [(n, ()) for n in range(3)] + [
-        (n, (f"c1-out{n - 3}",)) for n in range(3, length)
-    ], "once three computations are ahead, each lets go of the oldest, waiting for it"
+    assert waits == [(n, ()) for n in range(4)] + [
+        (4, ("c1-out1",)), (5, ()), (6, ("c1-out3",)), (7, ()),
+    ], "once four computations are ahead, the older two go, the next waiting for the newer of them"
 
 
 def test_released_call_logs_how_many_computations_overlapped_the_one_before() -> None:
