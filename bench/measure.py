@@ -33,6 +33,8 @@ class Figure:
     """The baseline is a given number (a weight's share), not a measurement."""
     limit: float | None = None
     """The most the quantity can physically be (utilization: 1); above it the baseline is wrong."""
+    limit_reason: str = "so the baseline is wrong"
+    """What a value above `limit` means, for the verdict."""
     counted: bool = False
     """The value is counted (bytes moved), not timed: one count is exact and needs no repeats."""
 

@@ -44,7 +44,7 @@ def verdict(f: Figure) -> str:
     if not f.target:
         return ""
     if f.limit is not None and f.repeats and f.high > f.limit:
-        return f"invalid: {f.high:.3g} > {f.limit:g}, so the baseline is wrong"
+        return f"invalid: {f.high:.3g} > {f.limit:g}, {f.limit_reason}"
     if f.met is None:
         return ""
     if f.repeats < MIN_REPEATS and not f.counted:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench.measure import Figure, figure
 from bench.report import markdown, read_run
+from bench.transfers import NO_COST, judged_move
 from bench.verdicts import MIN_REPEATS, share_error, share_met, spread_text, verdict
 
 STEADY = [1.0, 1.1, 1.05, 0.98, 1.02]
@@ -65,6 +66,18 @@ def test_utilization_above_one_is_invalid_never_met() -> None:
 
 def test_utilization_at_one_is_judged() -> None:
     assert verdict(judged([0.95, 0.97, 1.0, 0.96, 0.98], limit=1.0)) == "met"
+
+
+def test_a_move_whose_cost_was_lost_in_the_noise_is_invalid_never_met() -> None:
+    rates = [2.5, 2.6, NO_COST, 2.4, NO_COST]  # two repeats: moved no slower than stayed
+    f = judged_move(judged(rates))
+
+    assert f.median == 2.6 and f.met, "the median alone would say met"
+    assert verdict(f) == (
+        f"invalid: inf > {f.limit:g}, a repeat's moved call was no slower than its stayed call: "
+        "the move's cost was lost in the noise"
+    )
+    assert verdict(judged_move(judged([2.5, 2.6, 2.7, 2.4, 2.5]))) == "met"
 
 
 def test_a_figure_without_target_has_no_verdict() -> None:
