@@ -13,18 +13,16 @@ larger than `MAX_BYTES` goes alone; nothing waits to fill a batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 MAX_COMMANDS = 64
 MAX_BYTES = 1 << 20
 
-
-class _Sized(Protocol):
-    def ByteSize(self) -> int: ...
-
-
-M = TypeVar("M", bound=_Sized)
+M = TypeVar("M", bound=Message)
 
 
 def batches(
@@ -58,3 +56,13 @@ def batches(
             batch.append(more)
             total += size
         yield batch[0] if len(batch) == 1 else wrap(batch)
+
+
+def each_alone(commands: Iterable[M], carry_out: Callable[[M], None], log: logging.Logger, what: str) -> None:
+    """Carries out a batch's commands in order, each as if it had come alone: one that
+    fails is logged as `what` and its kind, and the rest still run."""
+    for command in commands:
+        try:
+            carry_out(command)
+        except Exception:
+            log.exception("%s %s failed", what, command.WhichOneof("command"))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
+import pytest
+
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.command_batches import batches
+from pathways_wire.command_batches import batches, each_alone
 
 
 def grants(call_id: str) -> pb.HostCommand:
@@ -85,3 +88,20 @@ def test_a_command_that_would_pass_max_bytes_starts_the_next_message_and_is_not_
 
 def test_the_stream_ends_when_take_has_nothing_more() -> None:
     assert sent([]) == []
+
+
+def test_each_command_of_a_batch_is_carried_out_alone_a_failing_one_logged_and_the_rest_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    done: list[str] = []
+
+    def carry_out(command: pb.HostCommand) -> None:
+        if command.launch.call_id == "bad":
+            raise ValueError("no such program")
+        done.append(command.launch.call_id)
+
+    with caplog.at_level(logging.ERROR):
+        each_alone([launch("c1"), launch("bad"), launch("c2")], carry_out, logging.getLogger("t"), "command")
+
+    assert done == ["c1", "c2"]
+    assert [r.getMessage() for r in caplog.records] == ["command launch failed"]

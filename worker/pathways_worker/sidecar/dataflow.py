@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from pathways_wire.command_batches import each_alone
 from pathways_wire.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
@@ -131,11 +132,7 @@ class Dataflow:
     def command(self, command: pb.HostCommand) -> None:
         kind = command.WhichOneof("command")
         if kind == "batch":
-            for each in command.batch.commands:  # each on its own, as if it came alone
-                try:
-                    self.command(each)
-                except Exception:
-                    log.exception("control command %s failed", each.WhichOneof("command"))
+            each_alone(command.batch.commands, self.command, log, "control command")
         elif kind == "load":
             self.link.send(pb.WorkerCommand(load=command.load))
         elif kind == "launch":

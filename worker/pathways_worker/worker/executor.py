@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.command_batches import each_alone
 from pathways_wire.host_blocks import HeldBlock
 from pathways_wire.transfer import parse_spec
 from pathways_worker.shared_memory import ShmDir
@@ -105,11 +106,7 @@ class Executor:
     def handle(self, command: pb.WorkerCommand) -> None:
         kind = command.WhichOneof("command")
         if kind == "batch":
-            for each in command.batch.commands:  # each on its own, as if it came alone
-                try:
-                    self.handle(each)
-                except Exception:
-                    log.exception("command %s failed", each.WhichOneof("command"))
+            each_alone(command.batch.commands, self.handle, log, "command")
         elif kind == "load":
             self.load(command.load)
         elif kind == "launch":
