@@ -4,7 +4,9 @@ Checked: shards written as one run are the value's bytes in C order; a sent
 piece file stays as a spare that the next writer of its size takes (once); an
 arrived value's file is kept while any view of it lives and becomes a spare
 only once every view is gone; the pool's thread makes warm files of the sizes
-asked for; and cleanup leaves nothing behind.
+asked for; a file that comes back as a spare is written through the mapping kept
+from its last write, and a kept mapping whose file is gone is let go; and cleanup
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -114,3 +116,32 @@ def test_a_file_handed_over_whole_goes_back_as_a_spare_to_the_host_that_wrote_it
         producer.cleanup()
         consumer.cleanup()
     assert not os.path.exists(producer.path) and not os.path.exists(consumer.path)
+
+
+def test_a_file_come_back_as_a_spare_is_written_through_its_kept_mapping(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "kept")
+    try:
+        first = shm.write_piece(Piece((0,), (MIB,), np.full(MIB, 5, np.uint8)))
+        inode = os.stat(first).st_ino
+        shm.recycle(first, MIB)
+        second = shm.write_piece(Piece((0,), (MIB,), np.full(MIB, 9, np.uint8)))
+
+        assert os.stat(second).st_ino == inode, "the spare was taken"
+        assert shm.maps.kept_bytes == MIB, "one mapping, kept and used again"
+        written = map_value(second, (MIB,), np.dtype(np.uint8))
+        assert int(written.min()) == int(written.max()) == 9
+    finally:
+        shm.cleanup()
+    assert shm.maps.kept_bytes == 0
+
+
+def test_a_kept_mapping_whose_file_is_gone_is_let_go_at_the_next_write(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "gone")
+    try:
+        gone = shm.write_piece(Piece((0,), (MIB,), np.full(MIB, 1, np.uint8)))
+        os.unlink(gone)  # its consumer removed it
+        shm.write_piece(Piece((0,), (2 * MIB,), np.full(2 * MIB, 2, np.uint8)))
+
+        assert shm.maps.kept_bytes == 2 * MIB, "the removed file's pages are no longer pinned"
+    finally:
+        shm.cleanup()

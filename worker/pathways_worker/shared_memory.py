@@ -14,6 +14,10 @@ them through a mapping populated in one call: one copy at memcpy speed, where a
 fresh file costs a fault and a zeroed page per 4 KiB. Readers map files
 populated too, and JAX adopts page-aligned blocks of such a mapping as device
 buffers without copying them.
+
+A file that goes back and forth (written here, handed over, come back as a
+spare) is written through the same mapping each time (`WriterMaps`): mapping
+64 MiB populated and unmapping it cost 2.5 ms of a 12 ms write.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import shutil
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +44,66 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 REFILL_NICENESS = 10
 _SPARE = "-spare-"
 CLOSE_WAIT_S = 10.0
+
+
+class WriterMaps:
+    """The writable mappings of the files a `ShmDir` wrote, kept for when a file comes
+    back as a spare: at most `limit_bytes` of them, the oldest let go first.
+
+    Each is kept with an open descriptor, so its inode cannot be reused while it is
+    kept and a file at the same path with the same inode is the same file. One whose
+    file is gone (no name left) is let go at the next write, so it pins no pages for
+    long."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self._limit = limit_bytes
+        self._lock = threading.Lock()
+        self._kept: dict[int, tuple[int, mmap.mmap]] = {}  # inode -> (descriptor, mapping), oldest first
+
+    def mapping(self, path: str, nbytes: int) -> mmap.mmap:
+        """A populated writable mapping of the file of `nbytes` at `path`, kept for next time."""
+        st = os.stat(path)
+        with self._lock:
+            self._let_go(lambda fd, mapped: os.fstat(fd).st_nlink == 0)
+            kept = self._kept.pop(st.st_ino, None)
+            if kept is not None and len(kept[1]) == nbytes and os.path.samestat(os.fstat(kept[0]), st):
+                self._kept[st.st_ino] = kept  # now the newest
+                return kept[1]
+            if kept is not None:
+                _close_kept(*kept)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._kept[st.st_ino] = (fd, mapped)
+            total = sum(len(m) for _, m in self._kept.values())
+            for inode in list(self._kept):
+                if total <= self._limit:
+                    break
+                total -= len(self._kept[inode][1])
+                _close_kept(*self._kept.pop(inode))
+        return mapped
+
+    @property
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return sum(len(m) for _, m in self._kept.values())
+
+    def _let_go(self, gone: Callable[[int, mmap.mmap], bool]) -> None:
+        for inode in [i for i, (fd, m) in self._kept.items() if gone(fd, m)]:
+            _close_kept(*self._kept.pop(inode))
+
+    def close(self) -> None:
+        with self._lock:
+            self._let_go(lambda fd, mapped: True)
+
+
+def _close_kept(fd: int, mapped: mmap.mmap) -> None:
+    mapped.close()
+    os.close(fd)
 
 
 class WarmFiles:
@@ -111,6 +175,17 @@ class WarmFiles:
             remove(path)
 
 
+def _write_pieces(mapped: mmap.mmap, pieces: list[Piece]) -> None:
+    """Pieces one after another from the start of the mapping."""
+    target = np.frombuffer(mapped, np.uint8)
+    offset = 0
+    for piece in pieces:
+        n = piece.data.nbytes
+        target[offset : offset + n] = piece.data.reshape(-1).view(np.uint8)
+        offset += n
+    del target  # a mapping with a live export cannot be closed
+
+
 def _allocate(path: str, nbytes: int) -> bool:
     """A file of `nbytes` whose pages exist and are zeroed already: tmpfs
     allocates pages on `fallocate` but zeroes each only on its first fault, so
@@ -137,6 +212,7 @@ class ShmDir:
         os.makedirs(self.path, exist_ok=True)
         self.warm_limit = warm_limit_bytes
         self.warm = WarmFiles(self, warm_limit_bytes)
+        self.maps = WriterMaps(warm_limit_bytes)
 
     def new_path(self, what: str) -> str:
         return os.path.join(self.path, f"{self.prefix}-{next(self._names)}-{what}.bin")
@@ -159,16 +235,13 @@ class ShmDir:
         path = self.new_file("piece", nbytes)
         if nbytes == 0:
             return path
+        if nbytes >= MIN_WARM_BYTES:  # it may come back as a spare: keep its mapping
+            _write_pieces(self.maps.mapping(path, nbytes), pieces)
+            return path
         fd = os.open(path, os.O_RDWR)
         try:
             with mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE) as mapped:
-                target = np.frombuffer(mapped, np.uint8)
-                offset = 0
-                for piece in pieces:
-                    n = piece.data.nbytes
-                    target[offset : offset + n] = piece.data.reshape(-1).view(np.uint8)
-                    offset += n
-                del target
+                _write_pieces(mapped, pieces)
         finally:
             os.close(fd)
         return path
@@ -257,6 +330,7 @@ class ShmDir:
         """Removes this process's files and the directory's spares (whoever
         left them); the directory itself if it is empty."""
         self.warm.close()
+        self.maps.close()
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
