@@ -43,7 +43,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pathways_wire.data_frames import (
@@ -206,9 +206,9 @@ class DataChannelServer:
             send_frame(conn, REPLY, pb.PutReply(error=found.message, code=found.code))
             return
         try:
-            headers = sum(1 for _ in exported_headers(found, self._host_name))
-            send_frame(conn, REPLY, pb.PutReply(pieces=headers))
-            send_exported(conn, found, self._host_name)
+            headers = list(exported_headers(found, self._host_name))
+            send_frame(conn, REPLY, pb.PutReply(pieces=len(headers)))
+            send_headers(conn, headers)
             self._transfers.add("out", "data-channel", sum(p.nbytes for p in found.pieces))
         finally:
             remove_pieces(found)
@@ -265,13 +265,23 @@ def send_exported(
     sock: socket.socket, exported: pb.Exported, sender: str, handover: bool = False, movable: bool = False
 ) -> None:
     """An exported value's piece frames, each followed by its bytes; on one machine
-    (`handover`) a piece that starts its file goes as the file's path instead."""
-    for header, piece in exported_headers(exported, sender):
+    (`handover`) a piece that starts its file goes as the file's path instead, the
+    file itself given over (`movable`) when it is the whole value's only piece."""
+    send_headers(sock, exported_headers(exported, sender), handover, movable and len(exported.pieces) == 1)
+
+
+def send_headers(
+    sock: socket.socket, headers: Iterable[tuple[pb.BufferHeader, pb.Piece | None]],
+    handover: bool = False, movable: bool = False,
+) -> None:
+    """Piece frames (`transfer.exported_headers`), each followed by its bytes or, with
+    `handover`, naming its file (`send_exported`)."""
+    for header, piece in headers:
         path = piece.path if piece is not None else ""
         if path and handover and not piece_offset(piece):
             st = os.stat(path)
             header.path, header.file_device, header.file_inode = path, st.st_dev, st.st_ino
-            header.movable = movable and len(exported.pieces) == 1
+            header.movable = movable
             send_frame(sock, PIECE, header)
         elif piece is not None and not path:
             send_frame(sock, PIECE, header, piece.data)
