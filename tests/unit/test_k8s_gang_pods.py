@@ -194,3 +194,9 @@ def test_every_pod_of_the_gang_carries_the_slice_priority_class() -> None:
         assert host_pod_manifest(urgent, GANG, index, 1, "10.0.0.5", WorkerDefaults())["spec"][
             "priorityClassName"] == "team-high"
     assert "priorityClassName" not in host_pod_manifest(SLICE, GANG, 0, 1, None, WorkerDefaults())["spec"]
+
+
+def test_host_pods_mount_no_service_account_token() -> None:
+    for index, coordinator in ((0, None), (1, "10.0.0.5")):
+        spec = host_pod_manifest(SLICE, GANG, index, 1, coordinator, WorkerDefaults())["spec"]
+        assert spec["automountServiceAccountToken"] is False

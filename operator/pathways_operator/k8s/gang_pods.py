@@ -337,6 +337,8 @@ def host_pod_manifest(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
+        # A host talks to its sidecar, its peers and the controller, never to the API server.
+        "automountServiceAccountToken": False,
         "containers": [worker, sidecar],
         "volumes": [
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
