@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.controller.errors import ControllerError
+from pathways_operator.core.grant_order import grant_order
 from pathways_operator.core.island_scheduler import ScheduledComputation
 
 PlanKey = tuple[tuple[str, str, int], ...]
@@ -33,16 +34,17 @@ class ProgramRecord:
     """Launches for the gangs they were planned for."""
 
     def scheduled(self) -> list[ScheduledComputation]:
-        """The program's computations as the island scheduler orders them (made once)."""
+        """The program's computations in the order they are granted (`core.grant_order`),
+        made once."""
         if self.schedule is None:
-            self.schedule = [
+            self.schedule = grant_order([
                 ScheduledComputation(
                     node=c.index,
                     slice_id=self.bindings[c.slice],
                     deps=tuple(sorted({v.node for v in c.inputs if not v.is_program_input})),
                 )
                 for c in self.program.computations
-            ]
+            ])
         return self.schedule
 
 
