@@ -4,8 +4,11 @@
 of the other; one training step is one `@pw.program` whose graph has, per
 microbatch, a forward on stage 0, a forward+backward on stage 1 and a backward
 on stage 0, then one update per stage. Activations and their gradients cross
-islands host-to-host; the hosts overlap microbatches on their own, since each
-computation runs as soon as its inputs arrive. `SpmdTrainer` runs the whole
+islands host-to-host. The loop is written microbatch by microbatch; the island
+scheduler grants each stage's computations fewest-moves-first
+(`pathways_operator.core.grant_order`), so stage 0 runs every forward before the
+first backward, whose gradient has to come back from stage 1, and the stages
+overlap as in GPipe. `SpmdTrainer` runs the whole
 model data-parallel on one slice of the same total size.
 """
 
