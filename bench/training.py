@@ -7,6 +7,13 @@
 (c) the value bytes through the client per step (`Runtime.traffic`), beside the
     batch's own size: what keeping parameters on the hosts drives down.
 
+What stops (a) on a machine of few cores, same run: the CPU each step costs. After
+the timed repeats, `PROFILE_STEPS` more steps per repeat are run with the CPU of every
+process read from `/proc/<pid>/stat` before and after (`bench.floors.profile`): this
+process for `jax.jit`; this client, the controller, the worker and the sidecar for
+the slice. All of it divided by the machine's cores is the least time a step with
+that CPU can take, however well the processes overlap: (a)'s floor on this machine.
+
 Every setup trains from the same parameters on the same batches for the same number of
 steps, and the note of each row gives both final losses, so a row whose computation
 differs shows. Batches are made before the clock starts.
@@ -18,6 +25,7 @@ import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -28,20 +36,24 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
-from bench import mlp
+from bench import floors, mlp
 from bench.measure import Figure, figure
 
 EXP = "8 training"
 WARM_STEPS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE_TIMEOUT_S = 600.0
+PROFILE_STEPS = 40
+"""Steps per repeat of the CPU profile of (a): a 10 ms tick over 40 steps is 0.25 ms a step."""
 
 
 def _batches(count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [mlp.batch(i) for i in range(count)]
 
 
-def _jax_jit(steps: int, repeats: int) -> tuple[list[float], float]:
+def _jax_jit(steps: int, repeats: int, profile_steps: int = 0) -> tuple[list[float], float, list[float]]:
+    """ms per step of each repeat, the final loss, and (``profile_steps`` > 0) this
+    process's ms of CPU per step over that many more steps per repeat."""
     step = jax.jit(mlp.sgd_step)
     data = _batches(WARM_STEPS + steps * repeats)
     params: Any = jax.device_put(mlp.init_params())
@@ -56,14 +68,29 @@ def _jax_jit(steps: int, repeats: int) -> tuple[list[float], float]:
         last = float(loss)
         times.append((time.perf_counter() - start) / steps * 1e3)
         i += steps
-    return times, last
+
+    def more_steps() -> int:
+        nonlocal params, loss
+        for k in range(profile_steps):
+            x, y = data[k % len(data)]
+            params, loss = step(params, x, y)
+        float(loss)
+        return profile_steps
+
+    cpu = floors.profile({"jax.jit": [os.getpid()]}, more_steps, repeats)["jax.jit"] if profile_steps else []
+    return times, last, [us / 1e3 for us in cpu]
 
 
 LOSS_BYTES = 4
 """A float32 loss: what each repeat fetches to learn where training stands."""
 
 
-def _pathways(devices: int, steps: int, repeats: int) -> tuple[list[float], float, pw.ClientTraffic]:
+def _pathways(
+    devices: int, steps: int, repeats: int, profile_steps: int = 0
+) -> tuple[list[float], float, pw.ClientTraffic, dict[str, list[float]]]:
+    """ms per step of each repeat, the final loss, the client's traffic over the timed
+    steps, and (``profile_steps`` > 0) each process's ms of CPU per step, by role, over
+    that many more steps per repeat."""
     vslice = pw.make_virtual_device_set().add_slice(devices=devices)
     step_fn = pw.jit(mlp.sgd_step, slice=vslice, in_shardings=(None, P("x"), P("x")),
                      out_shardings=(None, None))
@@ -87,7 +114,21 @@ def _pathways(devices: int, steps: int, repeats: int) -> tuple[list[float], floa
         last = float(np.asarray(loss))
         times.append((time.perf_counter() - start) / steps * 1e3)
         i += steps
-    return times, last, runtime.traffic - before
+    traffic = runtime.traffic - before
+
+    def more_steps() -> int:
+        nonlocal params, loss
+        for k in range(profile_steps):
+            x, y = data[k % len(data)]
+            params, loss = train(params, x, y)
+        float(np.asarray(loss))
+        return profile_steps
+
+    cpu: dict[str, list[float]] = {}
+    if profile_steps:
+        cpu = {role: [us / 1e3 for us in samples] for role, samples in
+               floors.profile(floors.cluster_pids(runtime), more_steps, repeats).items()}
+    return times, last, traffic, cpu
 
 
 def _coordinator() -> str:
@@ -139,27 +180,50 @@ def _against(name: str, samples: list[float], baseline: Figure, short: str, limi
     return f
 
 
+def _cpu_figures(jit_cpu: list[float], cpu: dict[str, list[float]], base: Figure, a: Figure) -> list[Figure]:
+    """(a)'s CPU per step, `jax.jit`'s and each process's of the slice, and the floor it sets."""
+    cores = os.cpu_count() or 1
+    how = (f"/proc/<pid>/stat utime+stime over {PROFILE_STEPS} steps per repeat, resolution "
+           f"{1e3 / os.sysconf('SC_CLK_TCK') / PROFILE_STEPS:.2f} ms/step")
+    out = [figure(EXP, "(a) CPU per step: jax.jit's process", "ms CPU/step", jit_cpu, note=how)]
+    for role, samples in cpu.items():
+        out.append(figure(EXP, f"(a) CPU per step: the 1-device slice's {role}", "ms CPU/step", samples,
+                          note=how))
+    total = [sum(per_role) for per_role in zip(*cpu.values())]
+    out.append(figure(EXP, "(a) CPU per step: all processes of the 1-device slice", "ms CPU/step", total,
+                      baseline="jax.jit's process", baseline_samples=jit_cpu,
+                      ratio=statistics.median(total) / statistics.median(jit_cpu)))
+    floor = [t / cores for t in total]
+    out.append(figure(EXP, f"(a) floor: the slice's CPU per step over {cores} cores", "ms/step", floor,
+                      baseline="jax.jit", baseline_samples=base.samples,
+                      ratio=statistics.median(floor) / base.median,
+                      note=f"the least step time this CPU allows, however well the processes "
+                           f"overlap; (a) takes {a.median:.1f} ms/step"))
+    return out
+
+
 def run(steps: int, repeats: int) -> list[Figure]:
     batch_kib = mlp.batch_bytes() / 1024
     params_mib = mlp.param_bytes(mlp.init_params()) / 2**20
 
-    jit_ms, jit_loss = _jax_jit(steps, repeats)
+    jit_ms, jit_loss, jit_cpu = _jax_jit(steps, repeats, PROFILE_STEPS)
     base_a = figure(EXP, "jax.jit, one process, 1 device", "ms/step", jit_ms)
     pw.connect(islands={"island-a": 8}, devices_per_host=4)
-    one_ms, one_loss, one_traffic = _pathways(1, steps, repeats)
+    one_ms, one_loss, one_traffic, one_cpu = _pathways(1, steps, repeats, PROFILE_STEPS)
     a = _against("(a) 1-device slice", one_ms, base_a, "jax.jit", 1.2, "≤ 1.2× jax.jit",
                  f"final loss {one_loss:.6f} (jax.jit {jit_loss:.6f}); {params_mib:.1f} MiB of parameters")
+    profile_a = _cpu_figures(jit_cpu, one_cpu, base_a, a)
 
     mc_ms, mc_loss = _multi_controller(2, 4, steps, repeats)
     base_b = figure(EXP, "multi-controller JAX, 2 processes x 4 devices (gloo)", "ms/step", mc_ms)
     pw.connect(islands={"island-a": 8}, devices_per_host=4)
-    eight_ms, eight_loss, eight_traffic = _pathways(8, steps, repeats)
+    eight_ms, eight_loss, eight_traffic, _ = _pathways(8, steps, repeats)
     b = _against("(b) 8-device slice, 2 hosts x 4", eight_ms, base_b, "multi-controller", 1.1,
                  "≤ 1.1× multi-controller (paper: parity)",
                  f"final loss {eight_loss:.6f} (multi-controller {mc_loss:.6f})")
     pw.shutdown()
 
-    figures = [base_a, a, base_b, b]
+    figures = [base_a, a, *profile_a, base_b, b]
     timed_steps = steps * repeats
     fetched = LOSS_BYTES * repeats  # each repeat ends by fetching its loss, as a user would
     for label, traffic in (("1-device", one_traffic), ("8-device", eight_traffic)):
