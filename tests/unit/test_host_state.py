@@ -16,7 +16,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref
 from pathways_worker.worker.call_plan import layout_program
 from pathways_worker.worker import host_state
-from pathways_worker.worker.host_state import FINISH_BATCH, HostState
+from pathways_worker.worker.host_state import FINISH_BATCH, FINISH_BATCH_BYTES, HostState
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
@@ -245,6 +245,38 @@ def test_single_process_slice_hands_over_every_finish_batch_computations() -> No
     said = run_chain(state, state.handle(grants("c1", *range(FINISH_BATCH + 1))))
 
     assert [len(b.grants) for b in only(FinishBatch, said)] == [FINISH_BATCH, 1]
+
+
+def one_computation_calls(state: HostState, count: int) -> list[Instruction]:
+    """`count` calls of a one-computation program, all launched and granted at once, as a
+    training loop keeps them queued ahead; run until nothing more is dispatched."""
+    calls = [f"c{k}" for k in range(count)]
+    for call in calls:
+        state.handle(launch(call, inputs=[INPUT]))
+    return run_chain(state, state.handle(GrantsReceived(tuple(
+        GrantId(1 + k, call, 0) for k, call in enumerate(calls)))), limit=4 * count)
+
+
+def test_calls_queued_ahead_are_handed_over_once_their_outputs_reach_the_batch_bytes() -> None:
+    """Large outputs: a batch holds back at most FINISH_BATCH_BYTES of them, so a host does
+    not keep FINISH_BATCH training steps' parameters waiting for company."""
+    step_bytes = FINISH_BATCH_BYTES // 4
+    state = HostState("host-0", 64 * step_bytes, input_timeout_s=5.0, multi_process=False)
+    one = program([INPUT])
+    state.handle(ProgramLoaded(layout_program(one), {}, {0: (step_bytes,)},
+                               {c.index: tuple(c.outputs) for c in one.program.computations}, {}))
+
+    said = one_computation_calls(state, 9)
+
+    assert [len(b.grants) for b in only(FinishBatch, said)] == [4, 4, 1]
+
+
+def test_calls_of_small_outputs_queued_ahead_still_go_finish_batch_at_a_time() -> None:
+    state = host(1 << 20, False, program([INPUT]))
+
+    said = one_computation_calls(state, FINISH_BATCH + 2)
+
+    assert [len(b.grants) for b in only(FinishBatch, said)] == [FINISH_BATCH, 2]
 
 
 def test_single_process_slice_hands_over_at_once_after_an_output_that_leaves_the_host() -> None:
