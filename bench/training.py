@@ -69,16 +69,29 @@ def _jax_jit(steps: int, repeats: int, profile_steps: int = 0) -> tuple[list[flo
         times.append((time.perf_counter() - start) / steps * 1e3)
         i += steps
 
+    cpu = _step_cpu({"jax.jit": [os.getpid()]}, step, params, data, profile_steps, repeats)
+    return times, last, cpu.get("jax.jit", [])
+
+
+def _step_cpu(
+    pids: dict[str, list[int]], step: Any, params: Any, data: list[tuple[np.ndarray, np.ndarray]],
+    profile_steps: int, repeats: int,
+) -> dict[str, list[float]]:
+    """ms of CPU per training step of each role's processes, per repeat of `profile_steps`
+    more steps from `params` (none when `profile_steps` is 0)."""
+    if not profile_steps:
+        return {}
+
     def more_steps() -> int:
-        nonlocal params, loss
+        nonlocal params
         for k in range(profile_steps):
             x, y = data[k % len(data)]
             params, loss = step(params, x, y)
-        float(loss)
+        float(np.asarray(loss))
         return profile_steps
 
-    cpu = floors.profile({"jax.jit": [os.getpid()]}, more_steps, repeats)["jax.jit"] if profile_steps else []
-    return times, last, [us / 1e3 for us in cpu]
+    return {role: [us / 1e3 for us in samples]
+            for role, samples in floors.profile(pids, more_steps, repeats).items()}
 
 
 LOSS_BYTES = 4
@@ -115,19 +128,7 @@ def _pathways(
         times.append((time.perf_counter() - start) / steps * 1e3)
         i += steps
     traffic = runtime.traffic - before
-
-    def more_steps() -> int:
-        nonlocal params, loss
-        for k in range(profile_steps):
-            x, y = data[k % len(data)]
-            params, loss = train(params, x, y)
-        float(np.asarray(loss))
-        return profile_steps
-
-    cpu: dict[str, list[float]] = {}
-    if profile_steps:
-        cpu = {role: [us / 1e3 for us in samples] for role, samples in
-               floors.profile(floors.cluster_pids(runtime), more_steps, repeats).items()}
+    cpu = _step_cpu(floors.cluster_pids(runtime), train, params, data, profile_steps, repeats)
     return times, last, traffic, cpu
 
 
