@@ -35,6 +35,10 @@ class Figure:
     """The most the quantity can physically be (utilization: 1); above it the baseline is wrong."""
     limit_reason: str = "so the baseline is wrong"
     """What a value above `limit` means, for the verdict."""
+    limit_each: bool = True
+    """Whether any repeat above `limit` voids the figure (a repeat whose measurement was
+    lost), or only the median (a ratio whose repeats scatter about a true value that
+    may be the limit itself: a utilization of 1 reads 0.97 in one window, 1.03 in the next)."""
     counted: bool = False
     """The value is counted (bytes moved), not timed: one count is exact and needs no repeats."""
 

@@ -8,7 +8,10 @@ a baseline measured in the same run whose own repeats agree within
 a given number is exact and judged as it is. Otherwise the row says
 "noisy, not judged" and why. A value beyond what the quantity can physically be
 (a utilization above 1) means its baseline is wrong: the row says "invalid",
-which is never "met". Shares are judged relative to each weight's share, so a
+which is never "met". For a lost measurement any repeat beyond it voids the
+figure; for a ratio whose true value may be the limit itself (a utilization of
+1, which windows read as 0.97 or 1.03 by the baseline's own noise) the median
+is what must stay within it. Shares are judged relative to each weight's share, so a
 small tenant cannot pass with 1.45× its share as an absolute tolerance allowed.
 
 Everything here is a pure function of a `Figure` as stored in a run's JSON, so
@@ -43,8 +46,9 @@ def verdict(f: Figure) -> str:
     """What the row's verdict column says: "" (no target), invalid, not judged, met or missed."""
     if not f.target:
         return ""
-    if f.limit is not None and f.repeats and f.high > f.limit:
-        return f"invalid: {f.high:.3g} > {f.limit:g}, {f.limit_reason}"
+    beyond = f.high if f.limit_each else f.median
+    if f.limit is not None and f.repeats and beyond > f.limit:
+        return f"invalid: {beyond:.3g} > {f.limit:g}, {f.limit_reason}"
     if f.met is None:
         return ""
     if f.repeats < MIN_REPEATS and not f.counted:
@@ -84,6 +88,7 @@ def rules_text() -> str:
         "baseline that is a given number (a weight's share) has no spread, and a count (bytes moved) "
         "against one is judged from a single count. A figure above what its "
         "quantity can be (utilization above 1: the single-tenant baseline is wrong) is \"invalid\", "
-        f"never met. Shares are judged within {SHARE_TOLERANCE:.0%} of each weight's share, relative. "
+        "never met: a utilization by its median, since windows scatter about a true 1 by the "
+        "baseline's own noise; a transfer by any repeat whose move was lost in the noise. Shares are judged within {SHARE_TOLERANCE:.0%} of each weight's share, relative. "
         "n is the number of independent repeats; a single measurement has no spread column."
     )

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathways_worker.batch_queue import BatchQueue
 
 
-def recording(answer: bool, asked: list[bool]) -> Callable[[], bool]:
-    def more_coming() -> bool:
+def recording(answer: bool, asked: list[bool]) -> Callable[[int], bool]:
+    def more_coming(held: int) -> bool:
         asked.append(answer)
         return answer
 
@@ -31,7 +31,7 @@ def test_urgent_items_end_a_linger_under_way() -> None:
     queue.put(1)
     lingering = threading.Event()
 
-    def more_coming() -> bool:
+    def more_coming(held: int) -> bool:
         lingering.set()
         return True
 
@@ -59,7 +59,7 @@ def test_a_batch_without_urgent_items_asks_whether_to_linger() -> None:
     queue.put(2)
     items, _ = queue.take(0.0, linger_s=60.0, more_coming=recording(False, asked))
     assert items == [2]
-    assert asked == [False]
+    assert asked[-1] is False
 
 
 def test_a_nudge_alone_ends_a_take_with_an_empty_batch() -> None:
@@ -94,3 +94,33 @@ def test_items_put_together_as_urgent_go_without_lingering_in_their_order() -> N
     items, _ = queue.take(0.0, linger_s=60.0, more_coming=recording(True, asked))
     assert items == [3, 1, 2]
     assert asked == []
+
+
+def test_a_linger_ends_once_the_items_held_make_lingering_pointless() -> None:
+    """`more_coming` is asked again with the count held at every item put."""
+    queue: BatchQueue[int] = BatchQueue()
+    seen: list[int] = []
+    lingering = threading.Event()
+
+    def more_coming(held: int) -> bool:
+        seen.append(held)
+        lingering.set()
+        return held < 3
+
+    queue.put(1)
+    taken: list[list[int]] = []
+    taker = threading.Thread(
+        target=lambda: taken.append(queue.take(0.0, linger_s=600.0, more_coming=more_coming)[0])
+    )
+    taker.start()
+    try:
+        assert lingering.wait(timeout=30.0)
+        queue.put(2)
+        queue.put(3)
+        taker.join(timeout=30.0)
+        assert not taker.is_alive(), "the take still lingers with 3 items held"
+        assert taken == [[1, 2, 3]]
+        assert seen[0] == 1 and seen[-1] == 3
+    finally:
+        queue.put(4, urgent=True)
+        taker.join(timeout=30.0)

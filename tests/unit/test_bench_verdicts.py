@@ -15,10 +15,10 @@ STEADY = [1.0, 1.1, 1.05, 0.98, 1.02]
 
 
 def judged(samples: list[float], *, met: bool = True, baseline: list[float] | None = None,
-           exact: bool = False, limit: float | None = None) -> Figure:
+           exact: bool = False, limit: float | None = None, limit_each: bool = True) -> Figure:
     return figure("x", "f", "GB/s", samples, baseline="b", target="≥ 1", met=met,
                   baseline_samples=STEADY if baseline is None else baseline,
-                  baseline_exact=exact, limit=limit)
+                  baseline_exact=exact, limit=limit, limit_each=limit_each)
 
 
 def test_met_and_missed_need_five_repeats_and_a_steady_baseline() -> None:
@@ -59,9 +59,19 @@ def test_a_measured_baseline_without_recorded_repeats_is_not_judged() -> None:
     assert verdict(old) == "noisy, not judged (baseline n 0 < 5)"
 
 
-def test_utilization_above_one_is_invalid_never_met() -> None:
+def test_a_repeat_above_the_limit_voids_a_figure_judged_by_each_repeat() -> None:
     f = judged([0.95, 0.97, 1.01, 0.96, 0.98], limit=1.0)
     assert verdict(f) == "invalid: 1.01 > 1, so the baseline is wrong"
+
+
+def test_utilization_whose_median_is_above_one_is_invalid_never_met() -> None:
+    f = judged([1.02, 0.99, 1.01, 1.03, 0.98], limit=1.0, limit_each=False)
+    assert verdict(f) == "invalid: 1.01 > 1, so the baseline is wrong"
+
+
+def test_utilization_whose_windows_scatter_about_one_is_judged_by_its_median() -> None:
+    f = judged([0.95, 0.97, 1.01, 0.96, 0.98], limit=1.0, limit_each=False)
+    assert verdict(f) == "met"
 
 
 def test_utilization_at_one_is_judged() -> None:

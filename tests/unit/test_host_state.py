@@ -247,6 +247,40 @@ def test_single_process_slice_hands_over_every_finish_batch_computations() -> No
     assert [len(b.grants) for b in only(FinishBatch, said)] == [FINISH_BATCH, 1]
 
 
+def test_only_the_last_computation_of_a_call_on_the_host_ends_it() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    said = run_chain(state, state.handle(grants("c1", 0, 1, 2)))
+
+    (batch,) = only(FinishBatch, said)
+    assert [f.ends_call for f in batch.grants] == [False, False, True]
+
+
+def test_work_in_hand_counts_queued_running_and_gathered_grants() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    first = state.handle(grants("c1", 0, 1, 2))
+    assert state.in_hand == 3  # one running, two queued behind it
+    after_one = ran(state, only(Dispatch, first)[0])
+    assert state.in_hand == 3  # one dispatched in the batch being gathered, one running, one queued
+    run_chain(state, after_one)
+    assert state.in_hand == 0  # all three handed to the finisher
+
+
+def test_work_in_hand_behind_a_head_waiting_for_its_input_is_none() -> None:
+    """What a waiting head waits for may come only after the host's completions are heard."""
+    state = host()
+    state.handle(launch("c1"))                      # its program input has not arrived
+    state.handle(launch("c2", inputs=[INPUT]))
+
+    state.handle(GrantsReceived((GrantId(1, "c1", 0), GrantId(2, "c2", 0))))
+
+    assert state.grants_queued == 2
+    assert state.in_hand == 0
+
+
 def one_computation_calls(state: HostState, count: int) -> list[Instruction]:
     """`count` calls of a one-computation program, all launched and granted at once, as a
     training loop keeps them queued ahead; run until nothing more is dispatched."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
+
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.worker.finisher import WITH_COMPLETION_BYTES, exports_with_completion
-from pathways_worker.worker.outbox import WorkerOutbox
+from pathways_worker.worker import outbox as outbox_module
+from pathways_worker.worker.outbox import WorkerOutbox, worth_lingering
 
 
 def test_small_values_leave_with_their_completion() -> None:
@@ -17,7 +22,7 @@ def test_large_values_leave_after_their_completion() -> None:
 
 
 def test_a_finished_computation_and_its_exports_are_one_event_sent_at_once() -> None:
-    outbox = WorkerOutbox(lambda: 7, 100, busy=lambda: True)
+    outbox = WorkerOutbox(lambda: 7, 100, in_hand=lambda: 100)
     done = [pb.Completion(seq=1, call_id="c", node=0, ok=True)]
     exported = [pb.Exported(call_id="c", pieces=[pb.Piece(nbytes=4, data=b"abcd")])]
     outbox.finished(done, exported)
@@ -26,3 +31,67 @@ def test_a_finished_computation_and_its_exports_are_one_event_sent_at_once() -> 
     assert list(event.completions) == done and list(event.exported) == exported
     assert event.store_bytes == 7
     assert outbox.take_event(0.0) is None
+
+
+def test_completions_linger_only_while_the_host_has_more_left_than_it_holds() -> None:
+    assert worth_lingering(in_hand=9, held=8)
+    assert not worth_lingering(in_hand=9, held=9)
+    assert not worth_lingering(in_hand=0, held=0), "nothing left: a call's end goes at once"
+
+
+def completion(seq: int, ok: bool = True) -> pb.Completion:
+    return pb.Completion(seq=seq, call_id="c", node=seq, ok=ok, error="" if ok else "boom")
+
+
+def take_in_thread(outbox: WorkerOutbox) -> tuple[threading.Thread, list[pb.WorkerEvent | None]]:
+    taken: list[pb.WorkerEvent | None] = []
+    taker = threading.Thread(target=lambda: taken.append(outbox.take_event(0.0)))
+    taker.start()
+    return taker, taken
+
+
+@pytest.fixture
+def endless_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take that lingered to its bound would never end: the tests see whether it lingers."""
+    monkeypatch.setattr(outbox_module, "EVENT_LINGER_S", 600.0)
+
+
+@pytest.mark.usefixtures("endless_linger")
+def test_completions_wait_for_company_until_they_are_as_many_as_the_work_left() -> None:
+    left = [3]
+    asked = threading.Event()
+
+    def in_hand() -> int:
+        asked.set()
+        return left[0]
+
+    outbox = WorkerOutbox(lambda: 0, 100, in_hand=in_hand)
+    outbox.completions([completion(1)])
+    taker, taken = take_in_thread(outbox)
+    try:
+        assert asked.wait(timeout=30.0)
+        left[0] = 2
+        outbox.completions([completion(2)])  # 2 held, 2 left: these go
+        taker.join(timeout=30.0)
+        assert not taker.is_alive(), "the completions still linger with as many held as left"
+        (event,) = taken
+        assert event is not None and [c.seq for c in event.completions] == [1, 2]
+    finally:
+        outbox.completions([completion(99)], ends_call=True)
+        taker.join(timeout=30.0)
+
+
+@pytest.mark.usefixtures("endless_linger")
+@pytest.mark.parametrize("why", ["ends its call", "failed"])
+def test_a_completion_someone_waits_for_goes_at_once_however_much_is_left(why: str) -> None:
+    outbox = WorkerOutbox(lambda: 0, 100, in_hand=lambda: 100)
+    outbox.completions([completion(1, ok=why != "failed")], ends_call=why == "ends its call")
+    taker, taken = take_in_thread(outbox)
+    try:
+        taker.join(timeout=30.0)
+        assert not taker.is_alive(), f"a completion that {why} lingered"
+        (event,) = taken
+        assert event is not None and [c.seq for c in event.completions] == [1]
+    finally:
+        outbox.completions([completion(99)], ends_call=True)
+        taker.join(timeout=30.0)

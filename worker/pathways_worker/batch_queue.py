@@ -43,15 +43,16 @@ class BatchQueue(Generic[T]):
         self,
         timeout_s: float,
         linger_s: float = 0.0,
-        more_coming: Callable[[], bool] | None = None,
+        more_coming: Callable[[int], bool] | None = None,
         nudges_wake: bool = True,
     ) -> tuple[list[T], bool]:
         """Everything queued (waiting up to timeout_s for something), and whether
         a nudge arrived. With `linger_s`, once something is there it waits that
         much longer for company: a few hundred microseconds turn a stream of
-        one-completion messages into a few large ones. `more_coming` says
-        whether lingering can pay off; when it says no, or an urgent item is
-        queued, the batch goes now, and an urgent item ends a linger under way.
+        one-completion messages into a few large ones. `more_coming(held)` says
+        whether lingering can still pay off with `held` items queued; it is
+        asked again at every item put while lingering, and once it says no, or
+        an urgent item is queued, the batch goes now.
         Without `nudges_wake`, only items end the wait (a nudge is still reported)."""
         with self._cv:
             if not self._items and not (nudges_wake and self._nudged):
@@ -60,9 +61,12 @@ class BatchQueue(Generic[T]):
                 nudged, self._nudged = self._nudged, False
                 return [], nudged
             urgent = self._urgent
-        if linger_s > 0 and not urgent and (more_coming is None or more_coming()):
+        if linger_s > 0 and not urgent:
             with self._cv:
-                self._cv.wait_for(lambda: self._urgent, linger_s)
+                self._cv.wait_for(
+                    lambda: self._urgent or (more_coming is not None and not more_coming(len(self._items))),
+                    linger_s,
+                )
         with self._cv:
             items, self._items = self._items, []
             nudged, self._nudged = self._nudged, False

@@ -84,7 +84,7 @@ class Executor:
         self._equivalent: dict[tuple[Sharding, Sharding, int], bool] = {}
         self._dispatches: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
         self.outbox = WorkerOutbox(
-            lambda: self._state.store.used, store_limit_bytes, lambda: self._state.grants_queued > 1
+            lambda: self._state.store.used, store_limit_bytes, lambda: self._state.in_hand + self._finisher.pending
         )
         self._finisher = Finisher(host_name, host_index, shm, self.outbox, self._feed)
         self._clock = AlarmClock(lambda timer: self._feed(TimerFired(timer)))

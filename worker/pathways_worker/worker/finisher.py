@@ -48,11 +48,24 @@ class Finisher:
         self.host_name, self.host_index = host_name, host_index
         self._shm, self._outbox, self._report = shm, outbox, report
         self._jobs: queue.SimpleQueue[FinishBatch | Export | None] = queue.SimpleQueue()
+        self._pending_lock = threading.Lock()
+        self._pending = 0
         self._thread = threading.Thread(target=self._loop, name="finisher", daemon=True)
         self._thread.start()
 
     def put(self, job: FinishBatch | Export) -> None:
+        if isinstance(job, FinishBatch):
+            self._count(len(job.grants))
         self._jobs.put(job)
+
+    @property
+    def pending(self) -> int:
+        """Grants handed over whose completions are not yet in the outbox."""
+        return self._pending
+
+    def _count(self, change: int) -> None:
+        with self._pending_lock:
+            self._pending += change
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -78,14 +91,24 @@ class Finisher:
         What finished is reported before waiting on a computation still
         running, so a long computation never holds back the completions (and
         the window room) of those before it."""
+        counted = len(grants)
+        try:
+            counted -= self._finish_each(grants)
+        finally:
+            self._count(-counted)
+
+    def _finish_each(self, grants: tuple[Finished, ...]) -> int:
+        """`_finish`; returns how many completions it gave the outbox (the rest, on an error, never go)."""
         done: list[pb.Completion] = []
+        ends_call = False
+        given = 0
         for job in grants:
             grant = job.grant
             error = job.error
             if not error and job.outputs:
                 if done and not all(is_ready(x) for x in job.outputs):
-                    self._outbox.completions(done)
-                    done = []
+                    self._outbox.completions(done, ends_call)
+                    done, ends_call = [], False
                 try:
                     wait_until_ready(job.outputs)
                 except Exception as err:
@@ -105,6 +128,9 @@ class Finisher:
                         data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
                     )
             done.append(completion)
+            ends_call = ends_call or job.ends_call
+            self._count(-1)
+            given += 1
             if not job.routed:
                 continue
             exports = [
@@ -115,12 +141,13 @@ class Finisher:
             if exports_with_completion([_nbytes(e.value) for e in exports]):
                 self._outbox.finished(done, [self._exported(e) for e in exports])
             else:
-                self._outbox.completions(done)
+                self._outbox.completions(done, ends_call)
                 for export in exports:
                     self._write(export)
-            done = []
+            done, ends_call = [], False
         if done:
-            self._outbox.completions(done)
+            self._outbox.completions(done, ends_call)
+        return given
 
     def _write(self, job: Export) -> None:
         """A value's pieces to shared memory, announced to the sidecar (or why there are none)."""

@@ -191,6 +191,19 @@ class HostState:
         """Grants received and not yet dispatched or failed, the head included."""
         return len(self._queue) + (self._head is not None)
 
+    @property
+    def in_hand(self) -> int:
+        """Grants this host has yet to hand to the finisher and can get on with:
+        queued, at the head unless it waits for inputs or room, and dispatched in
+        the batch being gathered. A head that waits may wait for what another
+        slice or the client does next, so nothing behind it counts. Read from
+        other threads without the lock: a moment's stale count only moves when a
+        batch of completions goes."""
+        head = self._head
+        if head is not None and head.state == "waiting":
+            return len(self._batch)
+        return len(self._queue) + (head is not None) + len(self._batch)
+
     def grant_state(self, grant: GrantId) -> GrantState | None:
         """A grant's state while it is queued or at the head; None once it left."""
         if self._head is not None and self._head.grant == grant:
@@ -251,7 +264,8 @@ class HostState:
         call.busy_s += done.busy_s
         if not error:
             self._batch_bytes += sum(out_bytes)
-        self._finished(Finished(done.grant, done.outputs, error, tuple(routed), tuple(inline)), out)
+        ends_call = call.computations >= len(plan.computations)
+        self._finished(Finished(done.grant, done.outputs, error, tuple(routed), tuple(inline), ends_call), out)
 
     def _batch_finished(self, finished: BatchFinished, out: list[Instruction]) -> None:
         """The chain runs in order: a computation seen finished ended those before it too."""

@@ -56,6 +56,8 @@ class Finished(NamedTuple):
     routed: tuple[RoutedValue, ...] = ()
     inline: tuple[int, ...] = ()
     """Outputs whose bytes go back inline with the completion."""
+    ends_call: bool = False
+    """The call's last computation on this host: its completion goes without lingering."""
 
 
 @dataclass(frozen=True, slots=True)
