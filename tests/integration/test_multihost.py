@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,19 @@ import pathways as pw
 from tests.integration.two_islands import cross_island_move
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[pw.Runtime]:
+    """The integration tier's cluster, its hosts logging at debug level: some tests here
+    read the line each host writes when a call is released (`host_calls.release`)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PATHWAYS_LOG_LEVEL", "DEBUG")
+        rt = pw.connect(islands={"island-a": 16, "island-b": 16}, devices_per_host=4)
+    try:
+        yield rt
+    finally:
+        pw.shutdown()
 
 
 def test_two_host_slice_psum_and_all_gather(runtime: pw.Runtime) -> None:

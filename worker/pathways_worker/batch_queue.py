@@ -34,10 +34,14 @@ class BatchQueue(Generic[T]):
             self._cv.notify_all()
 
     def nudge(self) -> None:
-        """Wakes a taker with an empty batch (e.g. to send fresh counters)."""
+        """Wakes a taker with an empty batch (e.g. to send fresh counters). A nudge
+        already pending has woken whoever waits for one, so a second one wakes
+        nobody: a call moves the store's count several times, and each wake-up is
+        a thread switch on the host's cores."""
         with self._cv:
-            self._nudged = True
-            self._cv.notify_all()
+            if not self._nudged:
+                self._nudged = True
+                self._cv.notify_all()
 
     def take(
         self,

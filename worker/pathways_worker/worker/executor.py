@@ -227,7 +227,7 @@ class Executor:
         elif isinstance(instruction, CancelTimer):
             self._clock.cancel(instruction.timer)
         elif isinstance(instruction, Log):
-            log.info("%s", instruction.message)
+            log.debug("%s", instruction.message)
 
     # ------------------------------------------------------------ executor thread
 

@@ -105,7 +105,8 @@ class StoreChanged:
 
 @dataclass(frozen=True, slots=True)
 class Log:
-    """A line for the worker's log (at info level)."""
+    """A line for the worker's log, at debug level: one per released call, which in a
+    training loop is one per step."""
 
     message: str
 
