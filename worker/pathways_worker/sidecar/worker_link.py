@@ -37,7 +37,7 @@ class WorkerLink:
         self.address = address
         self._metadata = call_metadata(token)
         self._on_event = on_event
-        self._commands: queue.Queue[pb.WorkerCommand] = queue.Queue()
+        self._commands: queue.SimpleQueue[pb.WorkerCommand] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._stop = threading.Event()
         self.worker_host = ""
