@@ -15,8 +15,12 @@ the sum of the rates, judged relative to its weight's share
 while all programs were still calling, over the time from the window's start
 to the last of them: calls ending later ran with fewer tenants and would
 flatter the light ones, whose one call outlasts the window. Utilization is the
-window's completed computations per second over the baseline: the same slice's
-throughput with one tenant alone, calling the same program the same way, in
+window's completed computations per second over the baseline: the slice's
+capacity, the fastest of its single-tenant windows (noise on a shared machine
+only ever takes throughput away, as the transfers' fastest-of-a-few has it; a
+median baseline let contended windows read above 1 by the baseline's own noise
+once contention cost about nothing). Those windows have one tenant alone,
+calling the same program the same way, in
 windows as long, counted the same way (every computation completed, over the
 window's wall time until its last call ended), and taken in turn with the
 contended windows, so that a machine that speeds up or slows down during the run
@@ -136,11 +140,14 @@ def run(target_ms: tuple[float, ...], seconds: float, repeats: int) -> list[Figu
         figures.append(figure(EXP, f"{ms:g} ms comps: worst relative share error", "fraction", worst,
                               baseline="weight shares", baseline_exact=True,
                               target=f"≤ {SHARE_TOLERANCE:g}", met=statistics.median(worst) <= SHARE_TOLERANCE))
-        single = statistics.median(alone)
+        single = max(alone)
         util = figure(EXP, f"{ms:g} ms comps: utilization", "fraction",
                       [total / single for _, total, _ in windows],
-                      baseline="one tenant alone on the slice", baseline_samples=alone, limit=1.0, limit_each=False,
-                      target="≥ 0.9", note=f"alone: {single:.0f} computations/s")
+                      baseline="one tenant alone on the slice, its fastest window", baseline_samples=alone,
+                      limit=1.0, limit_each=False,
+                      target="≥ 0.9",
+                      note=f"alone: the fastest of {len(alone)} windows, {single:.0f} computations/s "
+                           f"(median {statistics.median(alone):.0f})")
         util.met = util.median >= 0.9
         figures.append(util)
         pw.shutdown()
