@@ -26,6 +26,18 @@ def test_an_urgent_item_goes_without_lingering() -> None:
     assert asked == []
 
 
+def lingering_take(
+    queue: BatchQueue[int], more_coming: Callable[[int], bool]
+) -> tuple[threading.Thread, list[list[int]]]:
+    """A take on its own thread that would linger for ten minutes; what it took, once it ends."""
+    taken: list[list[int]] = []
+    taker = threading.Thread(
+        target=lambda: taken.append(queue.take(0.0, linger_s=600.0, more_coming=more_coming)[0])
+    )
+    taker.start()
+    return taker, taken
+
+
 def test_urgent_items_end_a_linger_under_way() -> None:
     queue: BatchQueue[int] = BatchQueue()
     queue.put(1)
@@ -35,11 +47,7 @@ def test_urgent_items_end_a_linger_under_way() -> None:
         lingering.set()
         return True
 
-    taken: list[list[int]] = []
-    taker = threading.Thread(
-        target=lambda: taken.append(queue.take(0.0, linger_s=600.0, more_coming=more_coming)[0])
-    )
-    taker.start()
+    taker, taken = lingering_take(queue, more_coming)
     try:
         assert lingering.wait(timeout=30.0)
         queue.put_many([2, 3], urgent=True)
@@ -108,11 +116,7 @@ def test_a_linger_ends_once_the_items_held_make_lingering_pointless() -> None:
         return held < 3
 
     queue.put(1)
-    taken: list[list[int]] = []
-    taker = threading.Thread(
-        target=lambda: taken.append(queue.take(0.0, linger_s=600.0, more_coming=more_coming)[0])
-    )
-    taker.start()
+    taker, taken = lingering_take(queue, more_coming)
     try:
         assert lingering.wait(timeout=30.0)
         queue.put(2)
