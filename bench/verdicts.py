@@ -89,6 +89,7 @@ def rules_text() -> str:
         "against one is judged from a single count. A figure above what its "
         "quantity can be (utilization above 1: the single-tenant baseline is wrong) is \"invalid\", "
         "never met: a utilization by its median, since windows scatter about a true 1 by the "
-        "baseline's own noise; a transfer by any repeat whose move was lost in the noise. Shares are judged within {SHARE_TOLERANCE:.0%} of each weight's share, relative. "
+        "baseline's own noise; a transfer by any repeat whose move was lost in the noise. "
+        f"Shares are judged within {SHARE_TOLERANCE:.0%} of each weight's share, relative. "
         "n is the number of independent repeats; a single measurement has no spread column."
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.measure import Figure, figure
 from bench.report import markdown, read_run
 from bench.transfers import NO_COST, judged_move
-from bench.verdicts import MIN_REPEATS, share_error, share_met, spread_text, verdict
+from bench.verdicts import MIN_REPEATS, SHARE_TOLERANCE, rules_text, share_error, share_met, spread_text, verdict
 
 STEADY = [1.0, 1.1, 1.05, 0.98, 1.02]
 
@@ -121,3 +121,10 @@ def test_a_recorded_run_reads_back_as_the_figures_written(tmp_path: Path) -> Non
                                 "figures": [dataclasses.asdict(f)]}))
     mode, info, figures = read_run(path)
     assert (mode, info, figures) == ("quick", {"date": "d"}, [f])
+
+
+def test_the_rules_results_md_states_name_the_constants_values() -> None:
+    text = rules_text()
+    assert "{" not in text and "}" not in text, text
+    assert f"within {SHARE_TOLERANCE:.0%} of each weight's share" in text
+    assert f"at least {MIN_REPEATS} repeats" in text
