@@ -156,7 +156,7 @@ def _limits(runtime: Any, op: Any, chained: Any, x: Any, repeats: int, op_calls:
         f.note = (f"{len(pids[role])} process(es), /proc/<pid>/stat utime+stime over "
                   f"{profile_calls} calls per repeat, resolution {tick_us:.1f} µs/comp")
         out.append(f)
-    total = [sum(per_role) for per_role in zip(*cpu.values())]
+    total = floors.all_roles(cpu)
     out.append(figure(EXP, "add f32[4]: Chained, CPU of all processes", "µs/comp", total,
                       note=f"on {os.cpu_count()} cores; Chained takes {row['Chained']:.0f} µs/comp"))
     return out

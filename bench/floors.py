@@ -68,6 +68,22 @@ def profile(pids: dict[str, list[int]], run: Callable[[], int], repeats: int) ->
     return out
 
 
+def profile_ms(pids: dict[str, list[int]], run: Callable[[], int], repeats: int) -> dict[str, list[float]]:
+    """`profile` in ms of CPU per unit (a training step's scale)."""
+    return {role: [us / 1e3 for us in samples] for role, samples in profile(pids, run, repeats).items()}
+
+
+def all_roles(cpu: dict[str, list[float]]) -> list[float]:
+    """Each repeat's CPU of a `profile`, summed over every role."""
+    return [sum(per_role) for per_role in zip(*cpu.values())]
+
+
+def per_step_note(steps: int) -> str:
+    """How a row of ms of CPU per step was read, with `steps` steps per repeat, and its resolution."""
+    return (f"/proc/<pid>/stat utime+stime over {steps} steps per repeat, resolution "
+            f"{1e3 / os.sysconf('SC_CLK_TCK') / steps:.2g} ms/step")
+
+
 # ---------------------------------------------------------------- the relay chain
 
 

@@ -62,25 +62,25 @@ def _tokens_per_s(
         float(loss)
         return profile_steps
 
-    cpu = floors.profile(floors.cluster_pids(pw.default_runtime()), more_steps, repeats)
-    return out, {role: [us / 1e3 for us in samples] for role, samples in cpu.items()}
+    return out, floors.profile_ms(floors.cluster_pids(pw.default_runtime()), more_steps, repeats)
 
 
 def _cpu_figures(label: str, cpu: dict[str, list[float]], tokens_per_step: int,
-                 spmd: Figure, spmd_cpu: list[float] | None) -> list[Figure]:
-    """A setup's CPU per step by role and in all, and the tokens/s floor it sets."""
+                 spmd: Figure, spmd_cpu: dict[str, list[float]] | None) -> list[Figure]:
+    """A setup's CPU per step by role and in all (against SPMD's, by role in `spmd_cpu`),
+    and the tokens/s floor it sets."""
     cores = os.cpu_count() or 1
-    how = (f"/proc/<pid>/stat utime+stime over {PROFILE_STEPS} steps per repeat, resolution "
-           f"{1e3 / os.sysconf('SC_CLK_TCK') / PROFILE_STEPS:.1f} ms/step")
+    how = floors.per_step_note(PROFILE_STEPS)
     out = [figure(EXP, f"{label}: CPU per step, {role}s", "ms CPU/step", samples, note=how)
            for role, samples in cpu.items()]
-    total = [sum(per_role) for per_role in zip(*cpu.values())]
+    total = floors.all_roles(cpu)
     if spmd_cpu is None:
         out.append(figure(EXP, f"{label}: CPU per step, all processes", "ms CPU/step", total))
     else:
+        spmd_total = floors.all_roles(spmd_cpu)
         out.append(figure(EXP, f"{label}: CPU per step, all processes", "ms CPU/step", total,
-                          baseline="SPMD's", baseline_samples=spmd_cpu,
-                          ratio=statistics.median(total) / statistics.median(spmd_cpu)))
+                          baseline="SPMD's", baseline_samples=spmd_total,
+                          ratio=statistics.median(total) / statistics.median(spmd_total)))
     floor = [tokens_per_step / (t / cores / 1e3) for t in total]
     out.append(figure(EXP, f"{label}: floor, the most tokens/s its CPU per step allows on {cores} cores",
                       "tokens/s", floor, baseline="SPMD", baseline_samples=spmd.samples,
@@ -100,7 +100,6 @@ def run(microbatches: tuple[int, ...], steps: int, repeats: int) -> list[Figure]
     spmd = figure(EXP, "SPMD, 8 devices, one island", "tokens/s", rates)
     figures = [spmd]
     profiles = [_cpu_figures("SPMD", spmd_cpu, tokens_per_step, spmd, None)]
-    all_spmd = [sum(per_role) for per_role in zip(*spmd_cpu.values())]
     for m in microbatches:
         pw.connect(islands={"island-a": 8, "island-b": 8}, devices_per_host=4)
         rates, cpu = _tokens_per_s(PipelineTrainer(devices_per_stage=4, microbatches=m), steps, repeats,
@@ -111,7 +110,7 @@ def run(microbatches: tuple[int, ...], steps: int, repeats: int) -> list[Figure]
         f.target = "≥ 1.0× SPMD (paper: 1.06×)"
         f.met = f.ratio >= 1.0
         figures.append(f)
-        profiles.append(_cpu_figures(f"pipeline S=2 M={m}", cpu, tokens_per_step, spmd, all_spmd))
+        profiles.append(_cpu_figures(f"pipeline S=2 M={m}", cpu, tokens_per_step, spmd, spmd_cpu))
     figures.append(Figure(EXP, "pipeline S=4", "", float("nan"), float("nan"), float("nan"), 0,
                           note="not run: the demo model (examples/lm.py) has two stages"))
     pw.shutdown()

@@ -90,8 +90,7 @@ def _step_cpu(
         float(np.asarray(loss))
         return profile_steps
 
-    return {role: [us / 1e3 for us in samples]
-            for role, samples in floors.profile(pids, more_steps, repeats).items()}
+    return floors.profile_ms(pids, more_steps, repeats)
 
 
 LOSS_BYTES = 4
@@ -184,13 +183,12 @@ def _against(name: str, samples: list[float], baseline: Figure, short: str, limi
 def _cpu_figures(jit_cpu: list[float], cpu: dict[str, list[float]], base: Figure, a: Figure) -> list[Figure]:
     """(a)'s CPU per step, `jax.jit`'s and each process's of the slice, and the floor it sets."""
     cores = os.cpu_count() or 1
-    how = (f"/proc/<pid>/stat utime+stime over {PROFILE_STEPS} steps per repeat, resolution "
-           f"{1e3 / os.sysconf('SC_CLK_TCK') / PROFILE_STEPS:.2f} ms/step")
+    how = floors.per_step_note(PROFILE_STEPS)
     out = [figure(EXP, "(a) CPU per step: jax.jit's process", "ms CPU/step", jit_cpu, note=how)]
     for role, samples in cpu.items():
         out.append(figure(EXP, f"(a) CPU per step: the 1-device slice's {role}", "ms CPU/step", samples,
                           note=how))
-    total = [sum(per_role) for per_role in zip(*cpu.values())]
+    total = floors.all_roles(cpu)
     out.append(figure(EXP, "(a) CPU per step: all processes of the 1-device slice", "ms CPU/step", total,
                       baseline="jax.jit's process", baseline_samples=jit_cpu,
                       ratio=statistics.median(total) / statistics.median(jit_cpu)))

@@ -15,7 +15,7 @@ def test_the_floor_is_the_tokens_of_a_step_over_its_cpu_spread_on_every_core() -
     spmd = figure(pipelining.EXP, "SPMD", "tokens/s", [1000.0] * 5)
     cpu = {"worker": [80.0] * 5, "sidecar": [20.0] * 5}  # ms of CPU per step, 100 in all
 
-    rows = pipelining._cpu_figures("pipeline", cpu, 512, spmd, [50.0] * 5)
+    rows = pipelining._cpu_figures("pipeline", cpu, 512, spmd, {"worker": [30.0] * 5, "sidecar": [20.0] * 5})
 
     by_name = {row.name: row for row in rows}
     total = by_name["pipeline: CPU per step, all processes"]
