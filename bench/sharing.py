@@ -20,11 +20,10 @@ capacity, the fastest of its single-tenant windows (noise on a shared machine
 only ever takes throughput away, as the transfers' fastest-of-a-few has it; a
 median baseline let contended windows read above 1 by the baseline's own noise
 once contention cost about nothing). Those windows have one tenant alone,
-calling the same program the same way, in
-windows as long, counted the same way (every computation completed, over the
-window's wall time until its last call ended), and taken in turn with the
-contended windows, so that a machine that speeds up or slows down during the run
-moves both alike. (A tenant's rate counts only calls ended before the stop, and
+calling the same program the same way, in windows as long, counted the same way
+(every computation completed, over the window's wall time until its last call
+ended), and taken in turn with the contended windows, so that a machine that
+speeds up or slows down during the run moves both alike. (A tenant's rate counts only calls ended before the stop, and
 the end of a call with the next one queued behind it can reach the client a
 finish batch later than it happened (`host_state`, Batching): within a short
 window that cost the lone tenant's rate several percent that the contended total
