@@ -12,7 +12,9 @@ instructions that come back:
   computation has run) and feeds the result back, which usually answers with
   the next `Dispatch` — a chain of computations runs on this thread without a
   hand-off;
-* the finisher (`finisher`) carries out `FinishBatch` and `Export`;
+* the finisher (`finisher`) carries out `FinishBatch` and `Export`; a batch
+  the executor thread's own answer hands over, all of whose outputs are
+  ready, it may finish itself (`Finisher.claim`), once out of the lock;
 * the alarm clock (`alarm_clock`) rings the timers the machine asks for.
 
 The machine is fed under one lock, and whatever its answer puts on a queue is
@@ -206,13 +208,16 @@ class Executor:
         if dispatch is not None:
             self._dispatches.put(dispatch)
 
-    def _handle(self, stimulus: Stimulus) -> Dispatch | None:
-        """Feeds the machine and carries out its answer, except a `Dispatch`, which it returns."""
+    def _handle(self, stimulus: Stimulus, here: list[FinishBatch] | None = None) -> Dispatch | None:
+        """Feeds the machine and carries out its answer, except a `Dispatch`, which it
+        returns, and batches the finisher lets the caller finish (into `here`)."""
         dispatch = None
         with self._lock:
             for instruction in self._state.handle(stimulus):
                 if isinstance(instruction, Dispatch):
                     dispatch = instruction
+                elif here is not None and isinstance(instruction, FinishBatch) and self._finisher.claim(instruction):
+                    here.append(instruction)
                 else:
                     self._carry_out(instruction)
         return dispatch
@@ -236,12 +241,16 @@ class Executor:
             dispatch = self._dispatches.get()
             if dispatch is None:
                 return
+            here: list[FinishBatch] = []
             while dispatch is not None:
                 running, dispatch = dispatch, None
                 try:
-                    dispatch = self._handle(self._dispatch(running))
+                    dispatch = self._handle(self._dispatch(running), here)
                 except Exception:  # a bug: say so, and keep serving the other calls
                     log.exception("executor failed on %s", running.grant)
+                for batch in here:
+                    self._finisher.finish_claimed(batch)
+                here.clear()
 
     def _dispatch(self, dispatch: Dispatch) -> ComputationDispatched:
         started = time.perf_counter()

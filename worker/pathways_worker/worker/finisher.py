@@ -13,6 +13,15 @@ values up to `WITH_COMPLETION_BYTES` leave in the same message as their
 computation's completion, ahead of it.
 What it learns on the way (a computation failed after dispatch, a fetch that
 releases its value was written) goes back to the machine as a stimulus.
+
+A batch the executor thread hands over may be finished on that thread instead
+(`claim`, then `finish_claimed`): one that waits for nothing (every output is
+ready), writes nothing out and reports nothing back, with no job queued before
+it. Jobs put meanwhile wait for it, so jobs are still carried out in the order
+given. Waking this thread for such a batch cost more than finishing it: the
+two threads took turns at the GIL on every computation of a chain of small
+ones (bench experiment 1, Chained: 64 µs per computation handed over, 54 µs
+finished on the executor thread).
 """
 
 from __future__ import annotations
@@ -49,14 +58,47 @@ class Finisher:
         self._shm, self._outbox, self._report = shm, outbox, report
         self._jobs: queue.SimpleQueue[FinishBatch | Export | None] = queue.SimpleQueue()
         self._pending_lock = threading.Lock()
+        self._claims_done = threading.Condition(self._pending_lock)
         self._pending = 0
+        self._queued = 0   # jobs put or claimed and not yet carried out
+        self._claimed = 0  # batches claimed by another thread and not yet finished there
         self._thread = threading.Thread(target=self._loop, name="finisher", daemon=True)
         self._thread.start()
 
     def put(self, job: FinishBatch | Export) -> None:
-        if isinstance(job, FinishBatch):
-            self._count(len(job.grants))
+        with self._pending_lock:
+            self._queued += 1
+            if isinstance(job, FinishBatch):
+                self._pending += len(job.grants)
         self._jobs.put(job)
+
+    def claim(self, batch: FinishBatch) -> bool:
+        """Whether the calling thread may finish `batch` itself (`finish_claimed`),
+        rather than `put` it: nothing is queued before it, every output is ready, no
+        value leaves with it and no `BatchFinished` goes back. Once claimed, it must
+        be finished; jobs put meanwhile wait for it."""
+        if batch.report or any(f.routed for f in batch.grants):
+            return False
+        if not all(is_ready(x) for f in batch.grants for x in f.outputs):
+            return False
+        with self._pending_lock:
+            if self._queued:
+                return False
+            self._queued += 1
+            self._claimed += 1
+            self._pending += len(batch.grants)
+        return True
+
+    def finish_claimed(self, batch: FinishBatch) -> None:
+        """Finishes a claimed batch on the calling thread, which must hold no lock
+        a stimulus (`report`) takes."""
+        try:
+            self._finish(batch.grants)
+        finally:
+            with self._pending_lock:
+                self._queued -= 1
+                self._claimed -= 1
+                self._claims_done.notify_all()
 
     @property
     def pending(self) -> int:
@@ -75,6 +117,8 @@ class Finisher:
             job = self._jobs.get()
             if job is None:
                 return
+            with self._claims_done:
+                self._claims_done.wait_for(lambda: not self._claimed)  # put after a claimed batch
             try:
                 if isinstance(job, FinishBatch):
                     self._finish(job.grants)
@@ -84,6 +128,9 @@ class Finisher:
                     self._write(job)
             except Exception:
                 log.exception("finisher failed on %s", job)
+            finally:
+                with self._pending_lock:
+                    self._queued -= 1
 
     def _finish(self, grants: tuple[Finished, ...]) -> None:
         """One batch of grants: wait for each, report them together.
