@@ -24,7 +24,7 @@ class FakeLink:
     name: str
     sent: list[pb.HostCommand] = field(default_factory=list)
 
-    def send(self, command: pb.HostCommand) -> None:
+    def send(self, command: pb.HostCommand, later: bool = False) -> None:
         self.sent.append(command)
 
     def kinds(self) -> list[str]:

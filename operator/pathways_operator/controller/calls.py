@@ -324,12 +324,12 @@ class Calls:
         self._send_to_gangs(call, fail)
         self._changed.notify_all()
 
-    def _send_to_gangs(self, call: CallRecord, command: pb.HostCommand) -> None:
+    def _send_to_gangs(self, call: CallRecord, command: pb.HostCommand, later: bool = False) -> None:
         for slice_id in call.progress.slices:
             rec = self._slices.by_id(slice_id)
             if rec is not None:
                 for link in rec.links:
-                    link.send(command)
+                    link.send(command, later)
 
     def gang_lost(self, rec: SliceRecord, host_name: str, reason: str) -> None:
         """The gang of `rec` is gone (the caller holds the lock): fail the calls running on it."""
@@ -405,7 +405,7 @@ class Calls:
                 self._fail_call(call, f"call {call_id} was abandoned by its client")
             self.objects.finish(call_id, [(v.node, v.index) for v in keep])
             release = pb.ReleaseCall(call_id=call_id, keep=keep)
-            self._send_to_gangs(call, pb.HostCommand(release=release))
+            self._send_to_gangs(call, pb.HostCommand(release=release), later=True)
             return call.status()
 
     def drop_objects(self, client: str, refs: Sequence[pb.ObjectRef]) -> None:
@@ -420,7 +420,7 @@ class Calls:
                 continue
             command = pb.HostCommand(drop=pb.DropObjects(objects=[object_ref(k) for k in dropped]))
             for link in rec.links:
-                link.send(command)
+                link.send(command, later=True)
 
     def keep_alive(self, client: str, now: float) -> float:
         """Renews the client's lease; the lease's length, for the client's timer."""

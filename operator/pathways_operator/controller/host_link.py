@@ -4,6 +4,15 @@ Programs, launches and grants go down it in order; completions come back up,
 batched by the host. Nothing here waits for an answer: `send` only queues, so
 dispatching a program call to many hosts is parallel and never blocks on any
 one of them.
+
+What only frees memory (a call's release, dropped objects) is sent with
+`later=True`: it waits, up to `LATER_S`, to ride at the end of the next message,
+so it may follow commands sent after it (a release or a drop frees only what no
+later command can name: the values a client still holds are kept). A
+client that runs small calls back to back otherwise paid for each call's
+release as a message of its own through the controller, the sidecar and the
+worker, on the same cores as its next call's launch (on 2 cores that release
+crossed the hosts while the next call's Run was on its way to the controller).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -21,6 +31,13 @@ from pathways_wire.command_batches import batches
 from pathways_wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
+
+LATER_S = 0.02
+"""How long a command sent `later` waits for company, at most: how much longer a
+finished call's values may stay on its hosts."""
+
+_WAKE = pb.HostCommand()
+"""Queued to wake the sender when a held command starts its wait; never sent."""
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -48,6 +65,9 @@ class HostLink:
         self._on_event = on_event
         self._on_broken = on_broken
         self._queue: queue.SimpleQueue[pb.HostCommand | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._held: list[pb.HostCommand] = []
+        self._held_since = 0.0
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{name}", daemon=True)
@@ -55,8 +75,46 @@ class HostLink:
     def start(self) -> None:
         self._thread.start()
 
-    def send(self, command: pb.HostCommand) -> None:
-        self._queue.put(command)
+    def send(self, command: pb.HostCommand, later: bool = False) -> None:
+        """Queues `command`. With `later`, holds it until the next message goes, at the
+        end of that message, or until `LATER_S` passed, whichever comes first."""
+        if not later:
+            self._queue.put(command)
+            return
+        with self._lock:
+            self._held.append(command)
+            if len(self._held) > 1:
+                return
+            self._held_since = time.monotonic()
+        self._queue.put(_WAKE)  # the sender starts the wait
+
+    def _take(self) -> pb.HostCommand | None:
+        """The next command to send, waiting for one; a held one once its wait is up."""
+        while True:
+            with self._lock:
+                wait = self._held_since + LATER_S - time.monotonic() if self._held else None
+                if wait is not None and wait <= 0:
+                    return self._held.pop(0)
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if item is not _WAKE:
+                return item
+
+    def _poll(self) -> pb.HostCommand | None:
+        """A command already queued, else a held one, else None."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._queue.put(None)  # closing: the next take ends the stream
+            if item is not _WAKE:
+                return item
+        with self._lock:
+            return self._held.pop(0) if self._held else None
 
     def close(self) -> None:
         if not self._closed.is_set():
@@ -65,19 +123,9 @@ class HostLink:
             self._channel.close()
 
     def _commands(self) -> Iterator[pb.HostCommand]:
-        """What is queued, a batch per message (`command_batches`)."""
-
-        def poll() -> pb.HostCommand | None:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return None
-            if item is None:
-                self._queue.put(None)  # closing: the next take ends the stream
-            return item
-
+        """What is queued, a batch per message (`command_batches`), held commands last."""
         return batches(
-            self._queue.get, poll, lambda commands: pb.HostCommand(batch=pb.HostCommands(commands=commands))
+            self._take, self._poll, lambda commands: pb.HostCommand(batch=pb.HostCommands(commands=commands))
         )
 
     def _run(self) -> None:

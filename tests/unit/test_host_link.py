@@ -1,0 +1,60 @@
+"""The order a host's control stream sends commands in, held ones included.
+
+The link is never started: the test takes its messages as its sender thread would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_operator.controller import host_link
+from pathways_operator.controller.host_link import HostLink
+
+
+@pytest.fixture
+def l() -> Iterator[HostLink]:
+    made = HostLink("127.0.0.1:1", "host-0", "slice-0", lambda *_: None, lambda *_: None)
+    yield made
+    made.close()
+
+
+def release(call_id: str) -> pb.HostCommand:
+    return pb.HostCommand(release=pb.ReleaseCall(call_id=call_id))
+
+
+def launch(call_id: str) -> pb.HostCommand:
+    return pb.HostCommand(launch=pb.Launch(call_id=call_id))
+
+
+def sent(message: pb.HostCommand) -> list[str]:
+    """The commands of one message, as kind:call."""
+    commands = list(message.batch.commands) if message.WhichOneof("command") == "batch" else [message]
+    out = []
+    for c in commands:
+        kind = str(c.WhichOneof("command"))
+        call_id = "" if kind == "grants" else getattr(c, kind).call_id
+        out.append(f"{kind}:{call_id}")
+    return out
+
+
+def test_a_held_release_rides_at_the_end_of_the_next_message(l: HostLink) -> None:
+    stream = l._commands()
+    l.send(release("c1"), later=True)
+    l.send(launch("c2"))
+    l.send(pb.HostCommand(grants=pb.GrantBatch(grants=[pb.Grant(seq=1, call_id="c2", node=0)])))
+    message = next(stream)
+    assert sent(message) == ["launch:c2", "grants:", "release:c1"]
+
+
+def test_a_held_release_goes_alone_once_its_wait_is_up(l: HostLink) -> None:
+    stream = l._commands()
+    start = time.monotonic()
+    l.send(release("c1"), later=True)
+    l.send(release("c2"), later=True)
+    message = next(stream)
+    assert sent(message) == ["release:c1", "release:c2"], "held commands keep their order"
+    assert time.monotonic() - start >= host_link.LATER_S
