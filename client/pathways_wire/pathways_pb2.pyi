@@ -1673,16 +1673,22 @@ class GrantBatch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     GRANTS_FIELD_NUMBER: _builtins.int
+    NONE_WAITING_FIELD_NUMBER: _builtins.int
+    none_waiting: _builtins.bool
+    """No computation waits for window room on the slice: completions may wait for
+    company until the host's work runs out, rather than go as they free room.
+    """
     @_builtins.property
     def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___Grant]: ...
     def __init__(
         self,
         *,
         grants: _abc.Iterable[Global___Grant] | None = ...,
+        none_waiting: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants", "none_waiting", b"none_waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,6 +24,7 @@ from pathways_worker.worker.instructions import (
     FinishBatch,
     Instruction,
     Log,
+    RoomWanted,
     StartTimer,
     StoreChanged,
 )
@@ -267,6 +268,19 @@ def test_work_in_hand_counts_queued_running_and_gathered_grants() -> None:
     assert state.in_hand == 3  # one dispatched in the batch being gathered, one running, one queued
     run_chain(state, after_one)
     assert state.in_hand == 0  # all three handed to the finisher
+
+
+def test_grants_say_whether_room_is_wanted_and_a_change_to_wanted_is_passed_on() -> None:
+    state = host()
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+    assert state.room_wanted, "a host that heard nothing yet reports as room frees"
+
+    quiet = state.handle(GrantsReceived((GrantId(1, "c1", 0),), room_wanted=False))
+    assert not state.room_wanted and not only(RoomWanted, quiet)
+
+    wanted = state.handle(GrantsReceived((), room_wanted=True))
+    assert state.room_wanted and len(only(RoomWanted, wanted)) == 1
+    assert not only(RoomWanted, state.handle(GrantsReceived((), room_wanted=True))), "only a change"
 
 
 def test_work_in_hand_behind_a_head_waiting_for_its_input_is_none() -> None:

@@ -712,3 +712,45 @@ def test_completions_reported_together_do_not_make_the_pace_zero() -> None:
     assert sched.pace("s") is None
     complete_oldest(sched, granted, 0.003)
     assert sched.pace("s") == pytest.approx(0.002)
+
+
+# ---------------------------------------------------------------- reports
+
+
+def test_a_call_granted_whole_tells_its_hosts_no_room_is_wanted() -> None:
+    sched = IslandScheduler(window=8)
+    sched.submit("lone", 1.0, chain("x", 8))
+    (batch,) = sched.grant_batches()
+    assert (batch.slice_id, len(batch.grants), batch.room_wanted) == ("x", 8, False)
+
+
+def test_a_call_beyond_the_window_tells_its_hosts_room_is_wanted_until_its_last_grants() -> None:
+    sched = IslandScheduler(window=4)
+    sched.submit("long", 1.0, chain("x", 6))
+    (first,) = sched.grant_batches()
+    assert (len(first.grants), first.room_wanted) == (4, True)
+    for g in first.grants[:2]:
+        sched.complete("x", g.seq)
+    (last,) = sched.grant_batches()
+    assert (len(last.grants), last.room_wanted) == (2, False)
+
+
+def test_work_waiting_on_a_slice_told_no_room_is_wanted_is_announced_without_grants() -> None:
+    sched = IslandScheduler(window=4)
+    sched.submit("a", 1.0, chain("x", 4))
+    (first,) = sched.grant_batches()
+    assert not first.room_wanted
+    sched.submit("b", 1.0, chain("x", 2))
+    (news,) = sched.grant_batches()
+    assert (news.slice_id, news.grants, news.room_wanted) == ("x", (), True)
+    assert sched.grant_batches() == [], "the hosts heard it once; nothing changed since"
+
+
+def test_a_relaunched_gang_is_told_afresh() -> None:
+    sched = IslandScheduler(window=4)
+    sched.submit("a", 1.0, chain("x", 4))
+    sched.grant_batches()
+    sched.reset_slice("x")
+    sched.submit("b", 1.0, chain("x", 2))
+    (batch,) = sched.grant_batches()
+    assert (len(batch.grants), batch.room_wanted) == (2, False)

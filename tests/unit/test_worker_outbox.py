@@ -39,6 +39,36 @@ def test_completions_linger_only_while_the_host_has_more_left_than_it_holds() ->
     assert not worth_lingering(in_hand=0, held=0), "nothing left: a call's end goes at once"
 
 
+def test_completions_nobody_waits_for_room_for_linger_while_any_work_is_left() -> None:
+    assert worth_lingering(in_hand=1, held=96, room_wanted=False)
+    assert not worth_lingering(in_hand=0, held=96, room_wanted=False)
+
+
+@pytest.mark.usefixtures("endless_linger")
+def test_completions_lingering_while_no_room_was_wanted_go_once_it_is() -> None:
+    wanted = [False]
+    asked = threading.Event()
+
+    def room_wanted() -> bool:
+        asked.set()
+        return wanted[0]
+
+    outbox = WorkerOutbox(lambda: 0, 100, in_hand=lambda: 2, room_wanted=room_wanted)
+    outbox.completions([completion(1), completion(2)])
+    taker, taken = take_in_thread(outbox)
+    try:
+        assert asked.wait(timeout=30.0)
+        wanted[0] = True
+        outbox.reconsider()  # 2 held, 2 left, and now room is wanted: these go
+        taker.join(timeout=30.0)
+        assert not taker.is_alive(), "the completions still linger once room is wanted"
+        (event,) = taken
+        assert event is not None and [c.seq for c in event.completions] == [1, 2]
+    finally:
+        outbox.completions([completion(99)], ends_call=True)
+        taker.join(timeout=30.0)
+
+
 def completion(seq: int, ok: bool = True) -> pb.Completion:
     return pb.Completion(seq=seq, call_id="c", node=seq, ok=ok, error="" if ok else "boom")
 

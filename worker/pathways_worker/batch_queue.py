@@ -43,6 +43,11 @@ class BatchQueue(Generic[T]):
                 self._nudged = True
                 self._cv.notify_all()
 
+    def wake(self) -> None:
+        """Makes a lingering taker ask `more_coming` again (nothing is queued)."""
+        with self._cv:
+            self._cv.notify_all()
+
     def take(
         self,
         timeout_s: float,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -252,26 +251,21 @@ class Calls:
         return reply
 
     def _dispatch_grants(self) -> None:
-        grants = self._scheduler.grants()
-        if not grants:
-            return
-        per_slice: dict[str, list[Grant]] = defaultdict(list)
-        for g in grants:
-            per_slice[g.slice_id].append(g)
-        for slice_id, items in per_slice.items():
-            rec = self._slices.by_id(slice_id)
+        for batch in self._scheduler.grant_batches():
+            rec = self._slices.by_id(batch.slice_id)
             if rec is None:
                 continue
-            batch = pb.GrantBatch(
-                grants=[pb.Grant(seq=g.seq, call_id=g.call_id, node=g.node) for g in items]
+            message = pb.GrantBatch(
+                grants=[pb.Grant(seq=g.seq, call_id=g.call_id, node=g.node) for g in batch.grants],
+                none_waiting=not batch.room_wanted,
             )
-            for g in items:
+            for g in batch.grants:
                 call = self._calls.get(g.call_id)
                 if call is not None:
-                    call.progress.granted((slice_id, g.seq), len(rec.links))
+                    call.progress.granted((batch.slice_id, g.seq), len(rec.links))
             for link in rec.links:
-                link.send(pb.HostCommand(grants=batch))
-            self.dispatched += len(items)
+                link.send(pb.HostCommand(grants=message))
+            self.dispatched += len(batch.grants)
 
     def on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
         """Completions from one host: count them, keep inline outputs, grant more.

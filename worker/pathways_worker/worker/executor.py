@@ -54,6 +54,7 @@ from pathways_worker.worker.instructions import (
     FinishBatch,
     Instruction,
     Log,
+    RoomWanted,
     StartTimer,
     StoreChanged,
 )
@@ -86,7 +87,8 @@ class Executor:
         self._equivalent: dict[tuple[Sharding, Sharding, int], bool] = {}
         self._dispatches: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
         self.outbox = WorkerOutbox(
-            lambda: self._state.store.used, store_limit_bytes, lambda: self._state.in_hand + self._finisher.pending
+            lambda: self._state.store.used, store_limit_bytes, lambda: self._state.in_hand + self._finisher.pending,
+            lambda: self._state.room_wanted,
         )
         self._finisher = Finisher(host_name, host_index, shm, self.outbox, self._feed)
         self._clock = AlarmClock(lambda timer: self._feed(TimerFired(timer)))
@@ -115,7 +117,8 @@ class Executor:
             inputs = tuple(self._inline(command.launch.call_id, v) for v in command.launch.inputs)
             self._feed(stimuli.CallLaunched(command.launch, inputs))
         elif kind == "grants":
-            self._feed(stimuli.GrantsReceived(tuple(grant_of(g) for g in command.grants.grants)))
+            grants = command.grants
+            self._feed(stimuli.GrantsReceived(tuple(grant_of(g) for g in grants.grants), not grants.none_waiting))
         elif kind == "fail":
             self._feed(stimuli.CallFailed(command.fail.call_id, command.fail.message))
         elif kind == "release":
@@ -227,6 +230,8 @@ class Executor:
             self._finisher.put(instruction)
         elif isinstance(instruction, StoreChanged):
             self.outbox.nudge()
+        elif isinstance(instruction, RoomWanted):
+            self.outbox.reconsider()
         elif isinstance(instruction, StartTimer):
             self._clock.start(instruction.timer, instruction.delay_s)
         elif isinstance(instruction, CancelTimer):

@@ -80,6 +80,7 @@ from pathways_worker.worker.instructions import (
     FinishBatch,
     Finished,
     Instruction,
+    RoomWanted,
     RoutedValue,
     StartTimer,
 )
@@ -163,6 +164,9 @@ class HostState:
         """Single-process: the outputs of the last computations dispatched and their bytes."""
         self._ahead_bytes = 0
         self._timers = 0
+        self.room_wanted = True
+        """Whether the island scheduler, at its last grants, had work waiting for room
+        on this slice, so completions should free it as they come (`outbox`)."""
         self._handlers: dict[type, Callable[[Any, list[Instruction]], None]] = {
             stimuli.ProgramLoaded: self.calls.load,
             stimuli.CallLaunched: self.calls.launch,
@@ -214,6 +218,9 @@ class HostState:
 
     def _grants_received(self, received: GrantsReceived, out: list[Instruction]) -> None:
         self._queue.extend(received.grants)
+        if received.room_wanted and not self.room_wanted:
+            out.append(RoomWanted())
+        self.room_wanted = received.room_wanted
 
     def _computation_dispatched(self, done: ComputationDispatched, out: list[Instruction]) -> None:
         head = self._head if self._head is not None and self._head.grant == done.grant else None

@@ -104,6 +104,12 @@ class StoreChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class RoomWanted:
+    """Work now waits for room on the slice: completions held for company should
+    go as they free it (`outbox.worth_lingering`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Log:
     """A line for the worker's log, at debug level: one per released call, which in a
     training loop is one per step."""
@@ -111,4 +117,4 @@ class Log:
     message: str
 
 
-Instruction = Dispatch | FinishBatch | Export | StartTimer | CancelTimer | StoreChanged | Log
+Instruction = Dispatch | FinishBatch | Export | StartTimer | CancelTimer | StoreChanged | RoomWanted | Log

@@ -1,8 +1,9 @@
 """The worker's events for its sidecar, batched; each event carries the store's byte count.
 
 A batch of completions lingers for company, up to `EVENT_LINGER_S`, while the
-host holds back fewer of them than it has grants left to finish
-(`worth_lingering`); the last completion of a call, a failed one and every export
+host holds back fewer of them than it has grants left to finish, or, while the
+island scheduler has no work waiting for room on the slice, while it has any
+left (`worth_lingering`); the last completion of a call, a failed one and every export
 go out at once, since someone is waiting for them: completions put while nothing
 is left end a linger under way. A change of
 the byte count alone (a nudge) waits up to `STATS_LINGER_S` for something to
@@ -26,15 +27,20 @@ STATS_LINGER_S = float(os.environ.get("PATHWAYS_STATS_LINGER_S", "0.02"))
 
 class WorkerOutbox:
     def __init__(
-        self, store_bytes: Callable[[], int], store_limit: int, in_hand: Callable[[], int] = lambda: 0
+        self,
+        store_bytes: Callable[[], int],
+        store_limit: int,
+        in_hand: Callable[[], int] = lambda: 0,
+        room_wanted: Callable[[], bool] = lambda: True,
     ) -> None:
         self._queue: BatchQueue[pb.Completion | pb.Exported] = BatchQueue()
         self._store_bytes = store_bytes
         self._store_limit = store_limit
         self._in_hand = in_hand
+        self._room_wanted = room_wanted
 
     def _more_coming(self, held: int) -> bool:
-        return worth_lingering(self._in_hand(), held)
+        return worth_lingering(self._in_hand(), held, self._room_wanted())
 
     def completions(self, done: list[pb.Completion], ends_call: bool = False) -> None:
         """`ends_call`: one of them is a call's last on this host, which its client may wait for."""
@@ -51,6 +57,10 @@ class WorkerOutbox:
 
     def nudge(self) -> None:
         self._queue.nudge()
+
+    def reconsider(self) -> None:
+        """Completions lingering for company ask `worth_lingering` again."""
+        self._queue.wake()
 
     def take_event(self, timeout_s: float) -> pb.WorkerEvent | None:
         items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._more_coming)
@@ -70,9 +80,11 @@ class WorkerOutbox:
         return pb.WorkerEvent(store_bytes=self._store_bytes(), store_limit=self._store_limit)
 
 
-def worth_lingering(in_hand: int, held: int) -> bool:
+def worth_lingering(in_hand: int, held: int, room_wanted: bool = True) -> bool:
     """Whether `held` completions should wait for company, with `in_hand` grants
-    the host has still to finish (queued, running or being waited for).
+    the host has still to finish (queued, running or being waited for), and
+    `room_wanted` as the island scheduler last said (other work waits for the
+    window room completions free).
 
     They wait while the host has more left to run than it holds back. A host
     with nothing left sends at once (its call's end, which someone waits for),
@@ -81,5 +93,9 @@ def worth_lingering(in_hand: int, held: int) -> bool:
     run (`island_scheduler`), and the half still in hand covers the trip of
     the next grants back. Completions one at a time cost a message on every
     hop worker -> sidecar -> controller, and with 1 ms computations on 2
-    cores those messages took the time the computations needed."""
-    return in_hand > held
+    cores those messages took the time the computations needed.
+
+    While no room is wanted, nobody needs them before the host's work runs
+    out: they wait for as long as anything is left in hand (still at most
+    `EVENT_LINGER_S`)."""
+    return in_hand > held if room_wanted else in_hand > 0

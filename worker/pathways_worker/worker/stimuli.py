@@ -58,6 +58,8 @@ class GrantsReceived:
     """The island scheduler's next grants for this host, in its order."""
 
     grants: tuple[GrantId, ...]
+    room_wanted: bool = True
+    """Computations wait for window room on the slice: completions free it (`outbox`)."""
 
 
 @dataclass(frozen=True, slots=True)
