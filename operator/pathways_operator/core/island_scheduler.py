@@ -305,31 +305,40 @@ class IslandScheduler:
         limit = self._limits()
         wanting = self._wanting()
         issued: list[Grant] = []
+        granted = self._granted
         while ready:
             _, _, tenant = heapq.heappop(ready)
             calls = waiting[tenant]
-            call = next((c for c in calls if self._has_room(c.todo[0].slice_id, limit)), None)
-            if call is None:
-                continue  # skipped until complete() frees room on a slice it waits for
-            comp = call.todo.popleft()
-            self._count_calm(comp.slice_id)
-            if len(wanting.get(comp.slice_id, {})) > 1:
-                self._contended[call.weight] = self._contended.get(call.weight, 0) + 1
-            if not call.todo:
-                calls.remove(call)
-                for slice_id in call.slices:
-                    wanting[slice_id][tenant] -= 1
-                    if not wanting[slice_id][tenant]:
-                        del wanting[slice_id][tenant]
-            seq = self._next_seq
-            self._next_seq += 1
-            self._granted[comp.slice_id][seq] = (call.call_id, comp.node)
-            call.outstanding += 1
-            issued.append(Grant(comp.slice_id, seq, call.call_id, comp.node))
-            self._global_pass = max(self._global_pass, self._passes[tenant])
-            self._passes[tenant] = self._global_pass + call.stride
-            if calls:
-                heapq.heappush(ready, (self._passes[tenant], calls[0].order, tenant))
+            # The tenant keeps the next grant while its pass stays the lowest: granting
+            # on here is what pushing it back and popping it again would do.
+            while True:
+                call = next((c for c in calls if self._has_room(c.todo[0].slice_id, limit)), None)
+                if call is None:
+                    break  # skipped until complete() frees room on a slice it waits for
+                comp = call.todo.popleft()
+                slice_id = comp.slice_id
+                self._count_calm(slice_id)
+                if len(wanting.get(slice_id, ())) > 1:
+                    self._contended[call.weight] = self._contended.get(call.weight, 0) + 1
+                if not call.todo:
+                    calls.remove(call)
+                    for touched in call.slices:
+                        wanting[touched][tenant] -= 1
+                        if not wanting[touched][tenant]:
+                            del wanting[touched][tenant]
+                seq = self._next_seq
+                self._next_seq += 1
+                granted[slice_id][seq] = (call.call_id, comp.node)
+                call.outstanding += 1
+                issued.append(Grant(slice_id, seq, call.call_id, comp.node))
+                self._global_pass = max(self._global_pass, self._passes[tenant])
+                self._passes[tenant] = self._global_pass + call.stride
+                if not calls:
+                    break
+                key = (self._passes[tenant], calls[0].order, tenant)
+                if ready and ready[0] < key:
+                    heapq.heappush(ready, key)
+                    break
         return issued
 
     def grant_batches(self) -> list[SliceGrants]:
