@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from pathways_worker.batch_queue import BatchQueue
@@ -127,4 +128,35 @@ def test_a_linger_ends_once_the_items_held_make_lingering_pointless() -> None:
         assert seen[0] == 1 and seen[-1] == 3
     finally:
         queue.put(4, urgent=True)
+        taker.join(timeout=30.0)
+
+
+def test_items_that_leave_a_linger_under_way_do_not_wake_the_taker() -> None:
+    """Whether the taker would go on lingering is asked on the putting thread; the
+    taker itself runs again only once it would not."""
+    queue: BatchQueue[int] = BatchQueue()
+    asked_on: list[int] = []
+    lingering = threading.Event()
+
+    def more_coming(held: int) -> bool:
+        asked_on.append(threading.get_ident())
+        lingering.set()
+        return held < 4
+
+    queue.put(1)
+    taker, taken = lingering_take(queue, more_coming)
+    try:
+        assert lingering.wait(timeout=30.0)
+        queue.put(2)
+        queue.put_many([3])
+        queue.nudge()
+        time.sleep(0.2)  # room for a woken taker to ask again
+        assert taker.ident is not None and asked_on.count(taker.ident) == 1, "woken with nothing to do"
+        queue.put(4)
+        taker.join(timeout=30.0)
+        assert not taker.is_alive(), "the take still lingers with 4 items held"
+        assert taken == [[1, 2, 3, 4]]
+        assert asked_on.count(taker.ident) == 2, "woken once, when lingering stopped paying off"
+    finally:
+        queue.put(5, urgent=True)
         taker.join(timeout=30.0)

@@ -16,6 +16,8 @@ class BatchQueue(Generic[T]):
         self._items: list[T] = []
         self._nudged = False
         self._urgent = False
+        self._waiting: list[Callable[[], bool]] = []
+        """What each waiting taker waits for: a change wakes it only once that holds."""
 
     def put(self, item: T, urgent: bool = False) -> None:
         """`urgent`: someone waits for this item, so the batch it joins goes
@@ -23,7 +25,7 @@ class BatchQueue(Generic[T]):
         with self._cv:
             self._items.append(item)
             self._urgent = self._urgent or urgent
-            self._cv.notify_all()
+            self._wake_if_done()
 
     def put_many(self, items: list[T], urgent: bool = False) -> None:
         if not items:
@@ -31,7 +33,7 @@ class BatchQueue(Generic[T]):
         with self._cv:
             self._items.extend(items)
             self._urgent = self._urgent or urgent
-            self._cv.notify_all()
+            self._wake_if_done()
 
     def nudge(self) -> None:
         """Wakes a taker with an empty batch (e.g. to send fresh counters). A nudge
@@ -41,12 +43,28 @@ class BatchQueue(Generic[T]):
         with self._cv:
             if not self._nudged:
                 self._nudged = True
-                self._cv.notify_all()
+                self._wake_if_done()
 
     def wake(self) -> None:
         """Makes a lingering taker ask `more_coming` again (nothing is queued)."""
         with self._cv:
+            self._wake_if_done()
+
+    def _wake_if_done(self) -> None:
+        """Wakes the takers once what one of them waits for holds (the caller holds
+        the lock). A taker woken for nothing takes the GIL from the thread that woke
+        it and hands it back: the executor's dispatch of the next computation then
+        waited for it, several times per batch of completions lingering for company."""
+        if any(done() for done in self._waiting):
             self._cv.notify_all()
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> None:
+        """`Condition.wait_for(done, timeout_s)`, woken only when `done` may hold (the caller holds the lock)."""
+        self._waiting.append(done)
+        try:
+            self._cv.wait_for(done, timeout_s)
+        finally:
+            self._waiting.remove(done)
 
     def take(
         self,
@@ -65,14 +83,14 @@ class BatchQueue(Generic[T]):
         Without `nudges_wake`, only items end the wait (a nudge is still reported)."""
         with self._cv:
             if not self._items and not (nudges_wake and self._nudged):
-                self._cv.wait_for(lambda: self._items or (nudges_wake and self._nudged), timeout_s)
+                self._wait(lambda: bool(self._items) or (nudges_wake and self._nudged), timeout_s)
             if not self._items and not (nudges_wake and self._nudged):
                 nudged, self._nudged = self._nudged, False
                 return [], nudged
             urgent = self._urgent
         if linger_s > 0 and not urgent:
             with self._cv:
-                self._cv.wait_for(
+                self._wait(
                     lambda: self._urgent or (more_coming is not None and not more_coming(len(self._items))),
                     linger_s,
                 )
