@@ -105,17 +105,24 @@ def test_items_put_together_as_urgent_go_without_lingering_in_their_order() -> N
     assert asked == []
 
 
-def test_a_linger_ends_once_the_items_held_make_lingering_pointless() -> None:
-    """`more_coming` is asked again with the count held at every item put."""
-    queue: BatchQueue[int] = BatchQueue()
-    seen: list[int] = []
+def lingering_below(limit: int) -> tuple[Callable[[int], bool], threading.Event, list[tuple[int, int]]]:
+    """A `more_coming` that lingers while fewer than `limit` items are held; an event set
+    once it was first asked; and (asking thread, items held) for every ask."""
+    asked: list[tuple[int, int]] = []
     lingering = threading.Event()
 
     def more_coming(held: int) -> bool:
-        seen.append(held)
+        asked.append((threading.get_ident(), held))
         lingering.set()
-        return held < 3
+        return held < limit
 
+    return more_coming, lingering, asked
+
+
+def test_a_linger_ends_once_the_items_held_make_lingering_pointless() -> None:
+    """`more_coming` is asked again with the count held at every item put."""
+    queue: BatchQueue[int] = BatchQueue()
+    more_coming, lingering, asked = lingering_below(3)
     queue.put(1)
     taker, taken = lingering_take(queue, more_coming)
     try:
@@ -125,7 +132,7 @@ def test_a_linger_ends_once_the_items_held_make_lingering_pointless() -> None:
         taker.join(timeout=30.0)
         assert not taker.is_alive(), "the take still lingers with 3 items held"
         assert taken == [[1, 2, 3]]
-        assert seen[0] == 1 and seen[-1] == 3
+        assert asked[0][1] == 1 and asked[-1][1] == 3
     finally:
         queue.put(4, urgent=True)
         taker.join(timeout=30.0)
@@ -135,28 +142,25 @@ def test_items_that_leave_a_linger_under_way_do_not_wake_the_taker() -> None:
     """Whether the taker would go on lingering is asked on the putting thread; the
     taker itself runs again only once it would not."""
     queue: BatchQueue[int] = BatchQueue()
-    asked_on: list[int] = []
-    lingering = threading.Event()
-
-    def more_coming(held: int) -> bool:
-        asked_on.append(threading.get_ident())
-        lingering.set()
-        return held < 4
-
+    more_coming, lingering, asked = lingering_below(4)
     queue.put(1)
     taker, taken = lingering_take(queue, more_coming)
+
+    def asked_by_taker() -> int:
+        return sum(1 for thread, _ in asked if thread == taker.ident)
+
     try:
         assert lingering.wait(timeout=30.0)
         queue.put(2)
         queue.put_many([3])
         queue.nudge()
         time.sleep(0.2)  # room for a woken taker to ask again
-        assert taker.ident is not None and asked_on.count(taker.ident) == 1, "woken with nothing to do"
+        assert asked_by_taker() == 1, "woken with nothing to do"
         queue.put(4)
         taker.join(timeout=30.0)
         assert not taker.is_alive(), "the take still lingers with 4 items held"
         assert taken == [[1, 2, 3, 4]]
-        assert asked_on.count(taker.ident) == 2, "woken once, when lingering stopped paying off"
+        assert asked_by_taker() == 2, "woken once, when lingering stopped paying off"
     finally:
         queue.put(5, urgent=True)
         taker.join(timeout=30.0)

@@ -60,10 +60,7 @@ def test_completions_lingering_while_no_room_was_wanted_go_once_it_is() -> None:
         assert asked.wait(timeout=30.0)
         wanted[0] = True
         outbox.reconsider()  # 2 held, 2 left, and now room is wanted: these go
-        taker.join(timeout=30.0)
-        assert not taker.is_alive(), "the completions still linger once room is wanted"
-        (event,) = taken
-        assert event is not None and [c.seq for c in event.completions] == [1, 2]
+        assert_took(taker, taken, [1, 2], "the completions still linger once room is wanted")
     finally:
         outbox.completions([completion(99)], ends_call=True)
         taker.join(timeout=30.0)
@@ -71,6 +68,16 @@ def test_completions_lingering_while_no_room_was_wanted_go_once_it_is() -> None:
 
 def completion(seq: int, ok: bool = True) -> pb.Completion:
     return pb.Completion(seq=seq, call_id="c", node=seq, ok=ok, error="" if ok else "boom")
+
+
+def assert_took(
+    taker: threading.Thread, taken: list[pb.WorkerEvent | None], seqs: list[int], lingered: str
+) -> None:
+    """The take on `taker` ended with one event of the completions `seqs`; `lingered` says why not."""
+    taker.join(timeout=30.0)
+    assert not taker.is_alive(), lingered
+    (event,) = taken
+    assert event is not None and [c.seq for c in event.completions] == seqs
 
 
 def take_in_thread(outbox: WorkerOutbox) -> tuple[threading.Thread, list[pb.WorkerEvent | None]]:
@@ -102,10 +109,7 @@ def test_completions_wait_for_company_until_they_are_as_many_as_the_work_left() 
         assert asked.wait(timeout=30.0)
         left[0] = 2
         outbox.completions([completion(2)])  # 2 held, 2 left: these go
-        taker.join(timeout=30.0)
-        assert not taker.is_alive(), "the completions still linger with as many held as left"
-        (event,) = taken
-        assert event is not None and [c.seq for c in event.completions] == [1, 2]
+        assert_took(taker, taken, [1, 2], "the completions still linger with as many held as left")
     finally:
         outbox.completions([completion(99)], ends_call=True)
         taker.join(timeout=30.0)
