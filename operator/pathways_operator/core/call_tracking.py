@@ -86,6 +86,9 @@ class Report:
     """Non-empty when this report failed the call: the message to tell the hosts."""
 
 
+GRANT_DONE = Report(grant_done=True)
+
+
 @dataclass
 class CallProgress:
     """One call's completions, counted per grant and per host."""
@@ -124,6 +127,8 @@ class CallProgress:
         left = self.waiting.get(grant)
         if left is None:
             return None
+        if left == 1 and ok and self.held is None and grant not in self.reported:
+            return self._last_host_done(grant)  # a lone host's success: nothing else to track
         self.reported.setdefault(grant, set()).add(host)
         failed_now = ""
         if not ok and self.running and self.held is None:
@@ -146,6 +151,13 @@ class CallProgress:
         elif self.running and self.completed == self.total:
             self._move("succeeded")
         return Report(grant_done=True, failed_now=failed_now)
+
+    def _last_host_done(self, grant: Grant) -> Report:
+        del self.waiting[grant]
+        self.completed += 1
+        if self.running and self.completed == self.total:
+            self._move("succeeded")
+        return GRANT_DONE
 
     def due(self, now: float) -> str:
         """Fails the call with its held failure once the grace has passed; the message, or ""."""
