@@ -348,7 +348,7 @@ class IslandScheduler:
         per_slice: dict[str, list[Grant]] = {}
         for grant in self.grants():
             per_slice.setdefault(grant.slice_id, []).append(grant)
-        waiting = {slice_id for call in self._calls.values() if call.todo for slice_id in call.slices}
+        waiting = set(self._wanting())
         for slice_id in sorted(waiting):
             if not self._told_room.get(slice_id, True):
                 per_slice.setdefault(slice_id, [])
