@@ -127,9 +127,6 @@ class CallProgress:
         left = self.waiting.get(grant)
         if left is None:
             return None
-        if left == 1 and ok and self.held is None and grant not in self.reported:
-            return self._last_host_done(grant)  # a lone host's success: nothing else to track
-        self.reported.setdefault(grant, set()).add(host)
         failed_now = ""
         if not ok and self.running and self.held is None:
             message = error or f"computation {node} failed on {host}"
@@ -139,6 +136,7 @@ class CallProgress:
                 failed_now = message
                 self.fail(message)
         if left > 1:
+            self.reported.setdefault(grant, set()).add(host)  # the last host's would go at once
             self.waiting[grant] = left - 1
             return Report(grant_done=False, failed_now=failed_now)
         del self.waiting[grant]
@@ -150,14 +148,7 @@ class CallProgress:
             self.fail(failed_now)
         elif self.running and self.completed == self.total:
             self._move("succeeded")
-        return Report(grant_done=True, failed_now=failed_now)
-
-    def _last_host_done(self, grant: Grant) -> Report:
-        del self.waiting[grant]
-        self.completed += 1
-        if self.running and self.completed == self.total:
-            self._move("succeeded")
-        return GRANT_DONE
+        return Report(grant_done=True, failed_now=failed_now) if failed_now else GRANT_DONE
 
     def due(self, now: float) -> str:
         """Fails the call with its held failure once the grace has passed; the message, or ""."""
