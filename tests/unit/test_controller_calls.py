@@ -6,6 +6,7 @@ Hosts are fake links that record the commands sent to them; no process or socket
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -104,9 +105,10 @@ def one_call_on(hosts: int) -> tuple[Calls, SliceRecord]:
     return calls, rec
 
 
-def complete(calls: Calls, rec: SliceRecord, ok: bool = True) -> None:
+def complete(calls: Calls, rec: SliceRecord, ok: bool = True, call_id: str = "c") -> None:
     for link in rec.links:
-        (grant,) = [g for c in link.sent if c.HasField("grants") for g in c.grants.grants]  # type: ignore[attr-defined]
+        (grant,) = [g for c in link.sent if c.HasField("grants")  # type: ignore[attr-defined]
+                    for g in c.grants.grants if g.call_id == call_id]
         done = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=ok,
                              error="" if ok else "boom")
         calls.on_host_event(link, pb.HostEvent(completions=[done]))
@@ -149,6 +151,63 @@ def test_waiting_with_finish_leaves_a_call_that_is_still_running() -> None:
     assert releases(rec) == []
     complete(calls, rec)
     assert calls.wait_call("c", 5.0).state == pb.CallStatus.SUCCEEDED, "the client may still wait and finish it"
+
+
+class CountingCondition(threading.Condition):
+    """A condition that counts the waits a notify ended (not those that timed out)."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        super().__init__(lock)
+        self.woken = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        notified = super().wait(timeout)
+        self.woken += int(notified)
+        return notified
+
+
+def test_a_call_that_ends_wakes_only_the_clients_waiting_for_it() -> None:
+    calls, rec = one_call_on(hosts=1)
+    calls.run(calls._calls["c"].program.program_id, "other", 1.0, client="me")
+    lock = calls._slices.lock
+    other = calls._calls["other"].ended = CountingCondition(lock)
+    statuses: dict[str, pb.CallStatus] = {}
+    waiters = {cid: threading.Thread(target=lambda cid=cid: statuses.__setitem__(cid, calls.wait_call(cid, 30.0)))
+               for cid in ("c", "other")}
+    for waiter in waiters.values():
+        waiter.start()
+    for _ in range(500):  # both waiting: each has released the table's lock in its wait
+        with lock:
+            if len(other._waiters) == 1 and len(calls._calls["c"].ended._waiters) == 1:  # type: ignore[attr-defined]
+                break
+        threading.Event().wait(0.01)
+
+    complete(calls, rec, call_id="c")
+    waiters["c"].join(10.0)
+
+    assert statuses["c"].state == pb.CallStatus.SUCCEEDED
+    assert other.woken == 0 and waiters["other"].is_alive(), "the other call's waiter slept on"
+    complete(calls, rec, call_id="other")
+    waiters["other"].join(10.0)
+    assert statuses["other"].state == pb.CallStatus.SUCCEEDED and other.woken == 1
+
+
+def test_finishing_a_call_wakes_its_waiter_with_unknown() -> None:
+    calls, _ = one_call_on(hosts=1)
+    statuses: list[pb.CallStatus] = []
+    waiter = threading.Thread(target=lambda: statuses.append(calls.wait_call("c", 30.0)))
+    waiter.start()
+    for _ in range(500):
+        with calls._slices.lock:
+            if calls._calls["c"].ended._waiters:  # type: ignore[attr-defined]
+                break
+        threading.Event().wait(0.01)
+
+    calls.finish_call("c")
+    waiter.join(10.0)
+
+    assert not waiter.is_alive(), "woken at once, not at its 30 s timeout"
+    assert statuses[0].state == pb.CallStatus.UNKNOWN
 
 
 def test_a_shared_ahead_that_is_not_a_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ lapses, their calls and objects are freed on every host.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ class CallRecord:
 
     program: ProgramRecord
     progress: CallProgress
+    ended: threading.Condition
+    """Notified when the call ends or leaves the table: its `WaitCall`s wait here, on
+    the table's lock, so a call's end wakes only those waiting for that call."""
     client: str = ""
     started: float = field(default_factory=time.monotonic)
     values: dict[tuple[int, int], pb.InlineValue] = field(default_factory=dict)
@@ -159,6 +163,7 @@ class Calls:
             self._calls[call_id] = CallRecord(
                 client=client,
                 program=prec,
+                ended=threading.Condition(self._slices.lock),
                 progress=CallProgress(
                     call_id=call_id,
                     program=program.name,
@@ -270,9 +275,10 @@ class Calls:
     def on_host_event(self, link: HostLink, event: pb.HostEvent) -> None:
         """Completions from one host: count them, keep inline outputs, grant more.
 
-        Those waiting on the condition are woken only when a call ended: each waiter
-        wakes, takes the lock and sleeps again, and with several clients waiting that
-        cost, at every completion, is taken from the hosts' computations."""
+        Only the waiters of a call that ended are woken (`CallRecord.ended`). A client
+        keeps a `WaitCall` open for each call it has outstanding (up to its bound of
+        32); woken all at once at every call's end, they took a thread switch each,
+        per call, from the cores the hosts' computations run on."""
         if not event.completions:
             return
         with self._changed:
@@ -280,7 +286,7 @@ class Calls:
             if rec is None:
                 return
             now = time.monotonic()
-            ended = False
+            ended: list[CallRecord] = []
             for done in event.completions:
                 call = self._calls.get(done.call_id)
                 key = (rec.slice_id, done.seq)
@@ -296,10 +302,11 @@ class Calls:
                     self._tell_failed(call, report.failed_now)
                 if report.grant_done:
                     self._scheduler_complete(rec.slice_id, done.seq, now)
-                ended = ended or not call.progress.running
+                if not call.progress.running and call not in ended:
+                    ended.append(call)
             self._dispatch_grants()
-            if ended:
-                self._changed.notify_all()
+            for call in ended:
+                call.ended.notify_all()
 
     def _scheduler_complete(self, slice_id: str, seq: int, now: float) -> None:
         try:
@@ -316,7 +323,7 @@ class Calls:
         self._scheduler.cancel(call.call_id)
         fail = pb.HostCommand(fail=pb.FailCall(call_id=call.call_id, message=message))
         self._send_to_gangs(call, fail)
-        self._changed.notify_all()
+        call.ended.notify_all()
 
     def _send_to_gangs(self, call: CallRecord, command: pb.HostCommand, later: bool = False) -> None:
         for slice_id in call.progress.slices:
@@ -377,7 +384,7 @@ class Calls:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._changed.wait(min(remaining, 1.0))
+                call.ended.wait(min(remaining, 1.0))
             return call.status(self._stragglers(call) if call.progress.running else "")
 
     def _stragglers(self, call: CallRecord) -> str:
@@ -395,6 +402,7 @@ class Calls:
             call = self._calls.pop(call_id, None)
             if call is None:
                 return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN)
+            call.ended.notify_all()
             if call.progress.running:
                 self._fail_call(call, f"call {call_id} was abandoned by its client")
             self.objects.finish(call_id, [(v.node, v.index) for v in keep])
