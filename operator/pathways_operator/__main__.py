@@ -25,17 +25,15 @@ import json
 import logging
 import os
 import sys
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import kopf
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.env_flags import env_option
-from pathways_operator.controller import GRPC_OPTIONS, Controller
+from pathways_operator.controller import Controller, controller_server
 from pathways_operator.controller.client_gate import ClientGate
 from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
@@ -206,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             image=args.driver_image or args.worker_image, pull_policy=args.worker_image_pull_policy,
             checkpoint_volumes=args.driver_checkpoint_volumes,
         ), wake=lambda key: wakeups.wake(handlers.program_key(*key.split("/", 1))))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,
-                         interceptors=[ClientGate(driver_pods)] if driver_pods is not None else [])
+    server = controller_server([ClientGate(driver_pods)] if driver_pods is not None else [])
     port = server.add_insecure_port(args.controller_listen)
     if port == 0:
         print(f"pathways_operator: cannot listen on {args.controller_listen}", file=sys.stderr)

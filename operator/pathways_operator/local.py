@@ -17,17 +17,15 @@ import os
 import shutil
 import signal
 import threading
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 
 from pathways_wire import process_tree
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
 from pathways_wire.slice_token import new_token
 from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_operator.controller import GRPC_OPTIONS, SHARED_WINDOW, Controller, ControllerService, EmbeddedGangs
+from pathways_operator.controller import SHARED_WINDOW, Controller, ControllerService, EmbeddedGangs, controller_server
 from pathways_operator.controller.client_gate import ClientGate, OneClient
 from pathways_operator.core.placement import Machine
 from pathways_operator.local_hosts import LocalHost, LocalHostLauncher
@@ -92,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     fd = os.open(args.state_dir / CLIENT_TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:  # before the ready file: the client reads it once it sees that
         out.write(client_token)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS,
-                         interceptors=[ClientGate(OneClient(client_token))])
+    server = controller_server([ClientGate(OneClient(client_token))])
     pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
     port = server.add_insecure_port(args.listen)
     server.start()

@@ -13,7 +13,7 @@ from pathways_operator.controller.controller import Controller
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.gangs import EmbeddedGangs, Gangs, HostLauncher, HostRequest, KubernetesGangs
 from pathways_operator.controller.host_link import GRPC_OPTIONS
-from pathways_operator.controller.service import ControllerService
+from pathways_operator.controller.service import ControllerService, controller_server
 from pathways_operator.controller.slices import Host
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "HostLauncher",
     "HostRequest",
     "KubernetesGangs",
+    "controller_server",
 ]
