@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import pathways as pw
+from pathways.embedded import LocalCluster, start_local_cluster
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +18,17 @@ def runtime() -> Iterator[pw.Runtime]:
         yield rt
     finally:
         pw.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_island() -> Iterator[LocalCluster]:
+    """An embedded cluster (one island of 8 devices, 4 per host) for client processes of
+    the test's own, which reach it by its address and client token, per test module."""
+    c = start_local_cluster(islands={"island-a": 8}, devices_per_host=4)
+    try:
+        yield c
+    finally:
+        c.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pathways.embedded import LocalCluster, start_local_cluster
+from pathways.embedded import LocalCluster
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,22 +92,13 @@ CLIENT_B = PRELUDE + textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    c = start_local_cluster(islands={"island-a": 8}, devices_per_host=4)
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 def test_a_client_at_its_bound_of_outstanding_calls_leaves_room_for_another_clients_call(
-    cluster: LocalCluster, tmp_path: Path
+    one_island: LocalCluster, tmp_path: Path
 ) -> None:
     log = tmp_path / "events"
     log.touch()
-    env = dict(os.environ, PATHWAYS_CONTROLLER=cluster.address)
-    env[ENV_PROGRAM_TOKEN_FILE] = str(cluster.state_dir / CLIENT_TOKEN_FILE)
+    env = dict(os.environ, PATHWAYS_CONTROLLER=one_island.address)
+    env[ENV_PROGRAM_TOKEN_FILE] = str(one_island.state_dir / CLIENT_TOKEN_FILE)
     a = subprocess.Popen([sys.executable, "-c", CLIENT_A, str(log), str(OUTSTANDING)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     b = subprocess.Popen([sys.executable, "-c", CLIENT_B, str(log), f"A issued {OUTSTANDING}"], env=env,

@@ -12,12 +12,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import pytest
 
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
-from pathways.embedded import LocalCluster, start_local_cluster
+from pathways.embedded import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,18 +49,9 @@ CLIENT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    c = start_local_cluster(islands={"island-a": 8}, devices_per_host=4)
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-def test_two_clients_share_a_slice_with_collectives(cluster: LocalCluster, tmp_path: object) -> None:
-    env = dict(os.environ, PATHWAYS_CONTROLLER=cluster.address)
-    env[ENV_PROGRAM_TOKEN_FILE] = str(cluster.state_dir / CLIENT_TOKEN_FILE)  # clients present it
+def test_two_clients_share_a_slice_with_collectives(one_island: LocalCluster, tmp_path: object) -> None:
+    env = dict(os.environ, PATHWAYS_CONTROLLER=one_island.address)
+    env[ENV_PROGRAM_TOKEN_FILE] = str(one_island.state_dir / CLIENT_TOKEN_FILE)  # clients present it
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLIENT, weight, "25", scale],
