@@ -7,7 +7,7 @@ import pytest
 from pathways_wire import ir
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.programs import Programs, ProgramRecord, check_bindings, program_id
-from tests.unit.controller_builders import two_slice_program
+from tests.unit.controller_builders import F32, INPUT_0, comp, two_slice_program
 
 LIVE = {"a-1": ir.SliceDecl("a", "a", 8), "b-2": ir.SliceDecl("b", "b", 4)}
 
@@ -51,3 +51,18 @@ def test_the_schedule_binds_each_computation_to_its_slice_and_its_producers_once
     schedule = prec.scheduled()
     assert [(c.node, c.slice_id, c.deps) for c in schedule] == [(0, "a-1", ()), (1, "b-2", (0,)), (2, "a-1", (1,))]
     assert prec.scheduled() is schedule
+
+
+def test_each_program_input_is_read_by_the_slices_of_its_computations_found_once() -> None:
+    program = ir.Program(
+        name="p",
+        inputs=(F32, F32),
+        computations=(comp(0, "a", INPUT_0), comp(1, "b", ir.ValueRef(ir.PROGRAM_INPUT, 1), INPUT_0),
+                      comp(2, "a", ir.ValueRef(1, 0))),
+        outputs=(ir.ValueRef(2, 0),),
+        slices=(ir.SliceDecl("a", "a", 8), ir.SliceDecl("b", "b", 4)),
+    )
+    prec = ProgramRecord("prog", program, {"a": "a-1", "b": "b-2"})
+    readers = prec.readers_of_inputs()
+    assert readers == {0: frozenset({"a", "b"}), 1: frozenset({"b"})}
+    assert prec.readers_of_inputs() is readers

@@ -191,18 +191,13 @@ def call_launches(
                 launch.inline_output_bytes = INLINE_OUTPUT_BYTES
         prec.launch_plan = (gangs, reply, launches)
     _, template, planned = prec.launch_plan
-    consumers: dict[int, set[str]] = defaultdict(set)
-    if inputs:
-        for c in prec.program.computations:
-            for v in c.inputs:
-                if v.is_program_input:
-                    consumers[v.index].add(c.slice)
+    readers = prec.readers_of_inputs() if inputs else {}
     stamped: dict[str, list[pb.Launch]] = {}
     for vid, per_host in planned.items():
         launch = pb.Launch()
         launch.CopyFrom(per_host[0])
         launch.call_id = call_id
-        launch.inputs.extend(x for x in inputs if vid in consumers[x.value.index])
+        launch.inputs.extend(x for x in inputs if vid in readers.get(x.value.index, ()))
         stamped[vid] = [launch] * len(per_host)
     reply = pb.RunReply()
     reply.CopyFrom(template)

@@ -10,6 +10,7 @@ of the program shares: the island scheduler's view of it and its launch plan
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -32,6 +33,20 @@ class ProgramRecord:
     """The scheduler's view of a call, the same for every call."""
     launch_plan: tuple[PlanKey, pb.RunReply, dict[str, list[pb.Launch]]] | None = None
     """Launches for the gangs they were planned for."""
+    input_readers: dict[int, frozenset[str]] | None = None
+    """Program input index -> the virtual slices whose computations read it."""
+
+    def readers_of_inputs(self) -> dict[int, frozenset[str]]:
+        """Which virtual slices read each program input, made once: a call's inline
+        inputs ride with the launches of those slices only."""
+        if self.input_readers is None:
+            readers: dict[int, set[str]] = defaultdict(set)
+            for c in self.program.computations:
+                for v in c.inputs:
+                    if v.is_program_input:
+                        readers[v.index].add(c.slice)
+            self.input_readers = {index: frozenset(vids) for index, vids in readers.items()}
+        return self.input_readers
 
     def scheduled(self) -> list[ScheduledComputation]:
         """The program's computations in the order they are granted (`core.grant_order`),
