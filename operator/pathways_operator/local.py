@@ -19,7 +19,6 @@ import signal
 import threading
 from pathlib import Path
 
-
 from pathways_wire import process_tree
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
 from pathways_wire.slice_token import new_token

@@ -286,7 +286,7 @@ class Calls:
             if rec is None:
                 return
             now = time.monotonic()
-            ended: list[CallRecord] = []
+            ended: dict[str, CallRecord] = {}
             for done in event.completions:
                 call = self._calls.get(done.call_id)
                 key = (rec.slice_id, done.seq)
@@ -302,10 +302,10 @@ class Calls:
                     self._tell_failed(call, report.failed_now)
                 if report.grant_done:
                     self._scheduler_complete(rec.slice_id, done.seq, now)
-                if not call.progress.running and call not in ended:
-                    ended.append(call)
+                if not call.progress.running:
+                    ended[call.call_id] = call
             self._dispatch_grants()
-            for call in ended:
+            for call in ended.values():
                 call.ended.notify_all()
 
     def _scheduler_complete(self, slice_id: str, seq: int, now: float) -> None:

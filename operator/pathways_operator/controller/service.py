@@ -24,7 +24,8 @@ outstanding holds one for its `WaitCall` until the call ends (up to
 `PATHWAYS_MAX_OUTSTANDING_CALLS`, 32, per client), so this many let 15 clients at
 their bound leave room for everyone's `Run`, `KeepAlive` and `DropObjects`. With
 32, one client at its bound held every thread: another client's one-computation
-call, 5 ms alone, took 77 ms to 4.9 s while the first client's 32 calls ran. The
+call, 5 ms alone, took 77 ms to 4.9 s while the first client's 32 calls ran (timed
+outside the bench; `tests/integration/test_client_waits.py` checks the order). The
 pool starts threads as they are needed, and a waiting one sleeps on its own
 call's condition (`CallRecord.ended`)."""
 
