@@ -93,7 +93,7 @@ class Finisher:
         """Finishes a claimed batch on the calling thread, which must hold no lock
         a stimulus (`report`) takes."""
         try:
-            self._finish(batch.grants)
+            self._finish(batch.grants, ready=True)
         finally:
             with self._pending_lock:
                 self._queued -= 1
@@ -132,20 +132,22 @@ class Finisher:
                 with self._pending_lock:
                     self._queued -= 1
 
-    def _finish(self, grants: tuple[Finished, ...]) -> None:
+    def _finish(self, grants: tuple[Finished, ...], ready: bool = False) -> None:
         """One batch of grants: wait for each, report them together.
 
         What finished is reported before waiting on a computation still
         running, so a long computation never holds back the completions (and
         the window room) of those before it."""
-        counted = len(grants)
+        given = 0
         try:
-            counted -= self._finish_each(grants)
+            given = self._finish_each(grants, ready)
         finally:
-            self._count(-counted)
+            self._count(given - len(grants))
 
-    def _finish_each(self, grants: tuple[Finished, ...]) -> int:
-        """`_finish`; returns how many completions it gave the outbox (the rest, on an error, never go)."""
+    def _finish_each(self, grants: tuple[Finished, ...], ready: bool) -> int:
+        """`_finish`; returns how many completions it gave the outbox (the rest, on an error,
+        never go), each counted off `pending` as it goes. `ready`: every output is known
+        to exist (a claimed batch), so none is waited for before the others are reported."""
         done: list[pb.Completion] = []
         ends_call = False
         given = 0
@@ -153,8 +155,8 @@ class Finisher:
             grant = job.grant
             error = job.error
             if not error and job.outputs:
-                if done and not all(is_ready(x) for x in job.outputs):
-                    self._outbox.completions(done, ends_call)
+                if done and not ready and not all(is_ready(x) for x in job.outputs):
+                    given += self._give(done, ends_call)
                     done, ends_call = [], False
                 try:
                     wait_until_ready(job.outputs)
@@ -164,10 +166,10 @@ class Finisher:
                         f"{self.host_name}: {type(err).__name__}: {err}"
                     )
                     self._report(ComputationFailedLate(grant, job.outputs, error))
-            completion = pb.Completion(
-                seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=not error, error=error,
-            )
-            if not error:
+            if error:
+                completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, error=error)
+            else:
+                completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=True)
                 for i in job.inline:
                     completion.outputs.add(
                         value=pb.ValueRef(node=grant.node, index=i),
@@ -176,8 +178,6 @@ class Finisher:
                     )
             done.append(completion)
             ends_call = ends_call or job.ends_call
-            self._count(-1)
-            given += 1
             if not job.routed:
                 continue
             exports = [
@@ -186,15 +186,24 @@ class Finisher:
                 for r in job.routed
             ]
             if exports_with_completion([_nbytes(e.value) for e in exports]):
+                self._count(-len(done))
                 self._outbox.finished(done, [self._exported(e) for e in exports])
+                given += len(done)
             else:
-                self._outbox.completions(done, ends_call)
+                given += self._give(done, ends_call)
                 for export in exports:
                     self._write(export)
             done, ends_call = [], False
         if done:
-            self._outbox.completions(done, ends_call)
+            given += self._give(done, ends_call)
         return given
+
+    def _give(self, done: list[pb.Completion], ends_call: bool) -> int:
+        """Completions to the outbox, off `pending` first (the outbox asks it whether
+        more are coming); how many."""
+        self._count(-len(done))
+        self._outbox.completions(done, ends_call)
+        return len(done)
 
     def _write(self, job: Export) -> None:
         """A value's pieces to shared memory, announced to the sidecar (or why there are none)."""
