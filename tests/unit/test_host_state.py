@@ -16,15 +16,17 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_worker.value_ref import Ref
 from pathways_worker.worker.call_plan import layout_program
 from pathways_worker.worker import host_state
-from pathways_worker.worker.host_state import FINISH_BATCH, FINISH_BATCH_BYTES, HostState
+from pathways_worker.worker.host_state import FINISH_BATCH, FINISH_BATCH_BYTES, RUN_LIMIT, HostState
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
+    DispatchRun,
     Export,
     FinishBatch,
     Instruction,
     Log,
     RoomWanted,
+    RunValue,
     StartTimer,
     StoreChanged,
 )
@@ -44,6 +46,7 @@ from pathways_worker.worker.stimuli import (
     ObjectForwarded,
     ObjectsDropped,
     ProgramLoaded,
+    RunDispatched,
     TimerFired,
     ValueArrived,
 )
@@ -124,30 +127,54 @@ def only(kind: type[T], instructions: list[Instruction]) -> list[T]:
     return [i for i in instructions if isinstance(i, kind)]
 
 
-def host(limit: int = 1 << 20, multi_process: bool = False, *programs: pb.HostProgram) -> HostState:
-    state = HostState("host-0", limit, input_timeout_s=5.0, multi_process=multi_process)
+def host(
+    limit: int = 1 << 20, multi_process: bool = False, *programs: pb.HostProgram, run_limit: int = 1
+) -> HostState:
+    """By default every grant is dispatched alone, so a test can answer them one by one;
+    `run_limit` > 1 lets the machine dispatch runs (see `host_state`, Runs)."""
+    state = HostState("host-0", limit, input_timeout_s=5.0, multi_process=multi_process, run_limit=run_limit)
     for p in programs or (program([INPUT], [(0, 0)], [(1, 0)]),):
         state.handle(loaded(p))
     return state
 
 
-def ran(state: HostState, dispatch: Dispatch, error: str = "") -> list[Instruction]:
-    """The driver's report that it dispatched `dispatch`; outputs are named after the grant."""
+def result(dispatch: Dispatch, error: str = "") -> ComputationDispatched:
+    """The executor's result for one grant; outputs are named after the grant."""
     name = f"{dispatch.grant.call_id}-out{dispatch.grant.node}"
     outputs = () if error else tuple(name for _ in range(dispatch.comp.num_outputs))
-    return state.handle(ComputationDispatched(dispatch.grant, outputs, error))
+    return ComputationDispatched(dispatch.grant, outputs, error)
+
+
+def ran(
+    state: HostState, dispatch: Dispatch | DispatchRun, error: str = "", refused: int = 0
+) -> list[Instruction]:
+    """The driver's report that it dispatched `dispatch`. With an `error`, JAX refused the
+    grant (of a run, its grant number `refused`, which ends the run)."""
+    if isinstance(dispatch, Dispatch):
+        return state.handle(result(dispatch, error))
+    results: list[ComputationDispatched] = []
+    for k, item in enumerate((dispatch.first, *dispatch.rest)):
+        results.append(result(item, error if error and k == refused else ""))
+        if results[-1].error:
+            break
+    return state.handle(RunDispatched(tuple(results)))
+
+
+def dispatching(instructions: list[Instruction]) -> list[Dispatch | DispatchRun]:
+    return [i for i in instructions if isinstance(i, (Dispatch, DispatchRun))]
 
 
 def run_chain(state: HostState, first: list[Instruction], limit: int = 200) -> list[Instruction]:
-    """Answers each Dispatch until none comes back; everything else the machine said, in order."""
-    said: list[Instruction] = [i for i in first if not isinstance(i, Dispatch)]
-    pending = only(Dispatch, first)
+    """Answers each Dispatch or DispatchRun until none comes back; everything else the
+    machine said, in order."""
+    said: list[Instruction] = [i for i in first if not isinstance(i, (Dispatch, DispatchRun))]
+    pending = dispatching(first)
     for _ in range(limit):
         if not pending:
             return said
         answer = ran(state, pending.pop())
-        pending = only(Dispatch, answer)
-        said += [i for i in answer if not isinstance(i, Dispatch)]
+        pending = dispatching(answer)
+        said += [i for i in answer if not isinstance(i, (Dispatch, DispatchRun))]
     raise AssertionError(f"the chain did not end within {limit} dispatches")
 
 
@@ -227,8 +254,9 @@ def test_outputs_larger_than_the_whole_store_fail_at_once() -> None:
 # ---------------------------------------------------------------- batching
 
 
-def test_single_process_slice_hands_a_chain_to_the_finisher_as_one_batch() -> None:
-    state = host()
+@pytest.mark.parametrize("run_limit", [1, RUN_LIMIT])
+def test_single_process_slice_hands_a_chain_to_the_finisher_as_one_batch(run_limit: int) -> None:
+    state = host(run_limit=run_limit)
     state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
 
     said = run_chain(state, state.handle(grants("c1", 0, 1, 2)))
@@ -238,9 +266,10 @@ def test_single_process_slice_hands_a_chain_to_the_finisher_as_one_batch() -> No
     assert not any(f.error for f in batch.grants) and not batch.report
 
 
-def test_single_process_slice_hands_over_every_finish_batch_computations() -> None:
+@pytest.mark.parametrize("run_limit", [1, RUN_LIMIT])
+def test_single_process_slice_hands_over_every_finish_batch_computations(run_limit: int) -> None:
     chain = program([INPUT], *([(i, 0)] for i in range(FINISH_BATCH)))
-    state = host(1 << 20, False, chain)
+    state = host(1 << 20, False, chain, run_limit=run_limit)
     state.handle(launch("c1", inputs=[INPUT]))
 
     said = run_chain(state, state.handle(grants("c1", *range(FINISH_BATCH + 1))))
@@ -248,8 +277,9 @@ def test_single_process_slice_hands_over_every_finish_batch_computations() -> No
     assert [len(b.grants) for b in only(FinishBatch, said)] == [FINISH_BATCH, 1]
 
 
-def test_only_the_last_computation_of_a_call_on_the_host_ends_it() -> None:
-    state = host()
+@pytest.mark.parametrize("run_limit", [1, RUN_LIMIT])
+def test_only_the_last_computation_of_a_call_on_the_host_ends_it(run_limit: int) -> None:
+    state = host(run_limit=run_limit)
     state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
 
     said = run_chain(state, state.handle(grants("c1", 0, 1, 2)))
@@ -268,6 +298,110 @@ def test_work_in_hand_counts_queued_running_and_gathered_grants() -> None:
     assert state.in_hand == 3  # one dispatched in the batch being gathered, one running, one queued
     run_chain(state, after_one)
     assert state.in_hand == 0  # all three handed to the finisher
+
+
+# ---------------------------------------------------------------- runs
+
+
+def test_a_single_process_slice_dispatches_a_calls_queued_grants_as_one_run() -> None:
+    state = host(run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+
+    assert isinstance(run, DispatchRun)
+    assert [(d.grant.node, d.inputs) for d in (run.first, *run.rest)] == [
+        (0, ("c1-in0",)), (1, (RunValue((0, 0)),)), (2, (RunValue((1, 0)),)),
+    ], "each grant reads what the one before it made, passed along by the executor"
+    assert state.in_hand == 3 and state.grants_queued == 3
+    assert [state.grant_state(GrantId(seq, "c1", seq - 1)) for seq in (1, 2, 3)] == ["running"] * 3
+
+
+def test_a_run_settles_only_what_leaves_it_and_frees_the_values_it_passed_along() -> None:
+    state = host(run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+    (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+
+    said = ran(state, run)
+
+    (batch,) = only(FinishBatch, said)
+    assert [(f.grant.node, f.outputs, f.error) for f in batch.grants] == [
+        (0, ("c1-out0",), ""), (1, ("c1-out1",), ""), (2, ("c1-out2",), ""),
+    ]
+    assert state.store.used == OUT_BYTES, "only the call's output holds bytes"
+    (exported,) = only(Export, state.handle(fetch("c1", (1, 0))))
+    assert exported.value is None and "was freed" in exported.error
+    (kept,) = only(Export, state.handle(fetch("c1", (2, 0))))
+    assert kept.value == "c1-out2"
+
+
+def test_a_run_ends_at_another_calls_grant_and_at_the_run_limit() -> None:
+    chain = program([INPUT], *([(i, 0)] for i in range(4)))
+    state = host(1 << 20, False, chain, run_limit=3)
+    state.handle(launch("c1", inputs=[INPUT]))
+    state.handle(launch("c2", inputs=[INPUT]))
+
+    first = state.handle(GrantsReceived((
+        GrantId(1, "c1", 0), GrantId(2, "c1", 1), GrantId(3, "c2", 0),
+        GrantId(4, "c2", 1), GrantId(5, "c2", 2), GrantId(6, "c2", 3), GrantId(7, "c2", 4),
+    )))
+    (run,) = dispatching(first)
+    second = dispatching(ran(state, run))
+    (third,) = dispatching(ran(state, second[0]))
+
+    def nodes(d: Dispatch | DispatchRun) -> list[tuple[str, int]]:
+        items = (d,) if isinstance(d, Dispatch) else (d.first, *d.rest)
+        return [(i.grant.call_id, i.grant.node) for i in items]
+
+    assert nodes(run) == [("c1", 0), ("c1", 1)]
+    assert nodes(second[0]) == [("c2", 0), ("c2", 1), ("c2", 2)]
+    assert nodes(third) == [("c2", 3), ("c2", 4)]
+
+
+def test_a_run_stops_before_a_grant_whose_input_has_not_arrived() -> None:
+    two_inputs = program([INPUT], [(0, 0), (-1, 1)])
+    state = host(1 << 20, False, two_inputs, run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT]))   # program input 1 is still on its way
+
+    (alone,) = dispatching(state.handle(grants("c1", 0, 1)))
+
+    assert isinstance(alone, Dispatch) and alone.grant.node == 0
+    assert state.grant_state(GrantId(2, "c1", 1)) == "queued"
+
+
+def test_a_value_a_grant_after_the_run_reads_stays_in_the_store_for_it() -> None:
+    fan_out = program([INPUT], [(0, 0)], [(0, 0)])
+    state = host(1 << 20, False, fan_out, run_limit=2)
+    state.handle(launch("c1", inputs=[INPUT]))
+
+    (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+    (after,) = dispatching(ran(state, run))
+
+    assert isinstance(after, Dispatch) and after.grant.node == 2
+    assert after.inputs == ("c1-out0",), "node 2 reads node 0's output from the store"
+
+
+def test_when_jax_refuses_a_grant_of_a_run_those_after_it_fail_on_its_outputs() -> None:
+    state = host(run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+    (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+
+    said = ran(state, run, error="f1 failed: boom", refused=1)
+
+    grants_done = [f for b in only(FinishBatch, said) for f in b.grants]
+    assert [(f.grant.node, bool(f.error)) for f in grants_done] == [(0, False), (1, True), (2, True)]
+    assert "input output 0 of computation 1 failed: f1 failed: boom" in grants_done[2].error
+    assert dispatching(said) == [] and state.grants_queued == 0
+    assert state.store.used == 0, "the room reserved for the grants that never ran is given back"
+
+
+def test_a_multi_process_slice_dispatches_each_grant_alone() -> None:
+    state = host(1 << 20, True, run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    (first,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+
+    assert isinstance(first, Dispatch) and first.grant.node == 0
 
 
 def test_grants_say_whether_room_is_wanted_and_a_change_to_wanted_is_passed_on() -> None:

@@ -15,7 +15,7 @@ import hashlib
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -23,6 +23,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from pathways_wire import pathways_pb2 as pb
+
+
+NOT_YET = object()
+"""An input's `accepted` sharding before any argument was found equivalent: no value's."""
 
 
 class LoadError(Exception):
@@ -39,6 +43,10 @@ class Executable:
     out_bytes: tuple[int, ...]   # bytes of each output held on this host
     out_partial: frozenset[int] = frozenset()
     """Outputs split across the slice's hosts: this host holds only part of each."""
+    accepted: list[object] = field(default_factory=list)
+    """Per input, the last sharding of an argument found equivalent to the input's
+    own: an output of the computation before it comes with the same sharding object
+    every time, so a chain asks once, then compares identities."""
 
     @property
     def total_out_bytes(self) -> int:
@@ -132,6 +140,7 @@ class ExecutableCache:
             in_shardings=in_shardings,
             out_shardings=out_shardings,
             out_bytes=out_bytes,
+            accepted=[NOT_YET] * len(in_shardings),
             out_partial=frozenset(
                 i for i, s in enumerate(out_shardings) if not (s.is_fully_addressable or s.is_fully_replicated)
             ),

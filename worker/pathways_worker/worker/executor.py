@@ -11,7 +11,9 @@ instructions that come back:
   executable (JAX dispatch is asynchronous, so this returns before the
   computation has run) and feeds the result back, which usually answers with
   the next `Dispatch` — a chain of computations runs on this thread without a
-  hand-off;
+  hand-off; a `DispatchRun` it carries out as its dispatches one after another,
+  each grant's outputs at hand for the grants after it, and feeds back one
+  `RunDispatched`;
 * the finisher (`finisher`) carries out `FinishBatch` and `Export`; a batch
   the executor thread's own answer hands over, all of whose outputs are
   ready, it may finish itself (`Finisher.claim`), once out of the lock;
@@ -40,7 +42,7 @@ from pathways_wire.command_batches import each_alone
 from pathways_wire.host_blocks import HeldBlock
 from pathways_wire.transfer import parse_spec
 from pathways_worker.shared_memory import ShmDir
-from pathways_worker.value_ref import ref_name, ref_of
+from pathways_worker.value_ref import Ref, ref_name, ref_of
 from pathways_worker.worker import stimuli
 from pathways_worker.worker.alarm_clock import AlarmClock
 from pathways_worker.worker.call_plan import layout_program
@@ -50,17 +52,19 @@ from pathways_worker.worker.host_state import HostState
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
+    DispatchRun,
     Export,
     FinishBatch,
     Instruction,
     Log,
     RoomWanted,
+    RunValue,
     StartTimer,
     StoreChanged,
 )
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.outbox import WorkerOutbox
-from pathways_worker.worker.stimuli import ComputationDispatched, Stimulus, TimerFired, grant_of
+from pathways_worker.worker.stimuli import ComputationDispatched, RunDispatched, Stimulus, TimerFired, grant_of
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,7 @@ class Executor:
         self._cache = ExecutableCache(devices if devices is not None else jax.devices())
         self._executables: dict[str, dict[int, Executable]] = {}
         self._equivalent: dict[tuple[Sharding, Sharding, int], bool] = {}
-        self._dispatches: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
+        self._dispatches: queue.SimpleQueue[Dispatch | DispatchRun | None] = queue.SimpleQueue()
         self.outbox = WorkerOutbox(
             lambda: self._state.store.used, store_limit_bytes, lambda: self._state.in_hand + self._finisher.pending,
             lambda: self._state.room_wanted,
@@ -211,13 +215,15 @@ class Executor:
         if dispatch is not None:
             self._dispatches.put(dispatch)
 
-    def _handle(self, stimulus: Stimulus, here: list[FinishBatch] | None = None) -> Dispatch | None:
-        """Feeds the machine and carries out its answer, except a `Dispatch`, which it
-        returns, and batches the finisher lets the caller finish (into `here`)."""
+    def _handle(
+        self, stimulus: Stimulus, here: list[FinishBatch] | None = None
+    ) -> Dispatch | DispatchRun | None:
+        """Feeds the machine and carries out its answer, except a `Dispatch` or `DispatchRun`,
+        which it returns, and batches the finisher lets the caller finish (into `here`)."""
         dispatch = None
         with self._lock:
             for instruction in self._state.handle(stimulus):
-                if isinstance(instruction, Dispatch):
+                if isinstance(instruction, (Dispatch, DispatchRun)):
                     dispatch = instruction
                 elif here is not None and isinstance(instruction, FinishBatch) and self._finisher.claim(instruction):
                     here.append(instruction)
@@ -250,14 +256,28 @@ class Executor:
             while dispatch is not None:
                 running, dispatch = dispatch, None
                 try:
-                    dispatch = self._handle(self._dispatch(running), here)
+                    done = self._dispatch(running) if isinstance(running, Dispatch) else self._dispatch_run(running)
+                    dispatch = self._handle(done, here)
                 except Exception:  # a bug: say so, and keep serving the other calls
-                    log.exception("executor failed on %s", running.grant)
+                    log.exception("executor failed on %s", running)
                 for batch in here:
                     self._finisher.finish_claimed(batch)
                 here.clear()
 
-    def _dispatch(self, dispatch: Dispatch) -> ComputationDispatched:
+    def _dispatch_run(self, run: DispatchRun) -> RunDispatched:
+        """The run's grants in order, each reading what those before it made; stops at
+        the first JAX refuses."""
+        made: dict[Ref, Any] = {}
+        results = [self._dispatch(run.first, made)]
+        for dispatch in run.rest:
+            if results[-1].error:
+                break
+            results.append(self._dispatch(dispatch, made))
+        return RunDispatched(tuple(results))
+
+    def _dispatch(self, dispatch: Dispatch, made: dict[Ref, Any] | None = None) -> ComputationDispatched:
+        """`made`, in a run: the outputs of its grants so far, for the `RunValue`s among the
+        inputs, which this grant's outputs join."""
         started = time.perf_counter()
         comp = dispatch.comp
         overlapped = False
@@ -265,10 +285,13 @@ class Executor:
             if dispatch.wait_for and not all(is_ready(x) for x in dispatch.wait_for):
                 jax.block_until_ready(dispatch.wait_for)
             exe = self._executables[dispatch.program_id][comp.index]
-            args = [
-                self._as_input(v, s, dispatch.in_flight)
-                for v, s in zip(dispatch.inputs, exe.in_shardings, strict=True)
-            ]
+            args = list(dispatch.inputs)
+            if made is not None:
+                args = [made[v.ref] if type(v) is RunValue else v for v in args]
+            accepted = exe.accepted
+            for i, value in enumerate(args):
+                if getattr(value, "sharding", None) is not accepted[i]:
+                    args[i] = self._as_input(value, exe, i, dispatch.in_flight)
             if dispatch.in_flight:
                 overlapped = not all(is_ready(x) for x in dispatch.in_flight)
             outputs = exe.fn(*args)
@@ -276,20 +299,25 @@ class Executor:
                 raise RuntimeError(
                     f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"
                 )
+            if made is not None:
+                made.update(zip(comp.outputs, outputs))
         except Exception as err:
             where = comp.where(dispatch.grant.call_id, self.host_name)
             error = f"{where} failed: {type(err).__name__}: {err}"
             return ComputationDispatched(dispatch.grant, (), error, time.perf_counter() - started)
         return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started, overlapped)
 
-    def _as_input(self, value: Any, sharding: Sharding, in_flight: tuple[object, ...]) -> Any:
-        """A stored value as an argument with the consumer's input sharding.
+    def _as_input(self, value: Any, exe: Executable, i: int, in_flight: tuple[object, ...]) -> Any:
+        """A stored value as argument `i` of `exe`, with the input's sharding.
 
         Whether two shardings are equivalent is remembered: asking jax builds
-        HLO shardings, which costs more than dispatching a small computation.
+        HLO shardings, which costs more than dispatching a small computation;
+        one found equivalent is also kept as the input's `accepted` sharding,
+        which the next argument is compared with by identity.
         A reshard is a computation of its own, which may communicate across
         the slice's processes and need not follow the one in flight, so it
         waits for that one (see `host_state`, Overlap)."""
+        sharding = exe.in_shardings[i]
         if isinstance(value, np.ndarray):
             host = value
             return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
@@ -306,6 +334,7 @@ class Executor:
         if same is None:
             same = self._equivalent[key] = bool(have.is_equivalent_to(sharding, value.ndim))
         if same:
+            exe.accepted[i] = have
             return value
         jax.block_until_ready(in_flight)
         return jax.device_put(value, sharding)

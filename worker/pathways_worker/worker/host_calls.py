@@ -387,9 +387,12 @@ class HostCalls:
                 return specs[ref[1]]
         return pb.TensorSpec()
 
-    def release_inputs(self, call: CallState, comp: LocalComputation) -> None:
-        """The computation is done reading its inputs (it ran, or never will)."""
+    def release_inputs(self, call: CallState, comp: LocalComputation, passed: frozenset[Ref] = frozenset()) -> None:
+        """The computation is done reading its inputs (it ran, or never will); those
+        `passed` straight from the grant that made them never were in the store."""
         for ref in comp.distinct_inputs:
+            if ref in passed:
+                continue
             call.readers[ref] = call.readers.get(ref, 1) - 1
             self.maybe_free(call, ref)
 

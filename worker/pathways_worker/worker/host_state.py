@@ -40,6 +40,21 @@ timeout is a timer the driver's clock fires back as `TimerFired`.
   XLA's partitioner, so the machine treats every multi-process computation as
   one that may. The finisher reports when it saw a batch end (`BatchFinished`),
   so the machine holds outputs no longer than they run.
+* Runs. On a single-process slice, the grants queued right behind the head
+  that belong to the same call and can start at once (their computations
+  loaded, their inputs ready in the store or made by a grant before them in
+  the run, room in the store for their outputs) go with it as one
+  `DispatchRun`, up to `RUN_LIMIT` grants and `DISPATCH_AHEAD_BYTES` of
+  outputs: the executor thread dispatches them back to back and answers once
+  (`RunDispatched`), and the machine then takes each result as if that grant
+  had run alone, in order, but for the values the run passed from grant to
+  grant that nothing else reads: those never settle in the store. A chain of
+  small computations so costs one pass through the machine per run, not per
+  computation. A grant JAX refuses ends the run there; the grants after it go
+  back to the front of the queue, their room given back, and start again on
+  their own (they find the refused grant's outputs failed). Multi-process
+  slices keep one grant at a time: how many may be in flight there is the
+  Overlap rule's.
 * Batching. Dispatched grants go to the finisher in batches — when the machine
   would otherwise wait (no grant queued, inputs or room missing), after a grant
   whose outputs leave the host or that failed, every `FINISH_BATCH` grants, and
@@ -72,16 +87,18 @@ from typing import Any
 
 from pathways_worker.value_ref import Ref, ref_name
 from pathways_worker.worker import stimuli
-from pathways_worker.worker.call_plan import LocalComputation
+from pathways_worker.worker.call_plan import CallPlan, LocalComputation
 from pathways_worker.worker.host_calls import CallState, HostCalls, PreparedComputation
 from pathways_worker.worker.instructions import (
     CancelTimer,
     Dispatch,
+    DispatchRun,
     FinishBatch,
     Finished,
     Instruction,
     RoomWanted,
     RoutedValue,
+    RunValue,
     StartTimer,
 )
 from pathways_worker.worker.object_store import ObjectId
@@ -91,6 +108,7 @@ from pathways_worker.worker.stimuli import (
     ComputationDispatched,
     GrantId,
     GrantsReceived,
+    RunDispatched,
     Stimulus,
     TimerFired,
 )
@@ -109,6 +127,9 @@ DISPATCH_AHEAD_BYTES = 16 << 20
 """Output bytes of the computations a single-process slice has dispatched ahead of the one
 running, at most (see Overlap): a dozen 1 ms matmuls keep its devices fed; a whole window
 of them queued in XLA, each with its output buffer, ran slower."""
+
+RUN_LIMIT = 32
+"""Grants one `DispatchRun` holds at most (see Runs): as many as a finish batch."""
 
 DISPATCH_AHEAD_COUNT = 32
 """Computations a single-process slice remembers as dispatched ahead, at most, whatever
@@ -146,16 +167,23 @@ class HostState:
         input_timeout_s: float,
         multi_process: bool,
         first_host: bool = True,
+        run_limit: int = RUN_LIMIT,
     ) -> None:
         self.host_name = host_name
         self.input_timeout_s = input_timeout_s
         self.multi_process = multi_process
         self.first_host = first_host
         """The slice's host 0, which answers for values every host holds whole."""
+        self.run_limit = run_limit
+        """Grants a run holds at most; 1 dispatches every grant alone."""
         self.calls = HostCalls(host_name, store_limit_bytes)
         self.store = self.calls.store
         self._queue: deque[GrantId] = deque()   # behind the head, in the order received
         self._head: GrantRecord | None = None
+        self._run: list[GrantRecord] = []
+        """The grants dispatched in one run behind the head, all `running` (see Runs)."""
+        self._run_reads: dict[Ref, int] = {}
+        """How many of the run's grants read each value an earlier one of them makes."""
         self._batch: list[Finished] = []
         self._batch_bytes = 0
         self._chain: deque[tuple[GrantId, tuple[object, ...]]] = deque()
@@ -178,6 +206,7 @@ class HostState:
             stimuli.ValueArrived: self.calls.arrive,
             stimuli.ExportRequested: self.calls.request_export,
             ComputationDispatched: self._computation_dispatched,
+            RunDispatched: self._run_dispatched,
             BatchFinished: self._batch_finished,
             stimuli.ComputationFailedLate: self.calls.fail_late,
             stimuli.ExportWritten: self.calls.export_written,
@@ -193,7 +222,7 @@ class HostState:
     @property
     def grants_queued(self) -> int:
         """Grants received and not yet dispatched or failed, the head included."""
-        return len(self._queue) + (self._head is not None)
+        return len(self._queue) + (self._head is not None) + len(self._run)
 
     @property
     def in_hand(self) -> int:
@@ -206,12 +235,14 @@ class HostState:
         head = self._head
         if head is not None and head.state == "waiting":
             return len(self._batch)
-        return len(self._queue) + (head is not None) + len(self._batch)
+        return len(self._queue) + (head is not None) + len(self._run) + len(self._batch)
 
     def grant_state(self, grant: GrantId) -> GrantState | None:
         """A grant's state while it is queued or at the head; None once it left."""
         if self._head is not None and self._head.grant == grant:
             return self._head.state
+        if any(record.grant == grant for record in self._run):
+            return "running"
         return "queued" if grant in self._queue else None
 
     # ------------------------------------------------------------ the run order
@@ -222,7 +253,11 @@ class HostState:
             out.append(RoomWanted())
         self.room_wanted = received.room_wanted
 
-    def _computation_dispatched(self, done: ComputationDispatched, out: list[Instruction]) -> None:
+    def _computation_dispatched(
+        self, done: ComputationDispatched, out: list[Instruction], transient: frozenset[Ref] = frozenset()
+    ) -> None:
+        """`transient`: values of a run that only its own grants read (see `_transient`);
+        they never settle in the store."""
         head = self._head if self._head is not None and self._head.grant == done.grant else None
         if head is None or head.call is None or head.comp is None:
             raise InvalidTransition(grant_name(done.grant), head.state if head else "not queued", "dispatched")
@@ -249,6 +284,11 @@ class HostState:
         for i, ref in enumerate(comp.outputs):
             oid = ObjectId(call.call_id, ref)
             value = None if error else done.outputs[i]
+            if ref in transient:
+                self.store.unreserve(out_bytes[i])
+                self.store.drop(oid)
+                call.freed.add(ref)
+                continue
             if error:
                 self.calls.settle_failed(oid, error, out)
             elif call.failed:
@@ -263,9 +303,10 @@ class HostState:
                 and 0 < out_bytes[i] <= call.inline_output_bytes
             ):
                 inline.append(i)
-        self.calls.release_inputs(call, comp)
+        self.calls.release_inputs(call, comp, transient)
         for ref in comp.outputs:
-            self.calls.maybe_free(call, ref)
+            if ref not in transient:
+                self.calls.maybe_free(call, ref)
         call.computations += 1
         call.overlapped += done.overlapped
         call.busy_s += done.busy_s
@@ -273,6 +314,43 @@ class HostState:
             self._batch_bytes += sum(out_bytes)
         ends_call = call.computations >= len(plan.computations)
         self._finished(Finished(done.grant, done.outputs, error, tuple(routed), tuple(inline), ends_call), out)
+
+    def _run_dispatched(self, done: RunDispatched, out: list[Instruction]) -> None:
+        """Each grant of the run that JAX took, as if it had run alone; those after one it
+        refused go back to the front of the queue, their store room given back."""
+        records = [self._head, *self._run]
+        self._run = []
+        transient = self._transient(records, done)
+        for record, result in zip(records, done.results):
+            self._head = record
+            self._computation_dispatched(result, out, transient)
+        for record in reversed(records[len(done.results):]):
+            if record is not None:
+                self.store.unreserve(record.reserved)
+                self._queue.appendleft(record.grant)
+
+    def _transient(self, records: list[GrantRecord | None], done: RunDispatched) -> frozenset[Ref]:
+        """The values of a run that JAX took whole which no one but the run's own grants
+        reads: not an output of the call, not routed elsewhere, no fetch waiting, and
+        every local reader in the run. The run passed them from grant to grant, so the
+        store never needs them (nor their bytes, nor the drop after their last read)."""
+        reads, self._run_reads = self._run_reads, {}
+        first = records[0]
+        call = first.call if first is not None else None
+        if (
+            call is None or call.plan is None or call.failed or self.calls.get(call.call_id) is not call
+            or len(done.results) < len(records) or any(result.error for result in done.results)
+        ):
+            return frozenset()
+        plan, readers, call_id = call.plan, call.readers, call.call_id
+        transient: set[Ref] = set()
+        for ref, count in reads.items():
+            if readers.get(ref) != count or ref in plan.outputs or ref in plan.routes:
+                continue
+            slot = self.store.get(ObjectId(call_id, ref))
+            if slot is not None and not slot.waiting_exports:
+                transient.add(ref)
+        return frozenset(transient)
 
     def _batch_finished(self, finished: BatchFinished, out: list[Instruction]) -> None:
         """The chain runs in order: a computation seen finished ended those before it too."""
@@ -370,8 +448,62 @@ class HostState:
         head.reserved, head.call, head.prepared = need, call, prepared
         self._stop_timer(head, out)
         self._move(head, "running")
-        out.append(self._dispatch(grant, plan.program_id, comp, tuple(inputs), need))
+        rest = self._gather_run(call, plan, comp, need) if self._queue and not self.multi_process else ()
+        run_need = need + sum(record.reserved for record in self._run)
+        first = self._dispatch(grant, plan.program_id, comp, tuple(inputs), run_need)
+        out.append(DispatchRun(first, rest) if rest else first)
         return "running"
+
+    def _gather_run(
+        self, call: CallState, plan: CallPlan, first: LocalComputation, need: int
+    ) -> tuple[Dispatch, ...]:
+        """The grants queued right behind the head that go with it as one run (see Runs),
+        taken off the queue as `running` with their store room reserved."""
+        made = set(first.outputs)
+        reads: dict[Ref, int] = {}
+        total = need
+        rest: list[Dispatch] = []
+        for grant in self._queue:
+            if len(rest) + 1 >= self.run_limit or grant.call_id != call.call_id:
+                break
+            comp = plan.computations.get(grant.node)
+            prepared = self.calls.prepared(plan, comp) if comp is not None else None
+            if comp is None or not isinstance(prepared, PreparedComputation):
+                break
+            if prepared.need > self.store.free or total + prepared.need > DISPATCH_AHEAD_BYTES:
+                break
+            inputs = self._run_inputs(call.call_id, comp, made)
+            if inputs is None:
+                break
+            for ref in comp.distinct_inputs:
+                if ref in made:
+                    reads[ref] = reads.get(ref, 0) + 1
+            made.update(comp.outputs)
+            total += prepared.need
+            self.store.reserve(prepared.need)
+            record = GrantRecord(grant)
+            self._move(record, "running")
+            record.reserved, record.call, record.comp, record.prepared = prepared.need, call, comp, prepared
+            self._run.append(record)
+            rest.append(Dispatch(grant, plan.program_id, comp, inputs))
+        for _ in rest:
+            self._queue.popleft()
+        self._run_reads = reads
+        return tuple(rest)
+
+    def _run_inputs(self, call_id: str, comp: LocalComputation, made: set[Ref]) -> tuple[object, ...] | None:
+        """A run grant's inputs: the ready values from the store, a `RunValue` for those
+        an earlier grant of the run makes; None when one is neither."""
+        inputs: list[object] = []
+        for ref in comp.inputs:
+            if ref in made:
+                inputs.append(RunValue(ref))
+                continue
+            slot = self.store.get(ObjectId(call_id, ref))
+            if slot is None or slot.state != "ready":
+                return None
+            inputs.append(slot.value)
+        return tuple(inputs)
 
     def _dispatch(
         self, grant: GrantId, program_id: str, comp: LocalComputation, inputs: tuple[object, ...], need: int

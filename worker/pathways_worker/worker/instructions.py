@@ -38,6 +38,22 @@ class Dispatch(NamedTuple):
     keep at most `IN_FLIGHT_LIMIT` in flight."""
 
 
+class RunValue(NamedTuple):
+    """An input of a `DispatchRun` grant that an earlier grant of the same run makes:
+    the executor passes that grant's output, dispatched moments before."""
+
+    ref: Ref
+
+
+class DispatchRun(NamedTuple):
+    """Dispatch grants of one call back to back, in order: `first` as a `Dispatch`
+    would be, then each of `rest`, whose inputs may be `RunValue`s; report
+    `RunDispatched`. Only a single-process slice runs them (see `host_state`, Runs)."""
+
+    first: Dispatch
+    rest: tuple[Dispatch, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class RoutedValue:
     """An output that leaves the host for another slice's hosts (None: it failed)."""
@@ -117,4 +133,4 @@ class Log:
     message: str
 
 
-Instruction = Dispatch | FinishBatch | Export | StartTimer | CancelTimer | StoreChanged | RoomWanted | Log
+Instruction = Dispatch | DispatchRun | FinishBatch | Export | StartTimer | CancelTimer | StoreChanged | RoomWanted | Log

@@ -129,6 +129,14 @@ class ComputationDispatched(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class RunDispatched:
+    """The executor thread carried out a `DispatchRun`: one result per grant it dispatched,
+    in order. It stops at the first JAX refused, so the grants after that one are missing."""
+
+    results: tuple[ComputationDispatched, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ComputationFailedLate:
     """A dispatched computation failed while it ran: the outputs it published are not values."""
 
@@ -161,6 +169,6 @@ class TimerFired:
 
 Stimulus = (
     ProgramLoaded | CallLaunched | GrantsReceived | CallFailed | CallReleased | ObjectsDropped | ObjectForwarded
-    | ValueArrived | ExportRequested | ComputationDispatched | ComputationFailedLate | BatchFinished
+    | ValueArrived | ExportRequested | ComputationDispatched | RunDispatched | ComputationFailedLate | BatchFinished
     | ExportWritten | TimerFired
 )
