@@ -21,6 +21,8 @@ module of about 700 lines rather than split into halves that could drift apart.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -85,8 +87,10 @@ def value_name(value: pb.ValueRef) -> str:
 # ---------------------------------------------------------------- specs
 
 
+@functools.lru_cache(maxsize=64)
 def parse_dtype(name: str, field: str = "spec.dtype") -> np.dtype[Any]:
-    """The numpy dtype for a wire dtype name; only plain numeric dtypes travel."""
+    """The numpy dtype for a wire dtype name; only plain numeric dtypes travel.
+    Remembered per name: every inline value and arrival asks, with a handful of names."""
     if not name:
         raise TransferError(field, "empty dtype name")
     try:

@@ -69,11 +69,9 @@ class WorkerOutbox:
         if not items:
             items, _ = self._queue.take(STATS_LINGER_S, EVENT_LINGER_S, self._more_coming, nudges_wake=False)
         event = self.stats_event()
-        for item in items:
-            if isinstance(item, pb.Completion):
-                event.completions.append(item)
-            else:
-                event.exported.append(item)
+        # one extend, not an append each: a chain's completions number in the dozens per event
+        event.completions.extend(item for item in items if isinstance(item, pb.Completion))
+        event.exported.extend(item for item in items if isinstance(item, pb.Exported))
         return event
 
     def stats_event(self) -> pb.WorkerEvent:
