@@ -134,9 +134,9 @@ class HostCalls:
         call.plan = plan_call(loaded.layout, launch)
         call.readers = dict(call.plan.readers)
         call.inline_output_bytes = launch.inline_output_bytes
-        for comp in call.plan.computations.values():
-            for ref in comp.outputs:
-                self.store.slot(ObjectId(call.call_id, ref))  # the output futures
+        # values that arrived before the launch, which no plan could free then
+        early = [slot.oid.ref for slot in self.store.held_by(call.call_id) if slot.settled]
+        self.store.add_futures(call.call_id, loaded.layout.made)
         for arrived in launched.inputs:
             self._settle_arrived(call, arrived, out)
         for alias in launch.aliases:
@@ -145,9 +145,8 @@ class HostCalls:
                 ObjectId(alias.object.call_id, ref_of(alias.object.value)),
                 out,
             )
-        for slot in self.store.held_by(call.call_id):
-            if slot.settled:
-                self.maybe_free(call, slot.oid.ref)
+        for ref in early:
+            self.maybe_free(call, ref)
 
     def fail_call(self, failed: CallFailed, out: list[Instruction]) -> None:
         """The controller failed the call: what it still waits for fails (the head grant too)."""

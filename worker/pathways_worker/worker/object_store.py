@@ -19,6 +19,7 @@ sidecar). Pure and not thread-safe: the host's state machine owns it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -71,6 +72,17 @@ class ObjectStore:
             found = self._slots[oid] = Slot(oid)
             self._held.setdefault(oid.call_id, set()).add(oid)
         return found
+
+    def add_futures(self, holder: str, refs: Iterable[Ref]) -> None:
+        """Pending slots for the values `holder` is about to make (a launched call's
+        outputs), those it has none for yet."""
+        slots = self._slots
+        held = self._held.setdefault(holder, set())
+        for ref in refs:
+            oid = ObjectId(holder, ref)
+            if oid not in slots:
+                slots[oid] = Slot(oid)
+                held.add(oid)
 
     def set_ready(self, oid: ObjectId, value: object, nbytes: int, prepaid: bool) -> Slot:
         """Settles a slot with its value; `prepaid` bytes were reserved already."""
