@@ -134,3 +134,42 @@ def test_a_claimed_batch_whose_computation_failed_reports_the_failure() -> None:
         assert [type(s).__name__ for s in h.reported] == ["ComputationFailedLate"]
     finally:
         h.stop()
+
+
+def test_a_batch_whose_hand_off_to_the_outbox_fails_counts_each_grant_off_pending_once() -> None:
+    class Late(Value):
+        """Not ready when asked, done once waited for: its batch goes in two hand-offs."""
+
+        def is_ready(self) -> bool:
+            return False
+
+    class FailingOutbox(WorkerOutbox):
+        def __init__(self) -> None:
+            super().__init__(lambda: 0, 1 << 20)
+            self.calls = 0
+
+        def completions(self, done: list[Any], ends_call: bool = False) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("the outbox broke")
+            super().completions(done, ends_call)
+
+    h = Harness()
+    h.finisher.stop()
+    outbox = h.outbox = FailingOutbox()
+    h.finisher = Finisher("host-0", 0, None, outbox, h.reported.append)  # type: ignore[arg-type]
+    try:
+        h.finisher.put(FinishBatch((
+            Finished(GrantId(1, "c", 1), (Value(),), ""),
+            Finished(GrantId(2, "c", 2), (Late(),), ""),
+        )))
+        assert h.completed(1) == [1]
+        pause = threading.Event()
+        for _ in range(100):  # the second hand-off fails on the finisher thread
+            if outbox.calls == 2:
+                break
+            pause.wait(0.05)
+        assert outbox.calls == 2
+        assert h.finisher.pending == 0, "a grant counted off twice, or never"
+    finally:
+        h.stop()

@@ -137,73 +137,72 @@ class Finisher:
 
         What finished is reported before waiting on a computation still
         running, so a long computation never holds back the completions (and
-        the window room) of those before it."""
-        given = 0
-        try:
-            given = self._finish_each(grants, ready)
-        finally:
-            self._count(given - len(grants))
-
-    def _finish_each(self, grants: tuple[Finished, ...], ready: bool) -> int:
-        """`_finish`; returns how many completions it gave the outbox (the rest, on an error,
-        never go), each counted off `pending` as it goes. `ready`: every output is known
-        to exist (a claimed batch), so none is waited for before the others are reported."""
+        the window room) of those before it. Each completion is counted off
+        `pending` as it reaches the outbox; those that never do (an error midway)
+        once the batch is given up. `ready`: every output is known to exist (a
+        claimed batch), so none is waited for before the others are reported."""
         done: list[pb.Completion] = []
         ends_call = False
         given = 0
-        for job in grants:
-            grant = job.grant
-            error = job.error
-            if not error and job.outputs:
-                if done and not ready and not all(is_ready(x) for x in job.outputs):
-                    given += self._give(done, ends_call)
-                    done, ends_call = [], False
-                try:
-                    wait_until_ready(job.outputs)
-                except Exception as err:
-                    error = (
-                        f"computation {grant.node} of call {grant.call_id} failed on host "
-                        f"{self.host_name}: {type(err).__name__}: {err}"
-                    )
-                    self._report(ComputationFailedLate(grant, job.outputs, error))
-            if error:
-                completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, error=error)
-            else:
-                completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=True)
-                for i in job.inline:
-                    completion.outputs.add(
-                        value=pb.ValueRef(node=grant.node, index=i),
-                        spec=spec_of(job.outputs[i]),
-                        data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
-                    )
-            done.append(completion)
-            ends_call = ends_call or job.ends_call
-            if not job.routed:
-                continue
-            exports = [
-                Export(ObjectId(grant.call_id, r.ref), 0, None if error else r.value, error, r.declared,
-                       release=False)
-                for r in job.routed
-            ]
-            if exports_with_completion([_nbytes(e.value) for e in exports]):
-                self._count(-len(done))
-                self._outbox.finished(done, [self._exported(e) for e in exports])
-                given += len(done)
-            else:
-                given += self._give(done, ends_call)
-                for export in exports:
-                    self._write(export)
-            done, ends_call = [], False
-        if done:
-            given += self._give(done, ends_call)
-        return given
 
-    def _give(self, done: list[pb.Completion], ends_call: bool) -> int:
-        """Completions to the outbox, off `pending` first (the outbox asks it whether
-        more are coming); how many."""
-        self._count(-len(done))
-        self._outbox.completions(done, ends_call)
-        return len(done)
+        def give(exported: list[pb.Exported] | None = None) -> None:
+            """`done` to the outbox (with `exported`, in one event that goes at once), off
+            `pending` first: the outbox asks it whether more are coming."""
+            nonlocal given
+            self._count(-len(done))
+            given += len(done)
+            if exported is None:
+                self._outbox.completions(done, ends_call)
+            else:
+                self._outbox.finished(done, exported)
+
+        try:
+            for job in grants:
+                grant = job.grant
+                error = job.error
+                if not error and job.outputs:
+                    if done and not ready and not all(is_ready(x) for x in job.outputs):
+                        give()
+                        done, ends_call = [], False
+                    try:
+                        wait_until_ready(job.outputs)
+                    except Exception as err:
+                        error = (
+                            f"computation {grant.node} of call {grant.call_id} failed on host "
+                            f"{self.host_name}: {type(err).__name__}: {err}"
+                        )
+                        self._report(ComputationFailedLate(grant, job.outputs, error))
+                if error:
+                    completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, error=error)
+                else:
+                    completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=True)
+                    for i in job.inline:
+                        completion.outputs.add(
+                            value=pb.ValueRef(node=grant.node, index=i),
+                            spec=spec_of(job.outputs[i]),
+                            data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
+                        )
+                done.append(completion)
+                ends_call = ends_call or job.ends_call
+                if not job.routed:
+                    continue
+                exports = [
+                    Export(ObjectId(grant.call_id, r.ref), 0, None if error else r.value, error, r.declared,
+                           release=False)
+                    for r in job.routed
+                ]
+                if exports_with_completion([_nbytes(e.value) for e in exports]):
+                    give([self._exported(e) for e in exports])
+                else:
+                    give()
+                    for export in exports:
+                        self._write(export)
+                done, ends_call = [], False
+            if done:
+                give()
+        finally:
+            if given < len(grants):
+                self._count(given - len(grants))
 
     def _write(self, job: Export) -> None:
         """A value's pieces to shared memory, announced to the sidecar (or why there are none)."""
