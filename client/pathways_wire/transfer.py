@@ -22,7 +22,6 @@ module of about 700 lines rather than split into halves that could drift apart.
 from __future__ import annotations
 
 import functools
-
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence

@@ -285,9 +285,10 @@ class Executor:
             if dispatch.wait_for and not all(is_ready(x) for x in dispatch.wait_for):
                 jax.block_until_ready(dispatch.wait_for)
             exe = self._executables[dispatch.program_id][comp.index]
-            args = list(dispatch.inputs)
-            if made is not None:
-                args = [made[v.ref] if type(v) is RunValue else v for v in args]
+            args = (
+                list(dispatch.inputs) if made is None
+                else [made[v.ref] if type(v) is RunValue else v for v in dispatch.inputs]
+            )
             accepted = exe.accepted
             for i, value in enumerate(args):
                 if getattr(value, "sharding", None) is not accepted[i]:
