@@ -5,8 +5,10 @@ piece file stays as a spare that the next writer of its size takes (once); an
 arrived value's file is kept while any view of it lives and becomes a spare
 only once every view is gone; the pool's thread makes warm files of the sizes
 asked for; a file that comes back as a spare is written through the mapping kept
-from its last write, and a kept mapping whose file is gone is let go; and cleanup
-leaves nothing behind.
+from its last write, and read through the mapping its reader kept from its last
+read; a value JAX adopted from such a mapping keeps its file until the array
+goes; a kept mapping whose file is gone is let go; and cleanup leaves nothing
+behind.
 """
 
 from __future__ import annotations
@@ -145,3 +147,50 @@ def test_a_kept_mapping_whose_file_is_gone_is_let_go_at_the_next_write(tmp_path:
         assert shm.maps.kept_bytes == 2 * MIB, "the removed file's pages are no longer pinned"
     finally:
         shm.cleanup()
+
+
+def test_a_file_come_back_to_its_reader_is_read_through_its_kept_mapping(tmp_path: Path) -> None:
+    producer, consumer = shm_dir(tmp_path, "writer"), shm_dir(tmp_path, "reader")
+    try:
+        seen = []
+        for fill in (5, 9):
+            path = producer.write_piece(Piece((0,), (MIB,), np.full(MIB, fill, np.uint8)))
+            moved = os.path.join(consumer.path, f"value-{fill}.bin")
+            os.rename(path, moved)
+            seen.append(os.stat(moved).st_ino)
+            value = consumer.map_arrived(moved, (MIB,), np.dtype(np.uint8), spare_dir=producer.path)
+            assert int(value.min()) == int(value.max()) == fill, "the kept mapping shows the new bytes"
+            del value
+            gc.collect()
+            assert len(spares(producer)) == 1, "the file went back once its value was dropped"
+
+        assert seen[0] == seen[1], "the writer took its spare back"
+        assert consumer.read_maps.kept_bytes == MIB, "one read mapping, kept and used again"
+        assert producer.maps.kept_bytes == MIB
+    finally:
+        producer.cleanup()
+        consumer.cleanup()
+    assert consumer.read_maps.kept_bytes == 0
+
+
+def test_a_value_jax_adopted_from_a_kept_mapping_keeps_its_file_until_the_array_goes(tmp_path: Path) -> None:
+    import jax
+
+    producer, consumer = shm_dir(tmp_path, "adopt-writer"), shm_dir(tmp_path, "adopt-reader")
+    try:
+        path = producer.write_piece(Piece((0,), (MIB // 4,), np.arange(MIB // 4, dtype=np.float32)))
+        moved = os.path.join(consumer.path, "value.bin")
+        os.rename(path, moved)
+        value = consumer.map_arrived(moved, (MIB // 4,), np.dtype(np.float32), spare_dir=producer.path)
+        adopted = jax.device_put(value, jax.devices("cpu")[0])
+        del value
+        gc.collect()
+        assert spares(producer) == [], "the array on the device still reads the file"
+        assert float(adopted[-1]) == MIB // 4 - 1
+        adopted.delete()
+        del adopted
+        gc.collect()
+        assert len(spares(producer)) == 1
+    finally:
+        producer.cleanup()
+        consumer.cleanup()

@@ -15,9 +15,10 @@ fresh file costs a fault and a zeroed page per 4 KiB. Readers map files
 populated too, and JAX adopts page-aligned blocks of such a mapping as device
 buffers without copying them.
 
-A file that goes back and forth (written here, handed over, come back as a
-spare) is written through the same mapping each time (`WriterMaps`): mapping
-64 MiB populated and unmapping it cost 2.5 ms of a 12 ms write.
+A file that goes back and forth (written here, handed over, read there, come
+back as a spare) is written and read through the same two mappings each time
+(`KeptMaps`): mapping 64 MiB populated and unmapping it cost 2.5 ms of a 12 ms
+write, and mapping it populated to read costs about as much as one copy of it.
 """
 
 from __future__ import annotations
@@ -46,23 +47,31 @@ _SPARE = "-spare-"
 CLOSE_WAIT_S = 10.0
 
 
-class WriterMaps:
-    """The writable mappings of the files a `ShmDir` wrote, kept for when a file comes
-    back as a spare: at most `limit_bytes` of them, the oldest let go first.
+class KeptMaps:
+    """Populated mappings of files that come back, kept so the next use of the same file
+    skips mapping it again: at most `limit_bytes` of them, the oldest let go first.
+
+    A file goes back and forth between a writer and a reader on one machine (written,
+    handed over, read, come back as a spare), so both sides keep theirs: mapping 64 MiB
+    populated costs about as much as copying it once, and unmapping it more on top.
+    `writable`: mapped for writing (a writer's), else read-only (a reader's).
 
     Each is kept with an open descriptor, so its inode cannot be reused while it is
     kept and a file at the same path with the same inode is the same file. One whose
-    file is gone (no name left) is let go at the next write, so it pins no pages for
-    long."""
+    file is gone (no name left) is let go at the next use, so it pins no pages for
+    long; one still exported to an array is unmapped when the array goes."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, writable: bool = True) -> None:
         self._limit = limit_bytes
+        self._writable = writable
         self._lock = threading.Lock()
         self._kept: dict[int, tuple[int, mmap.mmap]] = {}  # inode -> (descriptor, mapping), oldest first
 
     def mapping(self, path: str, nbytes: int) -> mmap.mmap:
-        """A populated writable mapping of the file of `nbytes` at `path`, kept for next time."""
+        """A populated mapping of the file of exactly `nbytes` at `path`, kept for next time."""
         st = os.stat(path)
+        if not self._writable and st.st_size != nbytes:
+            raise ValueError(f"shared-memory file {path} has {st.st_size} bytes; {nbytes} are expected")
         with self._lock:
             self._let_go(lambda fd, mapped: os.fstat(fd).st_nlink == 0)
             kept = self._kept.pop(st.st_ino, None)
@@ -71,9 +80,10 @@ class WriterMaps:
                 return kept[1]
             if kept is not None:
                 _close_kept(*kept)
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR if self._writable else os.O_RDONLY)
         try:
-            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self._writable else 0)
+            mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE, prot=prot)
         except BaseException:
             os.close(fd)
             raise
@@ -102,8 +112,17 @@ class WriterMaps:
 
 
 def _close_kept(fd: int, mapped: mmap.mmap) -> None:
-    mapped.close()
+    try:
+        mapped.close()
+    except BufferError:
+        pass  # an array still reads it: unmapped when the last such array goes
     os.close(fd)
+
+
+class _Lease(np.ndarray):
+    """The bytes of one use of a kept mapping. Every array made from it keeps it alive
+    (numpy stops folding a view's base into the mapping at an array of another type),
+    so it goes exactly when the last of them does, while the mapping stays kept."""
 
 
 class WarmFiles:
@@ -212,7 +231,8 @@ class ShmDir:
         os.makedirs(self.path, exist_ok=True)
         self.warm_limit = warm_limit_bytes
         self.warm = WarmFiles(self, warm_limit_bytes)
-        self.maps = WriterMaps(warm_limit_bytes)
+        self.maps = KeptMaps(warm_limit_bytes)
+        self.read_maps = KeptMaps(warm_limit_bytes, writable=False)
 
     def new_path(self, what: str) -> str:
         return os.path.join(self.path, f"{self.prefix}-{next(self._names)}-{what}.bin")
@@ -275,15 +295,17 @@ class ShmDir:
     ) -> np.ndarray:
         """An arrived value mapped (`map_value`); its file is recycled once the
         array, and every view of it that JAX adopted, is gone: as a spare of
-        the host whose file it was (`spare_dir`, on this machine), else here."""
-        value, mapping = _map(path, shape, dtype)
-        if mapping is not None and value.nbytes >= MIN_WARM_BYTES:
-            # on the mapping, not the array: numpy's views (and so JAX's) keep
-            # the mapping alive, but not the array they were sliced from
-            weakref.finalize(mapping, self.recycle, path, value.nbytes, spare_dir)
-        else:
+        the host whose file it was (`spare_dir`, on this machine), else here.
+        A file that may come back (a spare's size) is mapped through `read_maps`,
+        so when it does it is read through the same mapping."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < MIN_WARM_BYTES:
+            value = _map(path, shape, dtype)[0]
             remove(path)
-        return value
+            return value
+        lease = _Lease((nbytes,), np.uint8, buffer=self.read_maps.mapping(path, nbytes))
+        weakref.finalize(lease, self.recycle, path, nbytes, spare_dir)
+        return lease.view(np.ndarray).view(dtype).reshape(shape)
 
     def claim_spare(self, nbytes: int) -> str | None:
         """A spare of `nbytes`, renamed so no other process can claim it too."""
@@ -319,6 +341,8 @@ class ShmDir:
         if not warm:
             target: np.ndarray = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
             return path, target
+        if nbytes >= MIN_WARM_BYTES:  # it may come back as a spare: keep its mapping
+            return path, np.frombuffer(self.maps.mapping(path, nbytes), dtype).reshape(shape)
         fd = os.open(path, os.O_RDWR)
         try:
             mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
@@ -331,6 +355,7 @@ class ShmDir:
         left them); the directory itself if it is empty."""
         self.warm.close()
         self.maps.close()
+        self.read_maps.close()
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
