@@ -194,3 +194,25 @@ def test_a_value_jax_adopted_from_a_kept_mapping_keeps_its_file_until_the_array_
     finally:
         producer.cleanup()
         consumer.cleanup()
+
+
+def test_a_read_mapping_is_let_go_when_its_file_is_removed_instead_of_kept_as_a_spare(tmp_path: Path) -> None:
+    producer, consumer = shm_dir(tmp_path, "full-writer"), shm_dir(tmp_path, "full-reader")
+    try:
+        written = [producer.write_piece(Piece((0,), (MIB,), np.full(MIB, fill, np.uint8))) for fill in range(2)]
+        for path in written:  # the producer's spares of this size: as many as it keeps
+            producer.recycle(path, MIB)
+        assert len(spares(producer)) == 2
+        path = producer.new_path("fresh")
+        with open(path, "wb") as f:
+            f.write(np.full(MIB, 7, np.uint8).tobytes())
+        value = consumer.map_arrived(path, (MIB,), np.dtype(np.uint8), spare_dir=producer.path)
+        assert consumer.read_maps.kept_bytes == MIB
+        del value
+        gc.collect()
+
+        assert not os.path.exists(path), "no room among the spares: the file was removed"
+        assert consumer.read_maps.kept_bytes == 0, "and its pages are no longer pinned by the reader"
+    finally:
+        producer.cleanup()
+        consumer.cleanup()

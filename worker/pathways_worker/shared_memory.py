@@ -102,6 +102,11 @@ class KeptMaps:
         with self._lock:
             return sum(len(m) for _, m in self._kept.values())
 
+    def let_go_removed(self) -> None:
+        """Lets go at once of the mappings whose files are gone, pinning their pages no longer."""
+        with self._lock:
+            self._let_go(lambda fd, mapped: os.fstat(fd).st_nlink == 0)
+
     def _let_go(self, gone: Callable[[int, mmap.mmap], bool]) -> None:
         for inode in [i for i, (fd, m) in self._kept.items() if gone(fd, m)]:
             _close_kept(*self._kept.pop(inode))
@@ -289,6 +294,8 @@ class ShmDir:
             except OSError:
                 pass
         remove(path)
+        self.maps.let_go_removed()
+        self.read_maps.let_go_removed()
 
     def map_arrived(
         self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any], spare_dir: str = ""
