@@ -103,9 +103,17 @@ class KeptMaps:
             return sum(len(m) for _, m in self._kept.values())
 
     def let_go_removed(self) -> None:
-        """Lets go at once of the mappings whose files are gone, pinning their pages no longer."""
-        with self._lock:
+        """Lets go now of the mappings whose files are gone, pinning their pages no longer.
+
+        Called from a value's finalizer, which may run on any thread at any point,
+        this one's included while it holds the lock: then it leaves them for the next
+        `mapping`, which lets them go too, instead of waiting for itself."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             self._let_go(lambda fd, mapped: os.fstat(fd).st_nlink == 0)
+        finally:
+            self._lock.release()
 
     def _let_go(self, gone: Callable[[int, mmap.mmap], bool]) -> None:
         for inode in [i for i, (fd, m) in self._kept.items() if gone(fd, m)]:
