@@ -15,9 +15,11 @@ cross the raw TCP data channel, as between real machines. "Between slices on
 one island" keeps it on: pieces are handed over as files.
 
 Floors, same run: what the machine allows the path. Writing into fresh
-/dev/shm pages, into a warm file through a populated mapping (what a producer
-does), and mapping a file populated (what a consumer does); the last two in
-sequence are the least a move on one node costs. The fixed cost of a move
+/dev/shm pages, into a warm file through a populated mapping, and mapping a
+file populated: in sequence, what a file's first trip between two hosts on one
+node costs. A file that comes back is written and read through the mappings
+both hosts kept from its last trip (`shared_memory.KeptMaps`), so the least a
+move on one node costs is one copy into a warm file through a kept mapping. The fixed cost of a move
 between islands is the same moved-minus-stayed time for a 4 KiB value: the
 hops between processes that every move pays whatever its size. Its floor is
 those hand-offs with no runtime behind them: a 4 KiB message relayed along a
@@ -171,6 +173,26 @@ def _populated_map(src: np.ndarray, fd: int) -> None:
     m.close()
 
 
+def kept_write_gbps(nbytes: int, repeats: int) -> list[float]:
+    """Writing into a warm file through a populated mapping made before the clock
+    starts, as a file's writer keeps it for the file's next trip: one copy, no mapping."""
+    src = np.ones(nbytes, np.uint8)
+    path, fd = _shm_file(nbytes, warm=True)
+    out = []
+    try:
+        with mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | _POPULATE) as m:
+            dst = np.frombuffer(m, np.uint8)
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                np.copyto(dst, src)
+                out.append(nbytes / (time.perf_counter() - start) / 1e9)
+            del dst  # a mapping with a live export cannot be closed
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return out[1:]
+
+
 def _write_then_map(src: np.ndarray, fd: int) -> None:
     _warm_write(src, fd)
     _populated_map(src, fd)
@@ -271,7 +293,9 @@ def run(sizes_mib: tuple[int, ...], repeats: int) -> list[Figure]:
         ("written into fresh /dev/shm pages", fresh_shm_gbps),
         ("written into a warm /dev/shm file through a populated mapping", warm_shm_gbps),
         ("mapped populated from /dev/shm", populated_map_gbps),
-        ("floor of a move on one node: warm write, then populated map", one_node_floor_gbps),
+        ("first trip of a file between two hosts on one node: warm write, then populated map",
+         one_node_floor_gbps),
+        ("floor of a move on one node: written into a warm file through a kept mapping", kept_write_gbps),
     ):
         floors.append(figure(EXP, f"{max(sizes_mib)} MiB {name}", "GB/s", fn(big, repeats)))
     with RelayChain(MOVE_HOPS // 2) as chain:
