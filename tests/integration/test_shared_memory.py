@@ -7,8 +7,9 @@ only once every view is gone; the pool's thread makes warm files of the sizes
 asked for; a file that comes back as a spare is written through the mapping kept
 from its last write, and read through the mapping its reader kept from its last
 read; a value JAX adopted from such a mapping keeps its file until the array
-goes; a kept mapping whose file is gone is let go; and cleanup leaves nothing
-behind.
+goes; a reader keeps a bounded number of mappings, and a value whose mapping it
+let go meanwhile stays readable; a kept mapping whose file is gone is let go; and
+cleanup leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -215,4 +216,26 @@ def test_a_read_mapping_is_let_go_when_its_file_is_removed_instead_of_kept_as_a_
         assert consumer.read_maps.kept_bytes == 0, "and its pages are no longer pinned by the reader"
     finally:
         producer.cleanup()
+        consumer.cleanup()
+
+
+def test_a_reader_keeps_no_more_mappings_than_its_bound_and_values_outlive_their_evicted_mappings(tmp_path: Path) -> None:
+    from pathways_worker import shared_memory
+
+    consumer = shm_dir(tmp_path, "many")
+    try:
+        values = []
+        for i in range(shared_memory.MAX_KEPT_MAPS + 8):
+            path = consumer.new_path("value")
+            with open(path, "wb") as f:
+                f.write(np.full(256 << 10, i % 256, np.uint8).tobytes())
+            values.append(consumer.map_arrived(path, (256 << 10,), np.dtype(np.uint8)))
+
+        assert consumer.read_maps.kept_bytes == shared_memory.MAX_KEPT_MAPS * (256 << 10)
+        assert [int(v[0]) for v in values] == [i % 256 for i in range(len(values))], "a value outlives its mapping's eviction"
+        open_fds = len(os.listdir("/proc/self/fd"))
+        del values
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) <= open_fds
+    finally:
         consumer.cleanup()

@@ -42,6 +42,8 @@ from pathways_worker.warm_pool import MIN_WARM_BYTES, WarmPlan, keep_spare
 WARM_LIMIT_BYTES = 256 << 20
 """Default bound on the bytes one process keeps in warm files."""
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+MAX_KEPT_MAPS = 128
+"""Mappings one `KeptMaps` keeps at most, whatever their bytes: each holds a descriptor."""
 REFILL_NICENESS = 10
 _SPARE = "-spare-"
 CLOSE_WAIT_S = 10.0
@@ -49,7 +51,8 @@ CLOSE_WAIT_S = 10.0
 
 class KeptMaps:
     """Populated mappings of files that come back, kept so the next use of the same file
-    skips mapping it again: at most `limit_bytes` of them, the oldest let go first.
+    skips mapping it again: at most `limit_bytes` of them and `MAX_KEPT_MAPS`, the oldest
+    let go first.
 
     A file goes back and forth between a writer and a reader on one machine (written,
     handed over, read, come back as a spare), so both sides keep theirs: mapping 64 MiB
@@ -91,7 +94,7 @@ class KeptMaps:
             self._kept[st.st_ino] = (fd, mapped)
             total = sum(len(m) for _, m in self._kept.values())
             for inode in list(self._kept):
-                if total <= self._limit:
+                if total <= self._limit and len(self._kept) <= MAX_KEPT_MAPS:
                     break
                 total -= len(self._kept[inode][1])
                 _close_kept(*self._kept.pop(inode))
@@ -130,12 +133,6 @@ def _close_kept(fd: int, mapped: mmap.mmap) -> None:
     except BufferError:
         pass  # an array still reads it: unmapped when the last such array goes
     os.close(fd)
-
-
-class _Lease(np.ndarray):
-    """The bytes of one use of a kept mapping. Every array made from it keeps it alive
-    (numpy stops folding a view's base into the mapping at an array of another type),
-    so it goes exactly when the last of them does, while the mapping stays kept."""
 
 
 class WarmFiles:
@@ -318,9 +315,13 @@ class ShmDir:
             value = _map(path, shape, dtype)[0]
             remove(path)
             return value
-        lease = _Lease((nbytes,), np.uint8, buffer=self.read_maps.mapping(path, nbytes))
+        # The array over the whole mapping is what every view of the value (and so every
+        # array JAX adopted from one) keeps alive: numpy folds a view's base down to it,
+        # not further, since its own base is a memoryview. It holds that memoryview's export
+        # of the mapping, so a kept mapping evicted meanwhile is unmapped only after it.
+        lease = np.frombuffer(self.read_maps.mapping(path, nbytes), np.uint8)
         weakref.finalize(lease, self.recycle, path, nbytes, spare_dir)
-        return lease.view(np.ndarray).view(dtype).reshape(shape)
+        return lease.view(dtype).reshape(shape)
 
     def claim_spare(self, nbytes: int) -> str | None:
         """A spare of `nbytes`, renamed so no other process can claim it too."""
