@@ -289,6 +289,9 @@ class ShmDir:
     def recycle(self, path: str, nbytes: int, into: str = "") -> None:
         """A file done with: kept as a spare (in this directory, or `into`
         another host's on this machine) if the plan says so, else removed."""
+        if nbytes < MIN_WARM_BYTES:  # never a spare, and never mapped to be kept
+            remove(path)
+            return
         directory = into or self.path
         sizes = [int(n.rsplit(_SPARE, 1)[1][: -len(".bin")]) for n in self._spares(None, directory)]
         if keep_spare(nbytes, sizes.count(nbytes), sum(sizes), self.warm_limit):
