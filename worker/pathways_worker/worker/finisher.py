@@ -172,10 +172,10 @@ class Finisher:
                             f"{self.host_name}: {type(err).__name__}: {err}"
                         )
                         self._report(ComputationFailedLate(grant, job.outputs, error))
-                if error:
-                    completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, error=error)
-                else:
-                    completion = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=True)
+                completion = pb.Completion(
+                    seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=not error, error=error,
+                )
+                if not error:
                     for i in job.inline:
                         completion.outputs.add(
                             value=pb.ValueRef(node=grant.node, index=i),
