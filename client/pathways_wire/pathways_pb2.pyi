@@ -2047,6 +2047,7 @@ class WorkerCommand(_message.Message):
     DROP_FIELD_NUMBER: _builtins.int
     FORWARD_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    ATTACH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -2075,6 +2076,12 @@ class WorkerCommand(_message.Message):
     def batch(self) -> Global___WorkerCommands:
         """several commands, in order (`command_batches`)"""
 
+    @_builtins.property
+    def attach(self) -> Global___SessionAttach:
+        """The sidecar takes this gRPC session as its own: the worker sends it events only
+        from then on (a sidecar that goes on over the session port never sends it).
+        """
+
     def __init__(
         self,
         *,
@@ -2088,16 +2095,53 @@ class WorkerCommand(_message.Message):
         drop: Global___DropObjects | None = ...,
         forward: Global___Forward | None = ...,
         batch: Global___WorkerCommands | None = ...,
+        attach: Global___SessionAttach | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "batch", b"batch", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "attach", b"attach", "batch", b"batch", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "batch", b"batch", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "attach", b"attach", "batch", b"batch", "command", b"command", "drop", b"drop", "export", b"export", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop", "forward", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "arrival", "export", "drop", "forward", "batch", "attach"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
 Global___WorkerCommand: _TypeAlias = WorkerCommand  # noqa: Y015
+
+@_typing.final
+class SessionAttach(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionAttach: _TypeAlias = SessionAttach  # noqa: Y015
+
+@_typing.final
+class SessionHello(_message.Message):
+    """The first frame on a worker's session port (`session_frames`): the slice's token."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionHello: _TypeAlias = SessionHello  # noqa: Y015
 
 @_typing.final
 class WorkerCommands(_message.Message):
@@ -2261,11 +2305,16 @@ class WorkerEvent(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     STORE_BYTES_FIELD_NUMBER: _builtins.int
     STORE_LIMIT_FIELD_NUMBER: _builtins.int
+    SESSION_PORT_FIELD_NUMBER: _builtins.int
     ready: _builtins.bool
     host: _builtins.str
     store_bytes: _builtins.int
     """the object store's bytes after this event"""
     store_limit: _builtins.int
+    session_port: _builtins.int
+    """On the ready event: a raw TCP port on the worker's listen address serving this
+    session as frames (`session_frames`), fewer thread hand-offs than gRPC; 0: none.
+    """
     @_builtins.property
     def completions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Completion]: ...
     @_builtins.property
@@ -2281,10 +2330,11 @@ class WorkerEvent(_message.Message):
         host: _builtins.str = ...,
         store_bytes: _builtins.int = ...,
         store_limit: _builtins.int = ...,
+        session_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "exported", b"exported", "host", b"host", "ready", b"ready", "store_bytes", b"store_bytes", "store_limit", b"store_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "exported", b"exported", "host", b"host", "ready", b"ready", "session_port", b"session_port", "store_bytes", b"store_bytes", "store_limit", b"store_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

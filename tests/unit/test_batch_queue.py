@@ -164,3 +164,11 @@ def test_items_that_leave_a_linger_under_way_do_not_wake_the_taker() -> None:
     finally:
         queue.put(5, urgent=True)
         taker.join(timeout=30.0)
+
+
+def test_a_taker_that_lost_the_queue_leaves_everything_to_the_next() -> None:
+    q: BatchQueue[int] = BatchQueue()
+    q.put_many([1, 2])
+    q.nudge()
+    assert q.take(0.0, owner=lambda: False) == ([], False)
+    assert q.take(0.0, owner=lambda: True) == ([1, 2], True)

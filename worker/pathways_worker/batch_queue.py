@@ -72,6 +72,7 @@ class BatchQueue(Generic[T]):
         linger_s: float = 0.0,
         more_coming: Callable[[int], bool] | None = None,
         nudges_wake: bool = True,
+        owner: Callable[[], bool] | None = None,
     ) -> tuple[list[T], bool]:
         """Everything queued (waiting up to timeout_s for something), and whether
         a nudge arrived. With `linger_s`, once something is there it waits that
@@ -80,7 +81,10 @@ class BatchQueue(Generic[T]):
         whether lingering can still pay off with `held` items queued; it is
         asked again at every item put while lingering, and once it says no, or
         an urgent item is queued, the batch goes now.
-        Without `nudges_wake`, only items end the wait (a nudge is still reported)."""
+        Without `nudges_wake`, only items end the wait (a nudge is still reported).
+        With `owner`, the batch is taken only if it still holds when the batch is taken
+        (under the lock): a taker that lost the queue to another meanwhile leaves it
+        everything."""
         with self._cv:
             if not self._items and not (nudges_wake and self._nudged):
                 self._wait(lambda: bool(self._items) or (nudges_wake and self._nudged), timeout_s)
@@ -95,6 +99,8 @@ class BatchQueue(Generic[T]):
                     linger_s,
                 )
         with self._cv:
+            if owner is not None and not owner():
+                return [], False
             items, self._items = self._items, []
             nudged, self._nudged = self._nudged, False
             self._urgent = False

@@ -52,6 +52,8 @@ class SidecarSettings:
     data_token: str = field(default="", repr=False)
     data_channel: bool = True
     file_handover: bool = True
+    session_frames: bool = True
+    """Talk to the worker over its session port (`pathways_wire.session_frames`) where it offers one."""
     slice_token: str = field(default="", repr=False)
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint on the listen address; None: not served."""
@@ -177,6 +179,10 @@ def parse_sidecar_args(
                choices=("on", "off"),
                help="hand piece files to peers on the same machine instead of sending bytes "
                     "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
+    env_option(p, "--session-frames", variable="PATHWAYS_SIDECAR_SESSION_FRAMES", env=env, default="on",
+               choices=("on", "off"),
+               help="talk to the worker over the session port it offers (raw TCP frames); off: its "
+                    "gRPC session only (PATHWAYS_SIDECAR_SESSION_FRAMES)")
     _token_flags(p)
     env_option(p, "--metrics-port", variable=host_env.SIDECAR_METRICS_PORT, env=env, default="",
                help="serve Prometheus /metrics on this port of the listen address "
@@ -211,6 +217,7 @@ def parse_sidecar_args(
         data_token=a.data_token or token,
         data_channel=a.data_channel == "on",
         file_handover=a.file_handover == "on",
+        session_frames=a.session_frames == "on",
         slice_token=token,
         metrics_port=metrics_port,
         insecure_no_token=insecure and not token,

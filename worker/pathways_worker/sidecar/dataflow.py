@@ -96,7 +96,8 @@ class Dataflow:
         self._fetches: dict[int, _FetchWaiter] = {}
         self._tokens = itertools.count(1)
         self._control = 0
-        self.link = WorkerLink(settings.worker, self._on_worker_event, settings.slice_token)
+        self.link = WorkerLink(settings.worker, self._on_worker_event, settings.slice_token,
+                               frames_wanted=settings.session_frames)
         self.inbox = Inbox(
             self.shm,
             self.budget,

@@ -1,25 +1,36 @@
-"""The sidecar's one stream to its worker (`Executor.Session`).
+"""The sidecar's one session with its worker: over the worker's session port, or `Executor.Session`.
 
-Commands are queued and sent in order; events come back batched. The worker
-may still be starting (importing jax, joining its slice's JAX job), so the
+The link opens the worker's gRPC session. The worker's first event (`ready`)
+offers a session port (`pathways_wire.session_frames`): the link connects there,
+presents the slice's token and, once the worker answers ready, leaves the gRPC
+stream. Commands then go as frames written by the thread that sends them, and
+events come back on the link's own thread, with no gRPC thread between. A worker
+that offers no port, a port that cannot be reached, or a sidecar started with
+``--session-frames off`` keeps the gRPC session, which the link then attaches
+(`WorkerCommand.attach`) before its first command.
+
+The worker may still be starting (importing jax, joining its slice's JAX job), so the
 link tries again every `STARTING_RETRY_S` until the worker first answers with
 its `ready` event: the gang is reported ready only after every link is, so a
-longer wait here would add straight to the slice's start-up. Commands queued
-meanwhile wait and are sent once it is. If the worker goes away the link says
+longer wait here would add straight to the slice's start-up. Commands sent
+meanwhile wait, in order, and go once it is. If the worker goes away the link says
 so (`ready` clears) and reconnects with a backoff capped at one second.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import socket
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
 from pathways_wire.slice_token import call_metadata
 
@@ -28,19 +39,30 @@ log = logging.getLogger(__name__)
 SESSION_MESSAGE_BYTES = 256 << 20
 MAX_BACKOFF_S = 1.0
 STARTING_RETRY_S = 0.05
+TAKE_S = 0.2
+"""How long the gRPC stream's sender waits for a command before it looks whether the stream ended."""
 
 
 class WorkerLink:
     def __init__(
-        self, address: str, on_event: Callable[[pb.WorkerEvent], None], token: str = ""
+        self, address: str, on_event: Callable[[pb.WorkerEvent], None], token: str = "",
+        frames_wanted: bool = True,
     ) -> None:
         self.address = address
+        self._token = token
         self._metadata = call_metadata(token)
         self._on_event = on_event
-        self._commands: queue.SimpleQueue[pb.WorkerCommand] = queue.SimpleQueue()
+        self._frames_wanted = frames_wanted
+        self._cond = threading.Condition()
+        self._pending: deque[pb.WorkerCommand] = deque()
+        """Commands not yet sent, in order: while the link is not open, or it is on gRPC."""
+        self._sock: socket.socket | None = None
+        """The session port's connection while the link is open on it (guarded by `_cond`)."""
         self._ready = threading.Event()
         self._stop = threading.Event()
         self.worker_host = ""
+        self.on_frames = False
+        """Whether the open session is on the worker's session port."""
         self.store_bytes = 0
         self.store_limit = 0
         self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
@@ -54,65 +76,165 @@ class WorkerLink:
         return self._ready.wait(timeout_s)
 
     def send(self, command: pb.WorkerCommand) -> None:
-        self._commands.put(command)
+        """Sends `command` after every one sent before it: at once on the session port,
+        else through the gRPC stream's sender, or once the link opens."""
+        with self._cond:
+            sock = self._sock
+            if sock is not None:
+                try:
+                    frames.send_message(sock, frames.COMMAND, command)
+                    return
+                except OSError as err:
+                    log.error("session port of worker %s failed: %s", self.address, err)
+                    self._drop_frames(sock)
+            self._pending.append(command)
+            self._cond.notify()
 
     def stop(self) -> None:
         self._stop.set()
+        with self._cond:
+            if self._sock is not None:
+                self._drop_frames(self._sock)
+            self._cond.notify_all()
+
+    def _drop_frames(self, sock: socket.socket) -> None:
+        """Ends the session port's connection (the caller holds `_cond`); its reader sees it."""
+        self._sock = None
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------ the link's thread
 
     def _run(self) -> None:
         backoff = STARTING_RETRY_S
         seen = False
-        options = [
-            ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
-        ]
         while not self._stop.is_set():
-            channel = grpc.insecure_channel(self.address, options=options)
-            opened = threading.Event()
-            ended = threading.Event()
-            try:
-                events = pb_grpc.ExecutorStub(channel).Session(
-                    self._requests(opened, ended), metadata=self._metadata
-                )
-                for event in events:
-                    if event.ready and not opened.is_set():
-                        self.worker_host = event.host
-                        log.info("worker %s at %s is ready", event.host, self.address)
-                        opened.set()
-                        self._ready.set()
-                        backoff, seen = STARTING_RETRY_S, True
-                    self.store_bytes, self.store_limit = event.store_bytes, event.store_limit
-                    self._on_event(event)
-            except grpc.RpcError as err:
-                if opened.is_set():
-                    log.error("stream to worker %s broke: %s", self.address, err.details() if hasattr(err, "details") else err)
-            finally:
-                ended.set()
-                self._ready.clear()
-                channel.close()
+            if self._session():
+                backoff, seen = STARTING_RETRY_S, True
+            self._ready.clear()
             self._stop.wait(backoff)
             if seen:
                 backoff = min(2 * backoff, MAX_BACKOFF_S)
 
+    def _session(self) -> bool:
+        """One session, from opening the gRPC stream until it (or the session port's
+        connection) ends; whether the worker answered ready."""
+        options = [
+            ("grpc.max_send_message_length", SESSION_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", SESSION_MESSAGE_BYTES),
+        ]
+        channel = grpc.insecure_channel(self.address, options=options)
+        opened = threading.Event()
+        ended = threading.Event()
+        moved: tuple[socket.socket, BinaryIO, pb.WorkerEvent] | None = None
+        try:
+            events = pb_grpc.ExecutorStub(channel).Session(
+                self._requests(opened, ended), metadata=self._metadata
+            )
+            for event in events:
+                if event.ready and not opened.is_set():
+                    self.worker_host = event.host
+                    moved = self._connect_frames(event.session_port) if event.session_port else None
+                    if moved is not None:
+                        break  # closing the channel ends the gRPC stream
+                    log.info("worker %s at %s is ready", event.host, self.address)
+                    self.on_frames = False
+                    opened.set()
+                    self._ready.set()
+                self._take(event)
+        except grpc.RpcError as err:
+            if opened.is_set():
+                log.error("stream to worker %s broke: %s", self.address, err.details() if hasattr(err, "details") else err)
+        finally:
+            ended.set()
+            channel.close()
+        if moved is not None:
+            self._on_session_port(*moved)
+            return True
+        return opened.is_set()
+
+    def _take(self, event: pb.WorkerEvent) -> None:
+        self.store_bytes, self.store_limit = event.store_bytes, event.store_limit
+        self._on_event(event)
+
+    def _connect_frames(self, port: int) -> tuple[socket.socket, BinaryIO, pb.WorkerEvent] | None:
+        """The session port's connection, once the worker took the token and said ready;
+        None (the link stays on gRPC) when it is not wanted or cannot be had."""
+        if not self._frames_wanted:
+            return None
+        host = self.address.rpartition(":")[0].strip("[]")
+        sock: socket.socket | None = None
+        try:
+            sock = frames.tuned(socket.create_connection((host, port), timeout=frames.HELLO_TIMEOUT_S))
+            frames.send_message(sock, frames.HELLO, pb.SessionHello(token=self._token))
+            stream = frames.reader(sock)
+            ready = pb.WorkerEvent()
+            if not frames.read_message(stream, frames.EVENT, ready) or not ready.ready:
+                raise ConnectionError("the worker closed the session port without answering ready "
+                                      "(a wrong slice token?)")
+            sock.settimeout(None)
+            return sock, stream, ready
+        except (OSError, ValueError) as err:
+            log.warning("worker %s: session port %s:%d not usable (%s); staying on gRPC",
+                        self.address, host, port, err)
+            if sock is not None:
+                sock.close()
+            return None
+
+    def _on_session_port(self, sock: socket.socket, stream: BinaryIO, ready: pb.WorkerEvent) -> None:
+        """The session on the port: waiting commands go first, then each as it is sent;
+        events are read here until the connection ends."""
+        with sock, stream:
+            with self._cond:
+                try:
+                    while self._pending:
+                        frames.send_message(sock, frames.COMMAND, self._pending[0])
+                        self._pending.popleft()
+                except OSError as err:
+                    log.error("session port of worker %s failed: %s", self.address, err)
+                    return
+                if self._stop.is_set():
+                    return
+                self._sock = sock
+            log.info("worker %s at %s is ready (session port)", ready.host, self.address)
+            self.on_frames = True
+            self._ready.set()
+            self._take(ready)
+            try:
+                event = pb.WorkerEvent()
+                while frames.read_message(stream, frames.EVENT, event):
+                    self._take(event)
+                    event = pb.WorkerEvent()
+            except (OSError, ValueError) as err:
+                if not self._stop.is_set():
+                    log.error("session port of worker %s broke: %s", self.address, err)
+            finally:
+                with self._cond:
+                    if self._sock is sock:
+                        self._drop_frames(sock)
+                self._ready.clear()
+
     def _requests(self, opened: threading.Event, ended: threading.Event) -> Iterator[pb.WorkerCommand]:
-        """Commands for one stream, only once the worker said it is ready."""
+        """Commands for one gRPC stream, once the worker said it is ready and the link
+        stays on the stream: first the attach, then each command in order."""
         while not opened.wait(0.1):
             if ended.is_set() or self._stop.is_set():
                 return
+        yield pb.WorkerCommand(attach=pb.SessionAttach())
 
         def take() -> pb.WorkerCommand | None:
-            while not ended.is_set() and not self._stop.is_set():
-                try:
-                    return self._commands.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-            return None
+            with self._cond:
+                while not self._pending:
+                    if ended.is_set() or self._stop.is_set():
+                        return None
+                    self._cond.wait(TAKE_S)
+                return self._pending.popleft()
 
         def poll() -> pb.WorkerCommand | None:
-            try:
-                return self._commands.get_nowait()
-            except queue.Empty:
-                return None
+            with self._cond:
+                return self._pending.popleft() if self._pending else None
 
         yield from batches(
             take, poll, lambda commands: pb.WorkerCommand(batch=pb.WorkerCommands(commands=commands))

@@ -90,7 +90,7 @@ def serve(settings: WorkerSettings) -> None:
 
     from pathways_wire import pathways_pb2_grpc as pb_grpc
     from pathways_worker.worker.executor import Executor
-    from pathways_worker.worker.executor_service import ExecutorService
+    from pathways_worker.worker.executor_service import ExecutorService, SessionPort
     from pathways_worker.shared_memory import ShmDir
     from pathways_worker.slice_auth import SliceTokenInterceptor
 
@@ -116,16 +116,20 @@ def serve(settings: WorkerSettings) -> None:
             settings.slice_token, settings.host_name, insecure=settings.insecure_no_token
         )],
     )
-    pb_grpc.add_ExecutorServicer_to_server(ExecutorService(executor, settings.host_name), server)
+    service = ExecutorService(executor, settings.host_name)
+    pb_grpc.add_ExecutorServicer_to_server(service, server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise SystemExit(f"host {settings.host_name}: cannot listen on {settings.listen}")
-    server.start()
     bind_host = settings.listen.rpartition(":")[0]
+    session_port = SessionPort(service, bind_host, settings.slice_token, insecure=settings.insecure_no_token)
+    service.session_port = session_port.port
+    server.start()
     print(f"pathways-worker listening on {bind_host}:{port}", flush=True)
     log.info("worker %s ready with %s", settings.host_name, settings)
     wait_for_signal()
     server.stop(grace=1).wait(3)
+    session_port.close()
     executor.stop()
     shm.cleanup()
 

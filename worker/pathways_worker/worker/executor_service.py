@@ -1,24 +1,37 @@
-"""The gRPC face of the executor: one `Executor.Session` stream from the sidecar.
+"""The executor's faces to its sidecar: the gRPC `Executor.Session` stream, and the same
+session as frames on a raw TCP port (`pathways_wire.session_frames`).
 
-Commands are applied by a reader thread in arrival order; the response stream
-sends the first event (`ready`, the host's name) and then whatever the
-executor's outbox accumulated, one batch per message. A new session (the
-sidecar reconnected) replaces the old one; the executor's state survives it.
+Commands are applied by a reader thread in arrival order; the worker sends the
+first event (`ready`, the host's name, and the session port where there is one)
+and then whatever the executor's outbox accumulated, one batch per message. A new
+session (the sidecar reconnected, or moved to the session port) replaces the old
+one; the executor's state survives it.
+
+Only the session the sidecar uses takes events from the outbox: a gRPC session
+that offered the port waits for the sidecar's `attach` before it takes any, so an
+event is never taken by a stream the sidecar is leaving.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import session_frames as frames
 from pathways_worker.worker.executor import Executor
 
 log = logging.getLogger(__name__)
+
+TAKE_S = 0.25
+"""How long a session waits on the outbox before it looks whether it is still the current one."""
 
 
 class ExecutorService(pb_grpc.ExecutorServicer):
@@ -27,33 +40,157 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         self._host_name = host_name
         self._lock = threading.Lock()
         self._session = 0
+        self.session_port = 0
+        """The raw session port offered in the ready event (`SessionPort`); 0: none."""
+
+    def open_session(self) -> int:
+        """A new session, which replaces the one before."""
+        with self._lock:
+            self._session += 1
+            return self._session
+
+    def is_current(self, me: int) -> bool:
+        return self._session == me
+
+    def ready_event(self) -> pb.WorkerEvent:
+        first = self._executor.outbox.stats_event()
+        first.ready, first.host, first.session_port = True, self._host_name, self.session_port
+        return first
+
+    def events(self, me: int, active: Callable[[], bool]) -> Iterator[pb.WorkerEvent]:
+        """The outbox's events for session `me` while it is current and `active`; an event
+        is taken only while `me` is current, so none goes to a session already replaced."""
+
+        def current() -> bool:
+            return self._session == me
+
+        while active() and self._session == me:
+            event = self._executor.outbox.take_event(TAKE_S, current)
+            if event is not None:
+                yield event
+
+    def apply(self, me: int, command: pb.WorkerCommand) -> bool:
+        """Carries out one command of session `me`; False once `me` was replaced."""
+        if self._session != me:
+            return False
+        try:
+            self._executor.handle(command)
+        except Exception:
+            log.exception("command %s failed", command.WhichOneof("command"))
+        return True
 
     def Session(
         self, request_iterator: Iterator[pb.WorkerCommand], context: grpc.ServicerContext
     ) -> Iterator[pb.WorkerEvent]:
-        with self._lock:
-            self._session += 1
-            me = self._session
+        me = self.open_session()
+        attached = threading.Event()
+        if not self.session_port:
+            attached.set()
         threading.Thread(
-            target=self._read, args=(me, request_iterator), name=f"session-{me}", daemon=True
+            target=self._read, args=(me, request_iterator, attached), name=f"session-{me}", daemon=True
         ).start()
         log.info("sidecar session %d opened", me)
-        first = self._executor.outbox.stats_event()
-        first.ready, first.host = True, self._host_name
-        yield first
-        while context.is_active() and self._session == me:
-            event = self._executor.outbox.take_event(0.25)
-            if event is not None:
-                yield event
+        yield self.ready_event()
+        while not attached.wait(TAKE_S):
+            if not context.is_active() or self._session != me:
+                return
+        yield from self.events(me, context.is_active)
 
-    def _read(self, me: int, commands: Iterator[pb.WorkerCommand]) -> None:
+    def _read(self, me: int, commands: Iterator[pb.WorkerCommand], attached: threading.Event) -> None:
         try:
             for command in commands:
-                if self._session != me:
+                if command.WhichOneof("command") == "attach":
+                    attached.set()
+                elif not self.apply(me, command):
                     return
-                try:
-                    self._executor.handle(command)
-                except Exception:
-                    log.exception("command %s failed", command.WhichOneof("command"))
         except Exception as err:  # the stream ended under us
             log.info("sidecar session %d ended: %s", me, err)
+
+
+class SessionPort:
+    """The session as frames on a raw TCP port of the worker's listen address.
+
+    A connection is served once its `SessionHello` presents the slice's token (compared
+    in constant time); one that does not, or says nothing within
+    `frames.HELLO_TIMEOUT_S`, is closed unanswered. Without a token (the host runs with
+    ``--insecure-no-token``) every connection is served, as the gRPC server does."""
+
+    def __init__(self, service: ExecutorService, bind_host: str, token: str, *, insecure: bool = False) -> None:
+        if not token and not insecure:
+            raise ValueError("refusing to serve the session port without a slice token "
+                             "(start the host with --insecure-no-token to check no caller)")
+        self._service = service
+        self._token = token.encode()
+        self._listener = socket.create_server((bind_host.strip("[]"), 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, name="session-port", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(frames.tuned(conn), peer), name="session-frames",
+                             daemon=True).start()
+
+    def _admitted(self, conn: socket.socket, stream: BinaryIO) -> bool:
+        hello = pb.SessionHello()
+        conn.settimeout(frames.HELLO_TIMEOUT_S)
+        try:
+            said = frames.read_message(stream, frames.HELLO, hello)
+        except (OSError, ValueError) as err:
+            log.warning("session port: a connection sent no valid hello (%s); closed", err)
+            return False
+        conn.settimeout(None)
+        if not said:
+            return False
+        if self._token and not hmac.compare_digest(hello.token.encode(), self._token):
+            log.warning("session port: a connection presented a wrong slice token; closed")
+            return False
+        return True
+
+    def _serve(self, conn: socket.socket, peer: object) -> None:
+        stream = frames.reader(conn)
+        with conn, stream:
+            if not self._admitted(conn, stream):
+                return
+            service = self._service
+            me = service.open_session()
+            log.info("sidecar session %d opened on the session port from %s", me, peer)
+            ended = threading.Event()
+            writer = threading.Thread(
+                target=self._write, args=(conn, me, ended), name=f"session-{me}-out", daemon=True
+            )
+            try:
+                frames.send_message(conn, frames.EVENT, service.ready_event())
+                writer.start()
+                command = pb.WorkerCommand()
+                while frames.read_message(stream, frames.COMMAND, command):
+                    if not service.apply(me, command):
+                        return
+                    command = pb.WorkerCommand()
+            except (OSError, ValueError) as err:
+                log.info("sidecar session %d on the session port ended: %s", me, err)
+            finally:
+                ended.set()
+                if writer.is_alive():
+                    writer.join(2 * TAKE_S)
+
+    def _write(self, conn: socket.socket, me: int, ended: threading.Event) -> None:
+        """The outbox's events, a frame each, until the session is replaced or its
+        connection ends; a failed write ends the connection."""
+        try:
+            for event in self._service.events(me, lambda: not ended.is_set()):
+                frames.send_message(conn, frames.EVENT, event)
+        except OSError as err:
+            log.info("sidecar session %d: sending on the session port failed: %s", me, err)
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -62,12 +62,16 @@ class WorkerOutbox:
         """Completions lingering for company ask `worth_lingering` again."""
         self._queue.wake()
 
-    def take_event(self, timeout_s: float) -> pb.WorkerEvent | None:
-        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._more_coming)
+    def take_event(self, timeout_s: float, owner: Callable[[], bool] | None = None) -> pb.WorkerEvent | None:
+        """The next event; with `owner`, only while it holds as the event is taken (see
+        `BatchQueue.take`): a session replaced meanwhile leaves the event to the next."""
+        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._more_coming, owner=owner)
         if not items and not nudged:
             return None
         if not items:
-            items, _ = self._queue.take(STATS_LINGER_S, EVENT_LINGER_S, self._more_coming, nudges_wake=False)
+            items, _ = self._queue.take(
+                STATS_LINGER_S, EVENT_LINGER_S, self._more_coming, nudges_wake=False, owner=owner
+            )
         event = self.stats_event()
         # one extend, not an append each: a chain's completions number in the dozens per event
         event.completions.extend(item for item in items if isinstance(item, pb.Completion))
