@@ -1608,6 +1608,7 @@ class HostCommand(_message.Message):
     DROP_FIELD_NUMBER: _builtins.int
     FORWARD_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    ATTACH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def load(self) -> Global___HostProgram: ...
     @_builtins.property
@@ -1626,6 +1627,12 @@ class HostCommand(_message.Message):
     def batch(self) -> Global___HostCommands:
         """several commands, in order (`command_batches`)"""
 
+    @_builtins.property
+    def attach(self) -> Global___SessionAttach:
+        """The controller takes this gRPC stream as its own: the sidecar sends it events
+        only from then on (a controller that goes on over the control port never sends it).
+        """
+
     def __init__(
         self,
         *,
@@ -1637,12 +1644,13 @@ class HostCommand(_message.Message):
         drop: Global___DropObjects | None = ...,
         forward: Global___Forward | None = ...,
         batch: Global___HostCommands | None = ...,
+        attach: Global___SessionAttach | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "batch", b"batch", "command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "batch", b"batch", "command", b"command", "drop", b"drop", "fail", b"fail", "forward", b"forward", "grants", b"grants", "launch", b"launch", "load", b"load", "release", b"release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop", "forward", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["load", "launch", "grants", "fail", "release", "drop", "forward", "batch", "attach"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -1739,8 +1747,13 @@ class HostEvent(_message.Message):
 
     COMPLETIONS_FIELD_NUMBER: _builtins.int
     HELLO_HOST_FIELD_NUMBER: _builtins.int
+    CONTROL_PORT_FIELD_NUMBER: _builtins.int
     hello_host: _builtins.str
     """first message: the host's address"""
+    control_port: _builtins.int
+    """On the first message: a raw TCP port on the sidecar's listen address serving this
+    stream as frames (`session_frames`), fewer thread hand-offs than gRPC; 0: none.
+    """
     @_builtins.property
     def completions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Completion]: ...
     def __init__(
@@ -1748,10 +1761,11 @@ class HostEvent(_message.Message):
         *,
         completions: _abc.Iterable[Global___Completion] | None = ...,
         hello_host: _builtins.str = ...,
+        control_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "hello_host", b"hello_host"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions", "control_port", b"control_port", "hello_host", b"hello_host"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,19 +1,22 @@
-"""A sidecar's session with its worker as frames over raw TCP: `Executor.Session` without gRPC.
+"""A host's control sessions as frames over raw TCP: `Executor.Session` and `Dataflow.Control` without gRPC.
 
-The sidecar and its worker are two containers of one pod and exchange a message
-for every call: its launch and grants in, its completions out. Over a gRPC stream
+A sidecar and its worker (two containers of one pod), and the controller and each
+host's sidecar, exchange a message for every call: its launch and grants in, its
+completions out. Over a gRPC stream
 each message passes through gRPC's threads on both sides (a writer thread taking
 the request iterator, the completion-queue poller, the reader) before the thread
 that acts on it sees it: about 0.3 ms per message on a busy 2-core machine, where a
 loopback TCP round trip takes 0.06 ms. Here the sender writes the frame to the
 socket itself and the receiver's reading thread acts on it.
 
-The worker offers the port in its gRPC session's `ready` event
-(`WorkerEvent.session_port`). The sidecar connects there and sends a
-`SessionHello` with the slice's token; the worker checks it (constant time) and
-answers with its `ready` event, or closes the connection. From then on the
-sidecar sends `WorkerCommand` frames and the worker `WorkerEvent` frames, in
-order, until either side closes.
+The server offers its port in the first event of its gRPC stream
+(`WorkerEvent.session_port`, `HostEvent.control_port`). The caller connects there
+and sends a `SessionHello` with the slice's token; the server checks it (constant
+time, `SessionPort`) and answers with that same first event, or closes the
+connection. From then on the caller sends command frames (`WorkerCommand`,
+`HostCommand`) and the server event frames (`WorkerEvent`, `HostEvent`), in order,
+until either side closes. A caller that stays on gRPC sends `attach` first: the
+server's gRPC stream takes no event before it, so none goes to a stream being left.
 
 A frame is one kind byte (`S` hello, `C` command, `E` event), a 4-byte big-endian
 length, then that many bytes of protobuf.
@@ -21,13 +24,20 @@ length, then that many bytes of protobuf.
 
 from __future__ import annotations
 
+import hmac
+import logging
 import socket
 import struct
+import threading
+from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from google.protobuf.message import DecodeError, Message
 
+from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import TransferError
+
+log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("!BI")
 HELLO, COMMAND, EVENT = b"S"[0], b"C"[0], b"E"[0]
@@ -83,3 +93,75 @@ def tuned(sock: socket.socket) -> socket.socket:
     """`sock` with Nagle off: a frame goes when written, not when the next one comes."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+Serve = Callable[[socket.socket, BinaryIO, str], None]
+"""Serves one admitted connection: the socket, its reader, and the peer as text."""
+
+
+class SessionPort:
+    """A listening port whose connections are served once their `SessionHello` presents
+    the token (compared in constant time); one that does not, or says nothing within
+    `HELLO_TIMEOUT_S`, is closed unanswered. Without a token (the host runs with
+    ``--insecure-no-token``) every connection is served, as its gRPC server does; an
+    empty token otherwise is refused here, at construction."""
+
+    def __init__(self, name: str, bind_host: str, token: str, serve: Serve, *, insecure: bool = False) -> None:
+        if not token and not insecure:
+            raise ValueError(f"{name}: refusing to serve a session port without a slice token "
+                             "(start the host with --insecure-no-token to check no caller)")
+        self._name = name
+        self._token = token.encode()
+        self._serve = serve
+        self._listener = socket.create_server((bind_host.strip("[]"), 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, name=f"{name}-port", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._admit, args=(tuned(conn), f"{peer[0]}:{peer[1]}"),
+                             name=f"{self._name}-session", daemon=True).start()
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        stream = reader(conn)
+        with conn, stream:
+            hello = pb.SessionHello()
+            conn.settimeout(HELLO_TIMEOUT_S)
+            try:
+                said = read_message(stream, HELLO, hello)
+            except (OSError, ValueError) as err:
+                log.warning("%s port: %s sent no valid hello (%s); closed", self._name, peer, err)
+                return
+            if not said:
+                return
+            if self._token and not hmac.compare_digest(hello.token.encode(), self._token):
+                log.warning("%s port: %s presented a wrong slice token; closed", self._name, peer)
+                return
+            conn.settimeout(None)
+            self._serve(conn, stream, peer)
+
+
+def connect(address_host: str, port: int, token: str, first: Message) -> tuple[socket.socket, BinaryIO]:
+    """A session with the port at `address_host`:`port`, once it took the token and
+    answered with its first event, read into `first`. OSError or ValueError (a
+    TransferError) when it cannot be had; the connection is then closed."""
+    sock = tuned(socket.create_connection((address_host.strip("[]"), port), timeout=HELLO_TIMEOUT_S))
+    try:
+        send_message(sock, HELLO, pb.SessionHello(token=token))
+        stream = reader(sock)
+        if not read_message(stream, EVENT, first):
+            raise ConnectionError("the port closed without answering (a wrong slice token?)")
+        sock.settimeout(None)
+        return sock, stream
+    except BaseException:
+        sock.close()
+        raise

@@ -1,11 +1,13 @@
-"""A sidecar reaches its worker over the worker's session port, and only with the slice's token.
+"""Hosts' control sessions on raw TCP ports, open only to the slice's token.
 
 One one-host slice (127.0.0.25) started with a slice token. The worker offers its
-session port in its gRPC session's ready event. A `WorkerLink` built here, as the
-sidecar builds it, moves to the port and carries commands and events there; one told
-not to (``--session-frames off``) stays on gRPC, attaches, and carries them too.
-The port itself answers ready only to a hello with the token: a wrong token, a frame
-of another kind and garbage are closed unanswered, and the worker goes on serving.
+session port in its gRPC session's ready event, the sidecar its control port in its
+`Control` stream's first event. A `WorkerLink` built here, as the sidecar builds it,
+moves to the worker's port and carries commands and events there; one told not to
+(``--session-frames off``) stays on gRPC, attaches, and carries them too. A
+`HostLink`, as the controller builds it, moves to the sidecar's port, or stays on
+gRPC when told to. Each port answers only a hello with the token: a wrong token, a
+frame of another kind and garbage are closed unanswered, and the host goes on serving.
 
 Each link here takes the worker's session from the slice's own sidecar, which takes it
 back when its link reconnects; nothing else runs on this slice.
@@ -27,6 +29,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_wire.slice_token import ENV_TOKEN, call_metadata, new_token
+from pathways_operator.controller.host_link import HostLink
 from pathways_worker.sidecar.worker_link import WorkerLink
 from tests.integration.test_host import HostProcs, start_slice, stop_hosts
 
@@ -63,6 +66,21 @@ def _session_port(host: HostProcs) -> int:
         return int(ready.session_port)
     finally:
         channel.close()
+
+
+def _control_port(host: HostProcs) -> int:
+    """The port the sidecar offers in the first event of a `Control` stream opened with the token."""
+    channel = grpc.insecure_channel(host.address)
+    try:
+        events = pb_grpc.DataflowStub(channel).Control(iter(()), timeout=WAIT_S, metadata=call_metadata(TOKEN))
+        first = next(events)
+        assert first.hello_host
+        return int(first.control_port)
+    finally:
+        channel.close()
+
+
+PORTS = {"worker-session-port": _session_port, "sidecar-control-port": _control_port}
 
 
 def _answer_to_an_export(link: WorkerLink, call_id: str) -> pb.Exported:
@@ -124,13 +142,81 @@ def _hello(token: str) -> bytes:
      frames.FRAME.pack(frames.HELLO, frames.MAX_FRAME_BYTES + 1)],
     ids=["other-slice-token", "no-token", "command-before-hello", "garbage", "oversized-hello"],
 )
-def test_the_session_port_closes_on_callers_without_the_token(host: HostProcs, payload: bytes) -> None:
-    port = _session_port(host)
+@pytest.mark.parametrize("which", PORTS)
+def test_a_port_closes_on_callers_without_the_token(host: HostProcs, which: str, payload: bytes) -> None:
+    port = PORTS[which](host)
     assert port > 0
     assert _knock(port, payload) == b""
 
 
-def test_the_session_port_answers_ready_to_the_token(host: HostProcs) -> None:
-    answer = _knock(_session_port(host), _hello(TOKEN))
+@pytest.mark.parametrize("which", PORTS)
+def test_a_port_answers_the_token_with_its_first_event(host: HostProcs, which: str) -> None:
+    answer = _knock(PORTS[which](host), _hello(TOKEN))
     kind, _ = frames.FRAME.unpack(answer[:frames.FRAME.size])
     assert kind == frames.EVENT
+
+
+@pytest.mark.parametrize("frames_wanted", [True, False], ids=["control-port", "grpc"])
+def test_a_controller_link_carries_commands_on_the_port_or_on_grpc(host: HostProcs, frames_wanted: bool) -> None:
+    """A release sent down the link reaches the worker: a fetch of that call is then
+    refused as released, where it would otherwise wait for the value. (The worker tests
+    above took its session from the sidecar, whose first command after that only
+    reconnects it, so the release is sent until the fetch says it arrived.)"""
+    firsts: list[pb.HostEvent] = []
+    broken: list[str] = []
+    link = HostLink(host.address, "host-0", "slice-0", lambda _, event: firsts.append(event),
+                    lambda _, why: broken.append(why), TOKEN, frames_wanted=frames_wanted)
+    link.start()
+    call_id = f"released-by-link-{frames_wanted}"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not firsts and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert firsts and firsts[0].hello_host, f"no first event ({broken})"
+        assert link.on_frames is frames_wanted
+        sidecar = pb_grpc.DataflowStub(grpc.insecure_channel(host.address))
+        error = ""
+        while not error and time.monotonic() < deadline:
+            link.send(pb.HostCommand(release=pb.ReleaseCall(call_id=call_id)))
+            try:
+                list(sidecar.Fetch(pb.FetchRequest(call_id=call_id, value=pb.ValueRef(node=0)),
+                                   timeout=1.0, metadata=call_metadata(TOKEN)))
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    error = err.details() or ""
+        assert f"call {call_id} was released" in error
+        assert not broken
+    finally:
+        link.close()
+
+
+def test_programs_run_with_every_control_session_on_grpc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PATHWAYS_CONTROL_FRAMES=off`` and ``PATHWAYS_SIDECAR_SESSION_FRAMES=off`` (a network
+    that admits only the hosts' gRPC ports): an embedded cluster's calls still run, a chain
+    of computations whose output the next call consumes giving the same results."""
+    import numpy as np
+
+    import pathways as pw
+
+    monkeypatch.setenv("PATHWAYS_CONTROL_FRAMES", "off")
+    monkeypatch.setenv("PATHWAYS_SIDECAR_SESSION_FRAMES", "off")
+    pw.connect(islands={"island-a": 4}, devices_per_host=2)
+    try:
+        vslice = pw.make_virtual_device_set().add_slice(devices=2)
+        step = pw.jit(lambda x: x * 2.0 + 1.0, slice=vslice)
+
+        @pw.program(name="grpc-chain")
+        def chain(x: object) -> object:
+            for _ in range(4):
+                x = step(x)
+            return x
+
+        x = np.arange(8, dtype=np.float32)
+        once = chain(x)
+        twice = np.asarray(chain(once))
+        expected = x
+        for _ in range(8):
+            expected = expected * 2.0 + 1.0
+        np.testing.assert_allclose(twice, expected)
+    finally:
+        pw.shutdown()

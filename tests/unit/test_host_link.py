@@ -58,3 +58,13 @@ def test_a_held_release_goes_alone_once_its_wait_is_up(l: HostLink) -> None:
     message = next(stream)
     assert sent(message) == ["release:c1", "release:c2"], "held commands keep their order"
     assert time.monotonic() - start >= host_link.LATER_S
+
+
+def test_control_frames_are_on_unless_switched_off_and_a_bad_value_is_named() -> None:
+    from pathways_operator.controller.host_link import control_frames_wanted
+
+    assert control_frames_wanted({})
+    assert control_frames_wanted({"PATHWAYS_CONTROL_FRAMES": " On "})
+    assert not control_frames_wanted({"PATHWAYS_CONTROL_FRAMES": "off"})
+    with pytest.raises(ValueError, match="PATHWAYS_CONTROL_FRAMES='yes' is neither on nor off"):
+        control_frames_wanted({"PATHWAYS_CONTROL_FRAMES": "yes"})

@@ -20,6 +20,7 @@ starts the hosts:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from pathways_wire.slice_token import new_token
 from pathways_wire.wording import plural
 from pathways_operator.controller.calls import Calls
 from pathways_operator.controller.errors import ControllerError
-from pathways_operator.controller.host_link import HostLink
+from pathways_operator.controller.host_link import HostLink, control_frames_wanted
 from pathways_operator.controller.slices import Host, SliceRecord, SliceTable
 from pathways_operator.core.placement import GangRequest, Placement, place_gang
 
@@ -73,6 +74,7 @@ class GangLinks:
         self._slices = slices
         self._changed = slices.changed
         self._calls = calls
+        self._control_frames = control_frames_wanted(os.environ)
 
     def attach(self, rec: SliceRecord, hosts: list[Host], host_failed: HostFailed) -> bool:
         """Stream to the gang's new hosts and mark it ready; False if it was released meanwhile."""
@@ -84,7 +86,8 @@ class GangLinks:
                 host_failed(current.slice_id, link.name, reason)
 
         links = [
-            HostLink(h.sidecar_address, h.name, rec.slice_id, self._calls.on_host_event, broken, rec.token)
+            HostLink(h.sidecar_address, h.name, rec.slice_id, self._calls.on_host_event, broken, rec.token,
+                     frames_wanted=self._control_frames)
             for h in hosts
         ]
         with self._changed:

@@ -5,6 +5,13 @@ batched by the host. Nothing here waits for an answer: `send` only queues, so
 dispatching a program call to many hosts is parallel and never blocks on any
 one of them.
 
+The link opens the sidecar's gRPC `Control` stream; where the sidecar's first event
+offers its control port (`HostEvent.control_port`), the link moves there: the same
+stream as frames on raw TCP (`pathways_wire.session_frames`), presenting the slice's
+token, with no gRPC thread between the link's threads and the socket. A port that
+cannot be reached, or ``PATHWAYS_CONTROL_FRAMES=off`` (a network that admits only
+the hosts' gRPC port), keeps the gRPC stream, which the link attaches first.
+
 What only frees memory (a call's release, dropped objects) is sent with
 `later=True`: it waits, up to `LATER_S`, to ride at the end of the next message,
 so it may follow commands sent after it (a release or a drop frees only what no
@@ -19,14 +26,17 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import BinaryIO
 
 import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
 from pathways_wire.slice_token import call_metadata
 
@@ -38,6 +48,18 @@ finished call's values may stay on its hosts."""
 
 _WAKE = pb.HostCommand()
 """Queued to wake the sender when a held command starts its wait; never sent."""
+
+FRAMES_SWITCH = "PATHWAYS_CONTROL_FRAMES"
+
+
+def control_frames_wanted(env: Mapping[str, str]) -> bool:
+    """Whether `env` lets links move to the sidecars' control ports (default: on)."""
+    value = env.get(FRAMES_SWITCH, "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"{FRAMES_SWITCH}={env[FRAMES_SWITCH]!r} is neither on nor off; "
+                         "set it to on (the default) or off")
+    return value == "on"
+
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -54,12 +76,18 @@ class HostLink:
         on_event: Callable[[HostLink, pb.HostEvent], None],
         on_broken: Callable[[HostLink, str], None],
         token: str = "",
+        frames_wanted: bool = True,
     ) -> None:
         """`slice_id`: the gang the host belongs to, so events find their slice
         without a search; `token`: the host's slice token, presented on the
-        control stream."""
+        control stream; `frames_wanted`: move to the control port the sidecar offers."""
         self.address = address
         self.slice_id = slice_id
+        self._token = token
+        self._frames_wanted = frames_wanted
+        self._sock: socket.socket | None = None
+        self.on_frames = False
+        """Whether the stream runs on the sidecar's control port."""
         self._metadata = call_metadata(token)
         self.name = name
         self._on_event = on_event
@@ -121,6 +149,9 @@ class HostLink:
             self._closed.set()
             self._queue.put(None)
             self._channel.close()
+            sock = self._sock
+            if sock is not None:
+                _shut(sock)
 
     def _commands(self) -> Iterator[pb.HostCommand]:
         """What is queued, a batch per message (`command_batches`), held commands last."""
@@ -130,8 +161,15 @@ class HostLink:
 
     def _run(self) -> None:
         stub = pb_grpc.DataflowStub(self._channel)
+        opened = threading.Event()
+        moved: tuple[socket.socket, BinaryIO, pb.HostEvent] | None = None
         try:
-            for event in stub.Control(self._commands(), metadata=self._metadata):
+            for event in stub.Control(self._grpc_commands(opened), metadata=self._metadata):
+                if not opened.is_set() and event.control_port and self._frames_wanted:
+                    moved = self._connect_frames(event.control_port)
+                    if moved is not None:
+                        break  # closing the channel ends the gRPC stream
+                opened.set()
                 self._on_event(self, event)
         except grpc.RpcError as err:
             if not self._closed.is_set():
@@ -143,5 +181,75 @@ class HostLink:
             if not self._closed.is_set():
                 self._on_broken(self, f"control stream handler for {self.name} failed: {err}")
             return
+        finally:
+            opened.set()  # the gRPC sender, if still waiting, looks at `moved`
+        if moved is not None:
+            self._channel.close()
+            self._run_frames(*moved)
+            return
         if not self._closed.is_set():
             self._on_broken(self, f"host {self.name} ({self.address}) closed its control stream")
+
+    def _grpc_commands(self, opened: threading.Event) -> Iterator[pb.HostCommand]:
+        """The gRPC stream's commands, once the link stays on it: the attach, then the queue's."""
+        while not opened.wait(0.1):
+            if self._closed.is_set():
+                return
+        if self.on_frames or self._sock is not None or self._closed.is_set():
+            return
+        yield pb.HostCommand(attach=pb.SessionAttach())
+        yield from self._commands()
+
+    def _connect_frames(self, port: int) -> tuple[socket.socket, BinaryIO, pb.HostEvent] | None:
+        host = self.address.rpartition(":")[0]
+        first = pb.HostEvent()
+        try:
+            sock, stream = frames.connect(host, port, self._token, first)
+        except (OSError, ValueError) as err:
+            log.warning("host %s: control port %s:%d not usable (%s); staying on gRPC", self.name, host, port, err)
+            return None
+        self._sock, self.on_frames = sock, True
+        return sock, stream, first
+
+    def _run_frames(self, sock: socket.socket, stream: BinaryIO, first: pb.HostEvent) -> None:
+        """The stream on the control port: commands written by a sender thread, events
+        read and handled here, until either side closes."""
+        sender = threading.Thread(target=self._send_frames, args=(sock,), name=f"link-{self.name}-out", daemon=True)
+        broken = ""
+        with sock, stream:
+            try:
+                if self._closed.is_set():
+                    return
+                sender.start()
+                self._on_event(self, first)
+                event = pb.HostEvent()
+                while frames.read_message(stream, frames.EVENT, event):
+                    self._on_event(self, event)
+                    event = pb.HostEvent()
+                broken = f"host {self.name} ({self.address}) closed its control connection"
+            except (OSError, ValueError) as err:
+                broken = f"control connection to {self.name} ({self.address}) broke: {err}"
+            except Exception as err:  # a bug in an event handler must not go silent
+                log.exception("control stream handler for %s failed", self.name)
+                broken = f"control stream handler for {self.name} failed: {err}"
+            finally:
+                _shut(sock)
+        if not self._closed.is_set():
+            self._on_broken(self, broken)
+
+    def _send_frames(self, sock: socket.socket) -> None:
+        try:
+            for message in self._commands():
+                frames.send_message(sock, frames.COMMAND, message)
+        except OSError as err:
+            if not self._closed.is_set():
+                log.warning("control connection to %s failed sending: %s", self.name, err)
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Ends both directions of `sock`, so the thread reading it sees the end."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

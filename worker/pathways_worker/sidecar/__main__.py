@@ -21,10 +21,11 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for d
 
 from pathways_wire.transfer import MAX_MESSAGE_BYTES
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.session_frames import SessionPort
 from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
 from pathways_worker.sidecar.dataflow import Dataflow
-from pathways_worker.sidecar.dataflow_service import DataflowService
+from pathways_worker.sidecar.dataflow_service import ControlFrames, DataflowService
 from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
 from pathways_worker.slice_auth import SliceTokenInterceptor
 
@@ -55,6 +56,10 @@ def serve(settings: SidecarSettings) -> None:
     bound = f"{settings.listen.rpartition(':')[0]}:{port}"
     core = Dataflow(settings)
     core.advertise = settings.advertise or bound
+    control_port = SessionPort(f"sidecar {settings.host_name}", settings.listen.rpartition(":")[0],
+                               settings.slice_token, ControlFrames(core).serve,
+                               insecure=settings.insecure_no_token)
+    core.control_port = control_port.port
     pb_grpc.add_DataflowServicer_to_server(DataflowService(core), server)
     server.start()
     metrics_port = None
@@ -70,6 +75,7 @@ def serve(settings: SidecarSettings) -> None:
     log.info("sidecar %s serving on %s, worker %s", settings.host_name, bound, settings.worker)
     wait_for_signal()
     server.stop(grace=1).wait(3)
+    control_port.close()
     core.close()
 
 

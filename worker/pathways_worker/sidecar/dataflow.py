@@ -96,6 +96,8 @@ class Dataflow:
         self._fetches: dict[int, _FetchWaiter] = {}
         self._tokens = itertools.count(1)
         self._control = 0
+        self.control_port = 0
+        """The raw control port offered to the controller (`session_frames`); 0: none."""
         self.link = WorkerLink(settings.worker, self._on_worker_event, settings.slice_token,
                                frames_wanted=settings.session_frames)
         self.inbox = Inbox(
@@ -173,8 +175,11 @@ class Dataflow:
         else:
             log.warning("ignoring empty HostCommand")
 
-    def take_completions(self, timeout_s: float) -> list[pb.Completion]:
-        return self.upstream.take(timeout_s, COMPLETION_LINGER_S)[0]
+    def take_completions(self, timeout_s: float, control: int | None = None) -> list[pb.Completion]:
+        """Completions for the controller; with `control`, only while that stream is the
+        current one as they are taken (see `BatchQueue.take`)."""
+        owner = None if control is None else (lambda: self._control == control)
+        return self.upstream.take(timeout_s, COMPLETION_LINGER_S, owner=owner)[0]
 
     # ------------------------------------------------------------ worker events
 

@@ -1,18 +1,25 @@
-"""The gRPC face of the sidecar (`Dataflow`): each RPC is a few lines over `Dataflow`."""
+"""The faces of the sidecar (`Dataflow`): its gRPC service, each RPC a few lines over
+`Dataflow`, and the controller's stream as frames on the control port (`ControlFrames`)."""
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import session_frames as frames
 from pathways_worker.sidecar.dataflow import Dataflow, HostError
 
 log = logging.getLogger(__name__)
+
+TAKE_S = 0.25
+"""How long a stream waits for completions before it looks whether it is still the current one."""
 
 
 class DataflowService(pb_grpc.DataflowServicer):
@@ -22,14 +29,23 @@ class DataflowService(pb_grpc.DataflowServicer):
     def Control(
         self, request_iterator: Iterator[pb.HostCommand], context: grpc.ServicerContext
     ) -> Iterator[pb.HostEvent]:
+        """The controller's stream. Where the sidecar offers its control port, the stream
+        sends no completion before the controller's `attach`: one that moves to the port
+        never sends it, and this stream ends when the port's session replaces it."""
         core = self._core
         me = core.open_control()
+        attached = threading.Event()
+        if not core.control_port:
+            attached.set()
 
         def read() -> None:
             try:
                 for command in request_iterator:
                     if not core.is_current(me):
                         return
+                    if command.WhichOneof("command") == "attach":
+                        attached.set()
+                        continue
                     try:
                         core.command(command)
                     except Exception:
@@ -39,9 +55,12 @@ class DataflowService(pb_grpc.DataflowServicer):
 
         threading.Thread(target=read, name=f"control-{me}", daemon=True).start()
         log.info("control stream %d opened", me)
-        yield pb.HostEvent(hello_host=core.advertise)
+        yield pb.HostEvent(hello_host=core.advertise, control_port=core.control_port)
+        while not attached.wait(TAKE_S):
+            if not context.is_active() or not core.is_current(me):
+                return
         while context.is_active() and core.is_current(me):
-            completions = core.take_completions(0.25)
+            completions = core.take_completions(TAKE_S, me)
             if not completions:
                 continue
             if not core.is_current(me):
@@ -64,3 +83,57 @@ class DataflowService(pb_grpc.DataflowServicer):
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return self._core.health()
+
+
+class ControlFrames:
+    """The controller's stream on the sidecar's control port (`session_frames.SessionPort`):
+    commands read and carried out on the connection's thread, completions written by a
+    thread of its own."""
+
+    def __init__(self, core: Dataflow) -> None:
+        self._core = core
+
+    def serve(self, conn: socket.socket, stream: BinaryIO, peer: str) -> None:
+        core = self._core
+        me = core.open_control()
+        log.info("control stream %d opened on the control port from %s", me, peer)
+        ended = threading.Event()
+        writer = threading.Thread(target=self._write, args=(conn, me, ended), name=f"control-{me}-out", daemon=True)
+        try:
+            frames.send_message(conn, frames.EVENT, pb.HostEvent(hello_host=core.advertise,
+                                                                  control_port=core.control_port))
+            writer.start()
+            command = pb.HostCommand()
+            while frames.read_message(stream, frames.COMMAND, command):
+                if not core.is_current(me):
+                    return
+                try:
+                    core.command(command)
+                except Exception:
+                    log.exception("control command %s failed", command.WhichOneof("command"))
+                command = pb.HostCommand()
+        except (OSError, ValueError) as err:
+            log.info("control stream %d on the control port ended: %s", me, err)
+        finally:
+            ended.set()
+            if writer.is_alive():
+                writer.join(2 * TAKE_S)
+
+    def _write(self, conn: socket.socket, me: int, ended: threading.Event) -> None:
+        """Completions, a frame per batch, until the stream is replaced or its connection
+        ends; a failed write ends the connection and leaves its batch to the next stream."""
+        core = self._core
+        while not ended.is_set() and core.is_current(me):
+            completions = core.take_completions(TAKE_S, me)
+            if not completions:
+                continue
+            try:
+                frames.send_message(conn, frames.EVENT, pb.HostEvent(completions=completions))
+            except OSError as err:
+                core.upstream.put_many(completions)
+                log.info("control stream %d: sending on the control port failed: %s", me, err)
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return

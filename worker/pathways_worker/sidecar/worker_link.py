@@ -164,24 +164,20 @@ class WorkerLink:
         None (the link stays on gRPC) when it is not wanted or cannot be had."""
         if not self._frames_wanted:
             return None
-        host = self.address.rpartition(":")[0].strip("[]")
-        sock: socket.socket | None = None
+        host = self.address.rpartition(":")[0]
+        ready = pb.WorkerEvent()
         try:
-            sock = frames.tuned(socket.create_connection((host, port), timeout=frames.HELLO_TIMEOUT_S))
-            frames.send_message(sock, frames.HELLO, pb.SessionHello(token=self._token))
-            stream = frames.reader(sock)
-            ready = pb.WorkerEvent()
-            if not frames.read_message(stream, frames.EVENT, ready) or not ready.ready:
-                raise ConnectionError("the worker closed the session port without answering ready "
-                                      "(a wrong slice token?)")
-            sock.settimeout(None)
-            return sock, stream, ready
+            sock, stream = frames.connect(host, port, self._token, ready)
         except (OSError, ValueError) as err:
             log.warning("worker %s: session port %s:%d not usable (%s); staying on gRPC",
                         self.address, host, port, err)
-            if sock is not None:
-                sock.close()
             return None
+        if not ready.ready:
+            log.warning("worker %s: session port %s:%d answered no ready event; staying on gRPC",
+                        self.address, host, port)
+            sock.close()
+            return None
+        return sock, stream, ready
 
     def _on_session_port(self, sock: socket.socket, stream: BinaryIO, ready: pb.WorkerEvent) -> None:
         """The session on the port: waiting commands go first, then each as it is sent;

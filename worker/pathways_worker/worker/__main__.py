@@ -90,7 +90,8 @@ def serve(settings: WorkerSettings) -> None:
 
     from pathways_wire import pathways_pb2_grpc as pb_grpc
     from pathways_worker.worker.executor import Executor
-    from pathways_worker.worker.executor_service import ExecutorService, SessionPort
+    from pathways_wire.session_frames import SessionPort
+    from pathways_worker.worker.executor_service import ExecutorService, SessionFrames
     from pathways_worker.shared_memory import ShmDir
     from pathways_worker.slice_auth import SliceTokenInterceptor
 
@@ -122,7 +123,8 @@ def serve(settings: WorkerSettings) -> None:
     if port == 0:
         raise SystemExit(f"host {settings.host_name}: cannot listen on {settings.listen}")
     bind_host = settings.listen.rpartition(":")[0]
-    session_port = SessionPort(service, bind_host, settings.slice_token, insecure=settings.insecure_no_token)
+    session_port = SessionPort(f"worker {settings.host_name}", bind_host, settings.slice_token,
+                               SessionFrames(service).serve, insecure=settings.insecure_no_token)
     service.session_port = session_port.port
     server.start()
     print(f"pathways-worker listening on {bind_host}:{port}", flush=True)

@@ -14,7 +14,6 @@ event is never taken by a stream the sidecar is leaving.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import socket
 import threading
@@ -107,80 +106,33 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             log.info("sidecar session %d ended: %s", me, err)
 
 
-class SessionPort:
-    """The session as frames on a raw TCP port of the worker's listen address.
+class SessionFrames:
+    """The session on the worker's session port (`frames.SessionPort`): commands read
+    and carried out on the connection's thread, events written by a thread of its own."""
 
-    A connection is served once its `SessionHello` presents the slice's token (compared
-    in constant time); one that does not, or says nothing within
-    `frames.HELLO_TIMEOUT_S`, is closed unanswered. Without a token (the host runs with
-    ``--insecure-no-token``) every connection is served, as the gRPC server does."""
-
-    def __init__(self, service: ExecutorService, bind_host: str, token: str, *, insecure: bool = False) -> None:
-        if not token and not insecure:
-            raise ValueError("refusing to serve the session port without a slice token "
-                             "(start the host with --insecure-no-token to check no caller)")
+    def __init__(self, service: ExecutorService) -> None:
         self._service = service
-        self._token = token.encode()
-        self._listener = socket.create_server((bind_host.strip("[]"), 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, name="session-port", daemon=True).start()
 
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, peer = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(frames.tuned(conn), peer), name="session-frames",
-                             daemon=True).start()
-
-    def _admitted(self, conn: socket.socket, stream: BinaryIO) -> bool:
-        hello = pb.SessionHello()
-        conn.settimeout(frames.HELLO_TIMEOUT_S)
+    def serve(self, conn: socket.socket, stream: BinaryIO, peer: str) -> None:
+        service = self._service
+        me = service.open_session()
+        log.info("sidecar session %d opened on the session port from %s", me, peer)
+        ended = threading.Event()
+        writer = threading.Thread(target=self._write, args=(conn, me, ended), name=f"session-{me}-out", daemon=True)
         try:
-            said = frames.read_message(stream, frames.HELLO, hello)
-        except (OSError, ValueError) as err:
-            log.warning("session port: a connection sent no valid hello (%s); closed", err)
-            return False
-        conn.settimeout(None)
-        if not said:
-            return False
-        if self._token and not hmac.compare_digest(hello.token.encode(), self._token):
-            log.warning("session port: a connection presented a wrong slice token; closed")
-            return False
-        return True
-
-    def _serve(self, conn: socket.socket, peer: object) -> None:
-        stream = frames.reader(conn)
-        with conn, stream:
-            if not self._admitted(conn, stream):
-                return
-            service = self._service
-            me = service.open_session()
-            log.info("sidecar session %d opened on the session port from %s", me, peer)
-            ended = threading.Event()
-            writer = threading.Thread(
-                target=self._write, args=(conn, me, ended), name=f"session-{me}-out", daemon=True
-            )
-            try:
-                frames.send_message(conn, frames.EVENT, service.ready_event())
-                writer.start()
+            frames.send_message(conn, frames.EVENT, service.ready_event())
+            writer.start()
+            command = pb.WorkerCommand()
+            while frames.read_message(stream, frames.COMMAND, command):
+                if not service.apply(me, command):
+                    return
                 command = pb.WorkerCommand()
-                while frames.read_message(stream, frames.COMMAND, command):
-                    if not service.apply(me, command):
-                        return
-                    command = pb.WorkerCommand()
-            except (OSError, ValueError) as err:
-                log.info("sidecar session %d on the session port ended: %s", me, err)
-            finally:
-                ended.set()
-                if writer.is_alive():
-                    writer.join(2 * TAKE_S)
+        except (OSError, ValueError) as err:
+            log.info("sidecar session %d on the session port ended: %s", me, err)
+        finally:
+            ended.set()
+            if writer.is_alive():
+                writer.join(2 * TAKE_S)
 
     def _write(self, conn: socket.socket, me: int, ended: threading.Event) -> None:
         """The outbox's events, a frame each, until the session is replaced or its
