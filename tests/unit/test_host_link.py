@@ -5,12 +5,15 @@ The link is never started: the test takes its messages as its sender thread woul
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire import session_frames as frames
 from pathways_operator.controller import host_link
 from pathways_operator.controller.host_link import HostLink
 
@@ -68,3 +71,35 @@ def test_control_frames_are_on_unless_switched_off_and_a_bad_value_is_named() ->
     assert not control_frames_wanted({"PATHWAYS_CONTROL_FRAMES": "off"})
     with pytest.raises(ValueError, match="PATHWAYS_CONTROL_FRAMES='yes' is neither on nor off"):
         control_frames_wanted({"PATHWAYS_CONTROL_FRAMES": "yes"})
+
+
+def _frames_from(sock: socket.socket, count: int) -> list[list[str]]:
+    stream = frames.reader(sock)
+    out = []
+    for _ in range(count):
+        message = pb.HostCommand()
+        assert frames.read_message(stream, frames.COMMAND, message)
+        out.append(sent(message))
+    return out
+
+
+def test_on_the_control_port_what_was_queued_goes_first_then_send_writes_itself(l: HostLink) -> None:
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(10.0)
+    with ours, theirs:
+        l.send(launch("c1"))  # before the move: queued
+        l.send(release("c0"), later=True)
+        sender = threading.Thread(target=l._send_frames, args=(ours,), daemon=True)
+        sender.start()
+        deadline = time.monotonic() + 10.0
+        while l._direct is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert l._direct is ours
+        l.send(release("c1"), later=True)
+        l.send(launch("c2"))  # written by this thread, the held release after it
+        assert _frames_from(theirs, 2) == [["launch:c1", "release:c0"], ["launch:c2", "release:c1"]]
+        l.send(release("c2"), later=True)  # nothing follows: the sender writes it once its wait is up
+        assert _frames_from(theirs, 1) == [["release:c2"]]
+        l.close()
+        sender.join(10.0)
+        assert not sender.is_alive()

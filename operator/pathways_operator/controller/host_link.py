@@ -86,6 +86,11 @@ class HostLink:
         self._token = token
         self._frames_wanted = frames_wanted
         self._sock: socket.socket | None = None
+        self._write = threading.Lock()
+        """Held by whoever writes to the control port, and by `send` deciding how to send."""
+        self._direct: socket.socket | None = None
+        """The control port's connection once what was queued before it went: `send` then
+        writes there itself, no thread between (guarded by `_write`)."""
         self.on_frames = False
         """Whether the stream runs on the sidecar's control port."""
         self._metadata = call_metadata(token)
@@ -104,10 +109,21 @@ class HostLink:
         self._thread.start()
 
     def send(self, command: pb.HostCommand, later: bool = False) -> None:
-        """Queues `command`. With `later`, holds it until the next message goes, at the
+        """Queues `command`, or on the control port writes it at once, with the held
+        commands after it. With `later`, holds it until the next message goes, at the
         end of that message, or until `LATER_S` passed, whichever comes first."""
         if not later:
-            self._queue.put(command)
+            with self._write:
+                sock = self._direct
+                if sock is None:
+                    self._queue.put(command)
+                    return
+                with self._lock:
+                    held, self._held = self._held, []
+                try:
+                    frames.send_message(sock, frames.COMMAND, _message([command, *held]))
+                except OSError as err:
+                    self._write_failed(sock, err)
             return
         with self._lock:
             self._held.append(command)
@@ -238,13 +254,32 @@ class HostLink:
             self._on_broken(self, broken)
 
     def _send_frames(self, sock: socket.socket) -> None:
+        """What was queued before the move, then `send` writes itself; this thread
+        goes on writing only the held commands whose wait is up."""
         try:
-            for message in self._commands():
-                frames.send_message(sock, frames.COMMAND, message)
+            with self._write:
+                for message in batches(self._poll, self._poll, _message):  # ends with the queue
+                    frames.send_message(sock, frames.COMMAND, message)
+                self._direct = sock
+            while (command := self._take()) is not None:
+                with self._write:
+                    frames.send_message(sock, frames.COMMAND, _message([command, *self._take_held()]))
         except OSError as err:
-            if not self._closed.is_set():
-                log.warning("control connection to %s failed sending: %s", self.name, err)
-            _shut(sock)
+            self._write_failed(sock, err)
+
+    def _take_held(self) -> list[pb.HostCommand]:
+        with self._lock:
+            held, self._held = self._held, []
+        return held
+
+    def _write_failed(self, sock: socket.socket, err: OSError) -> None:
+        if not self._closed.is_set():
+            log.warning("control connection to %s failed sending: %s", self.name, err)
+        _shut(sock)
+
+
+def _message(commands: list[pb.HostCommand]) -> pb.HostCommand:
+    return commands[0] if len(commands) == 1 else pb.HostCommand(batch=pb.HostCommands(commands=commands))
 
 
 def _shut(sock: socket.socket) -> None:
