@@ -4,8 +4,9 @@ A profile charges the embedded cluster's CPU to its processes (this client, the
 controller, each host's worker and sidecar), read from `/proc/<pid>/stat` before
 and after a run, so it counts every thread, gRPC's included. The floors are the
 same hand-offs with no runtime behind them: one message between processes over
-loopback gRPC, as a bidirectional stream (a call's hops, a move's hand-offs) and
-as a unary call, echoed by the last of a chain of relaying processes.
+loopback gRPC, as a bidirectional stream and as a unary call, and over raw loopback
+TCP read and written by one thread per process (the hosts' session and control
+ports), echoed by the last of a chain of relaying processes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import socket
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
@@ -174,6 +177,96 @@ class RelayChain:
             proc.join(10)
 
     def __enter__(self) -> RelayChain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------- the same over raw TCP
+
+_LENGTH = struct.Struct("!I")
+
+
+def _read_exact(stream: Any, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) < n:
+        raise ConnectionError("closed")
+    return bytes(data)
+
+
+def _serve_tcp_relay(port_q: Any, next_q: Any) -> None:
+    """A process that echoes each length-prefixed message, or writes it on to the next
+    process and its answer back, each read and written by its one thread, as the hosts'
+    session and control ports are (`pathways_wire.session_frames`)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port_q.put(listener.getsockname()[1])
+    downstream = next_q.get()
+    down = socket.create_connection(("127.0.0.1", downstream)) if downstream else None
+    conn, _ = listener.accept()
+    for sock in (conn, down):
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    up_in = conn.makefile("rb")
+    down_in = down.makefile("rb") if down is not None else None
+    try:
+        while True:
+            header = _read_exact(up_in, _LENGTH.size)
+            message = header + _read_exact(up_in, _LENGTH.unpack(header)[0])
+            if down is None or down_in is None:
+                conn.sendall(message)
+                continue
+            down.sendall(message)
+            header = _read_exact(down_in, _LENGTH.size)
+            conn.sendall(header + _read_exact(down_in, _LENGTH.unpack(header)[0]))
+    except (ConnectionError, OSError):
+        return
+
+
+class TcpRelayChain:
+    """`RelayChain` over raw loopback TCP: `processes` relays, `2 × processes` hops a round trip."""
+
+    def __init__(self, processes: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = []
+        ports, nexts = [], []
+        for _ in range(processes):
+            port_q, next_q = ctx.Queue(), ctx.Queue()
+            proc = ctx.Process(target=_serve_tcp_relay, args=(port_q, next_q), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            ports.append(port_q)
+            nexts.append(next_q)
+        listening = [q.get(timeout=60) for q in ports]
+        for next_q, downstream in zip(nexts, listening[1:] + [0]):
+            next_q.put(downstream)
+        self.hops = 2 * processes
+        self.sock = socket.create_connection(("127.0.0.1", listening[0]), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._in = self.sock.makefile("rb")
+
+    def round_trip_us(self, nbytes: int, rounds: int, repeats: int) -> list[float]:
+        """µs per round trip of one `nbytes` message at a time, per repeat (the mean of
+        `rounds`), after one repeat's warm-up."""
+        message = _LENGTH.pack(nbytes) + b"x" * nbytes
+        out = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for _ in range(rounds):
+                self.sock.sendall(message)
+                _read_exact(self._in, len(message))
+            out.append((time.perf_counter() - start) / rounds * 1e6)
+        return out[1:]
+
+    def close(self) -> None:
+        self._in.close()
+        self.sock.close()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join(10)
+
+    def __enter__(self) -> TcpRelayChain:
         return self
 
     def __exit__(self, *exc: object) -> None:

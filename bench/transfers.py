@@ -23,8 +23,10 @@ move on one node costs is one copy into a warm file through a kept mapping. The 
 between islands is the same moved-minus-stayed time for a 4 KiB value: the
 hops between processes that every move pays whatever its size. Its floor is
 those hand-offs with no runtime behind them: a 4 KiB message relayed along a
-chain of processes over loopback gRPC streams and back (`bench.floors`), as many
-hops as a move hands its value on.
+chain of processes and back (`bench.floors`), as many hops as a move hands its
+value on, over raw loopback TCP (what a move's hops are: the worker's session port,
+the data channel) and, beside it, over gRPC streams (what the hops between worker
+and sidecar were before the session port).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
-from bench.floors import RelayChain
+from bench.floors import RelayChain, TcpRelayChain
 from bench.measure import Figure, figure
 
 EXP = "4 transfers"
@@ -52,8 +54,8 @@ CROSS_TARGETS = {1: 0.25}
 a small value pays the fixed cost of a move on few bytes."""
 MOVE_HOPS = 8
 """Hand-offs between threads and processes of a move between islands: the producer's
-finisher, worker→sidecar stream, data channel, the consumer sidecar's inbox and stream
-thread, sidecar→worker stream, the worker's executor thread, dispatch."""
+finisher, worker→sidecar session, data channel, the consumer sidecar's inbox and session
+writer, sidecar→worker session, the worker's executor thread, dispatch."""
 RELAY_ROUNDS = 100
 ROUNDS = 3
 """Moved and stayed calls per repeat, alternating; a repeat's cost of the move is the
@@ -301,15 +303,19 @@ def run(sizes_mib: tuple[int, ...], repeats: int) -> list[Figure]:
     with RelayChain(MOVE_HOPS // 2) as chain:
         trip = chain.stream_round_trip_us(4096, RELAY_ROUNDS, repeats)
         hops = chain.hops
+    with TcpRelayChain(MOVE_HOPS // 2) as tcp_chain:
+        tcp_trip = tcp_chain.round_trip_us(4096, RELAY_ROUNDS, repeats)
     a, b = _slices(handover=False)
     fixed = figure(EXP, "fixed cost of a move between islands (4 KiB value)", "ms",
                    [s * 1e3 for s in _move_seconds(*_programs(0, a, b, rows=4), repeats)])
-    hop = figure(EXP, "floor: one hop of a 4 KiB message between processes over loopback gRPC", "µs",
-                 [t / hops for t in trip])
-    hop.note = (f"relayed through {hops // 2} processes and back, mean of {RELAY_ROUNDS} per repeat; "
-                f"{MOVE_HOPS} hops: {hop.median * MOVE_HOPS / 1e3:.2f} ms, the move's fixed cost "
-                f"{fixed.median:.2f} ms")
-    floors += [fixed, hop]
+    floors.append(fixed)
+    for how, trips in (("raw TCP", tcp_trip), ("gRPC", trip)):
+        hop = figure(EXP, f"floor: one hop of a 4 KiB message between processes over loopback {how}", "µs",
+                     [t / hops for t in trips])
+        hop.note = (f"relayed through {hops // 2} processes and back, mean of {RELAY_ROUNDS} per repeat; "
+                    f"{MOVE_HOPS} hops: {hop.median * MOVE_HOPS / 1e3:.2f} ms, the move's fixed cost "
+                    f"{fixed.median:.2f} ms")
+        floors.append(hop)
     for mib in sizes_mib:
         tcp[mib] = figure(EXP, f"{mib} MiB raw loopback TCP", "GB/s", tcp_gbps(mib * MIB, repeats))
         mem[mib] = figure(EXP, f"{mib} MiB memcpy", "GB/s", memcpy_gbps(mib * MIB, repeats))
