@@ -117,6 +117,25 @@ def _serve_relay(port_q: Any, next_q: Any) -> None:
     server.wait_for_termination()
 
 
+def _start_relays(serve: Callable[[Any, Any], None], processes: int, address: Callable[[int], Any],
+                  last: Any) -> tuple[list[Any], list[Any]]:
+    """`processes` relay processes running `serve(port_q, next_q)`, each told the address of
+    the next (`last` for the last one): the processes and their addresses, in order."""
+    ctx = multiprocessing.get_context("spawn")
+    procs, ports, nexts = [], [], []
+    for _ in range(processes):
+        port_q, next_q = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=serve, args=(port_q, next_q), daemon=True)
+        proc.start()
+        procs.append(proc)
+        ports.append(port_q)
+        nexts.append(next_q)
+    addresses = [address(q.get(timeout=60)) for q in ports]
+    for next_q, downstream in zip(nexts, addresses[1:] + [last]):
+        next_q.put(downstream)
+    return procs, addresses
+
+
 class RelayChain:
     """`processes` relays on loopback, each passing a message to the next; the last echoes it.
 
@@ -124,21 +143,9 @@ class RelayChain:
     back), so it is `2 × processes` hops."""
 
     def __init__(self, processes: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.procs = []
-        ports, nexts = [], []
-        for _ in range(processes):
-            port_q, next_q = ctx.Queue(), ctx.Queue()
-            proc = ctx.Process(target=_serve_relay, args=(port_q, next_q), daemon=True)
-            proc.start()
-            self.procs.append(proc)
-            ports.append(port_q)
-            nexts.append(next_q)
-        addresses = [f"127.0.0.1:{q.get(timeout=60)}" for q in ports]
-        for next_q, downstream in zip(nexts, addresses[1:] + [""]):
-            next_q.put(downstream)
+        self.procs, ports = _start_relays(_serve_relay, processes, lambda port: f"127.0.0.1:{port}", "")
         self.hops = 2 * processes
-        self.channel = grpc.insecure_channel(addresses[0])
+        self.channel = grpc.insecure_channel(ports[0])
         grpc.channel_ready_future(self.channel).result(timeout=60)
 
     def stream_round_trip_us(self, nbytes: int, rounds: int, repeats: int) -> list[float]:
@@ -227,19 +234,7 @@ class TcpRelayChain:
     """`RelayChain` over raw loopback TCP: `processes` relays, `2 × processes` hops a round trip."""
 
     def __init__(self, processes: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.procs = []
-        ports, nexts = [], []
-        for _ in range(processes):
-            port_q, next_q = ctx.Queue(), ctx.Queue()
-            proc = ctx.Process(target=_serve_tcp_relay, args=(port_q, next_q), daemon=True)
-            proc.start()
-            self.procs.append(proc)
-            ports.append(port_q)
-            nexts.append(next_q)
-        listening = [q.get(timeout=60) for q in ports]
-        for next_q, downstream in zip(nexts, listening[1:] + [0]):
-            next_q.put(downstream)
+        self.procs, listening = _start_relays(_serve_tcp_relay, processes, lambda port: port, 0)
         self.hops = 2 * processes
         self.sock = socket.create_connection(("127.0.0.1", listening[0]), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

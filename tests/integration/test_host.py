@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,25 @@ def start_slice(
         stop_hosts(hosts)
         raise
     return hosts
+
+
+@contextmanager
+def slice_with_token(name: str, ip: str, token: str, log_dir: Path) -> Iterator[HostProcs]:
+    """A one-host slice whose worker and sidecar demand `token` (read from the environment
+    at their start), stopped on leaving."""
+    saved = os.environ.get(ENV_TOKEN)
+    os.environ[ENV_TOKEN] = token
+    try:
+        hosts = start_slice(name, [ip], 1, log_dir)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_TOKEN, None)
+        else:
+            os.environ[ENV_TOKEN] = saved
+    try:
+        yield hosts[0]
+    finally:
+        stop_hosts(hosts)
 
 
 def stop_hosts(hosts: Sequence[HostProcs]) -> None:

@@ -39,7 +39,7 @@ from pathways_wire.slice_token import (
     call_metadata,
     new_token,
 )
-from tests.integration.test_host import HostProcs, start_slice, stop_hosts, vref
+from tests.integration.test_host import HostProcs, slice_with_token, vref
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,19 +50,8 @@ RPC_TIMEOUT_S = 10.0
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcs]:
-    saved = os.environ.get(ENV_TOKEN)
-    os.environ[ENV_TOKEN] = TOKEN
-    try:
-        hosts = start_slice("guarded", ["127.0.0.24"], 1, Path(tmp_path_factory.mktemp("guarded")))
-    finally:
-        if saved is None:
-            os.environ.pop(ENV_TOKEN, None)
-        else:
-            os.environ[ENV_TOKEN] = saved
-    try:
-        yield hosts[0]
-    finally:
-        stop_hosts(hosts)
+    with slice_with_token("guarded", "127.0.0.24", TOKEN, Path(tmp_path_factory.mktemp("guarded"))) as host:
+        yield host
 
 
 def _channel(address: str) -> grpc.Channel:

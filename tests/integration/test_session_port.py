@@ -15,12 +15,12 @@ back when its link reconnects; nothing else runs on this slice.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -28,10 +28,10 @@ import pytest
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
-from pathways_wire.slice_token import ENV_TOKEN, call_metadata, new_token
+from pathways_wire.slice_token import call_metadata, new_token
 from pathways_operator.controller.host_link import HostLink
 from pathways_worker.sidecar.worker_link import WorkerLink
-from tests.integration.test_host import HostProcs, start_slice, stop_hosts
+from tests.integration.test_host import HostProcs, slice_with_token
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,41 +41,28 @@ WAIT_S = 20.0
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcs]:
-    saved = os.environ.get(ENV_TOKEN)
-    os.environ[ENV_TOKEN] = TOKEN
-    try:
-        hosts = start_slice("session", ["127.0.0.25"], 1, Path(tmp_path_factory.mktemp("session")))
-    finally:
-        if saved is None:
-            os.environ.pop(ENV_TOKEN, None)
-        else:
-            os.environ[ENV_TOKEN] = saved
-    try:
-        yield hosts[0]
-    finally:
-        stop_hosts(hosts)
+    with slice_with_token("session", "127.0.0.25", TOKEN, Path(tmp_path_factory.mktemp("session"))) as made:
+        yield made
 
 
 def _session_port(host: HostProcs) -> int:
     """The port the worker offers in the ready event of a gRPC session opened with the token."""
-    channel = grpc.insecure_channel(host.worker_address)
-    try:
-        events = pb_grpc.ExecutorStub(channel).Session(iter(()), timeout=WAIT_S, metadata=call_metadata(TOKEN))
-        ready = next(events)
-        assert ready.ready
-        return int(ready.session_port)
-    finally:
-        channel.close()
+    ready = _first_event(host.worker_address, lambda channel: pb_grpc.ExecutorStub(channel).Session)
+    assert ready.ready
+    return int(ready.session_port)
 
 
 def _control_port(host: HostProcs) -> int:
     """The port the sidecar offers in the first event of a `Control` stream opened with the token."""
-    channel = grpc.insecure_channel(host.address)
+    first = _first_event(host.address, lambda channel: pb_grpc.DataflowStub(channel).Control)
+    assert first.hello_host
+    return int(first.control_port)
+
+
+def _first_event(address: str, method: Callable[[grpc.Channel], Callable[..., Iterator[Any]]]) -> Any:
+    channel = grpc.insecure_channel(address)
     try:
-        events = pb_grpc.DataflowStub(channel).Control(iter(()), timeout=WAIT_S, metadata=call_metadata(TOKEN))
-        first = next(events)
-        assert first.hello_host
-        return int(first.control_port)
+        return next(method(channel)(iter(()), timeout=WAIT_S, metadata=call_metadata(TOKEN)))
     finally:
         channel.close()
 
