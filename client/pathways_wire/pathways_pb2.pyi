@@ -1630,7 +1630,8 @@ class HostCommand(_message.Message):
     @_builtins.property
     def attach(self) -> Global___SessionAttach:
         """The controller takes this gRPC stream as its own: the sidecar sends it events
-        only from then on (a controller that goes on over the control port never sends it).
+        only from its first command on, this or any other (a controller that goes on over
+        the control port sends none).
         """
 
     def __init__(
@@ -2093,7 +2094,8 @@ class WorkerCommand(_message.Message):
     @_builtins.property
     def attach(self) -> Global___SessionAttach:
         """The sidecar takes this gRPC session as its own: the worker sends it events only
-        from then on (a sidecar that goes on over the session port never sends it).
+        from its first command on, this or any other (a sidecar that goes on over the
+        session port sends none).
         """
 
     def __init__(

@@ -30,8 +30,9 @@ class DataflowService(pb_grpc.DataflowServicer):
         self, request_iterator: Iterator[pb.HostCommand], context: grpc.ServicerContext
     ) -> Iterator[pb.HostEvent]:
         """The controller's stream. Where the sidecar offers its control port, the stream
-        sends no completion before the controller's `attach`: one that moves to the port
-        never sends it, and this stream ends when the port's session replaces it."""
+        sends no completion before the controller's first command (`attach`, or any other):
+        one that moves to the port sends none, and this stream ends when the port's
+        session replaces it."""
         core = self._core
         me = core.open_control()
         attached = threading.Event()
@@ -43,8 +44,8 @@ class DataflowService(pb_grpc.DataflowServicer):
                 for command in request_iterator:
                     if not core.is_current(me):
                         return
+                    attached.set()  # a controller that sends commands stays on this stream
                     if command.WhichOneof("command") == "attach":
-                        attached.set()
                         continue
                     try:
                         core.command(command)

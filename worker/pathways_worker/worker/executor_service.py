@@ -8,8 +8,8 @@ session (the sidecar reconnected, or moved to the session port) replaces the old
 one; the executor's state survives it.
 
 Only the session the sidecar uses takes events from the outbox: a gRPC session
-that offered the port waits for the sidecar's `attach` before it takes any, so an
-event is never taken by a stream the sidecar is leaving.
+that offered the port waits for the sidecar's first command (`attach`, or any other)
+before it takes any, so an event is never taken by a stream the sidecar is leaving.
 """
 
 from __future__ import annotations
@@ -98,9 +98,8 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     def _read(self, me: int, commands: Iterator[pb.WorkerCommand], attached: threading.Event) -> None:
         try:
             for command in commands:
-                if command.WhichOneof("command") == "attach":
-                    attached.set()
-                elif not self.apply(me, command):
+                attached.set()  # a sidecar that sends commands stays on this stream
+                if command.WhichOneof("command") != "attach" and not self.apply(me, command):
                     return
         except Exception as err:  # the stream ended under us
             log.info("sidecar session %d ended: %s", me, err)
