@@ -73,6 +73,15 @@ def test_a_file_done_with_is_kept_as_a_spare_until_there_are_enough_of_its_size(
     assert keep_spare(MIN_WARM_BYTES - 1, 0, 0, limit) is False
 
 
+def test_the_inputs_of_a_batch_of_calls_that_come_free_at_once_are_all_kept_as_spares() -> None:
+    batch_input = 512 << 10
+    kept = 0
+    for _ in range(32):
+        kept += keep_spare(batch_input, kept, kept * batch_input, 256 * MIB)
+    assert kept == 32
+    assert keep_spare(batch_input, kept, kept * batch_input, 256 * MIB) is False
+
+
 def test_spares_of_all_sizes_stay_within_the_limit() -> None:
     assert keep_spare(64 * MIB, 0, 200 * MIB, 256 * MIB) is False
     assert keep_spare(32 * MIB, 0, 200 * MIB, 256 * MIB) is True
