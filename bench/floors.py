@@ -6,7 +6,9 @@ and after a run, so it counts every thread, gRPC's included. The floors are the
 same hand-offs with no runtime behind them: one message between processes over
 loopback gRPC, as a bidirectional stream and as a unary call, and over raw loopback
 TCP read and written by one thread per process (the hosts' session and control
-ports), echoed by the last of a chain of relaying processes.
+ports), echoed by the last of a chain of relaying processes. `BackgroundLoad` is the
+CPU of a runtime's processes without the runtime: processes that burn a given share
+of the cores in short bursts, beside a computation that wants all of them.
 """
 
 from __future__ import annotations
@@ -85,6 +87,56 @@ def per_step_note(steps: int) -> str:
     """How a row of ms of CPU per step was read, with `steps` steps per repeat, and its resolution."""
     return (f"/proc/<pid>/stat utime+stime over {steps} steps per repeat, resolution "
             f"{1e3 / os.sysconf('SC_CLK_TCK') / steps:.2g} ms/step")
+
+
+# ---------------------------------------------------------------- background load
+
+LOAD_PERIOD_S = 0.001
+"""A burner's cycle: busy, then asleep, for its share of every millisecond, as the
+runtime's processes wake for each message and sleep between them."""
+LOAD_LIMIT_S = 300.0
+"""A burner stops by itself after this, whatever its parent does."""
+
+
+def _burn(share: float, period_s: float, limit_s: float) -> None:
+    """Busy for `share` of every `period_s`, asleep for the rest, for at most `limit_s`."""
+    busy_s, idle_s = share * period_s, (1.0 - share) * period_s
+    until = time.monotonic() + limit_s
+    while time.monotonic() < until:
+        start = time.perf_counter()
+        while time.perf_counter() - start < busy_s:
+            pass
+        time.sleep(idle_s)
+
+
+class BackgroundLoad:
+    """`cores` of CPU burnt beside the caller while the context is open, by `processes`
+    processes of at most one core each (each stops after `LOAD_LIMIT_S` at the latest)."""
+
+    def __init__(self, cores: float, processes: int = 2) -> None:
+        if not 0 < cores <= processes:
+            raise ValueError(f"background load: {cores:g} cores cannot come from {processes} processes "
+                             "of at most one core each")
+        self.cores = cores
+        self._share = cores / processes
+        self._count = processes
+        self._procs: list[Any] = []
+
+    def __enter__(self) -> BackgroundLoad:
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(self._count):
+            proc = ctx.Process(target=_burn, args=(self._share, LOAD_PERIOD_S, LOAD_LIMIT_S), daemon=True)
+            proc.start()
+            self._procs.append(proc)
+        time.sleep(0.5)  # past the interpreters' start, so the load is on when the caller times
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            proc.join(10)
+        self._procs.clear()
 
 
 # ---------------------------------------------------------------- the relay chain

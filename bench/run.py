@@ -108,7 +108,7 @@ def main() -> int:
     def eight() -> list[Figure]:
         from bench import training
 
-        return training.run(6 if quick else 12, REPEATS)
+        return training.run(30 if quick else 60, REPEATS)
 
     attempt(8, "training", eight)
 
