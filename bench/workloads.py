@@ -36,25 +36,19 @@ def label(n: int) -> str:
 
 
 def jax_chain_us(n: int, chain: int, repeats: int) -> list[float]:
-    """Plain jax.jit in this process: µs per computation over a chain.
-
-    One whole chain runs before the clock, as each runtime mode's warm call does: a
-    chain of 1 MiB outputs first faults in the pages its queued outputs take, and
-    with a single call of warm-up the first two timed chains of 512×512 matmuls read
-    about twice the later ones in every recorded run."""
+    """Plain jax.jit in this process: µs per computation over a chain."""
     f = jax.jit(body(n))
     y = jnp.asarray(size_input(n))
-
-    def one_chain() -> float:
+    f(y).block_until_ready()
+    out = []
+    for _ in range(repeats):
         start = time.perf_counter()
         z = y
         for _ in range(chain):
             z = f(z)
         z.block_until_ready()
-        return (time.perf_counter() - start) / chain * 1e6
-
-    one_chain()
-    return [one_chain() for _ in range(repeats)]
+        out.append((time.perf_counter() - start) / chain * 1e6)
+    return out
 
 
 def size_for_ms(ms: float, candidates: tuple[int, ...] = (128, 192, 256, 320, 384, 448, 512, 576, 640, 768, 896, 1024, 1280)) -> int:
