@@ -70,7 +70,10 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int,
 
         x = workloads.size_input(n)
         for p in (op, chained, fused_prog):
-            p(x)  # place, compile, warm
+            # place, compile, warm, and wait: a call returns before its computations run, so
+            # without the wait the warm calls of 512×512 matmuls (about 0.4 s of them) ran beside
+            # the first repeats of the jax.jit baseline timed next, which read 1.5-2× the rest
+            p(x).block_until_ready()
 
         def per_comp_chained() -> float:
             start = time.perf_counter()
