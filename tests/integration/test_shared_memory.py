@@ -24,6 +24,7 @@ import numpy as np
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import Piece
 from pathways_worker.shared_memory import ShmDir, map_value
+from pathways_worker.warm_pool import SPARES_PER_SIZE
 
 MIB = 1 << 20
 
@@ -200,10 +201,12 @@ def test_a_value_jax_adopted_from_a_kept_mapping_keeps_its_file_until_the_array_
 def test_a_read_mapping_is_let_go_when_its_file_is_removed_instead_of_kept_as_a_spare(tmp_path: Path) -> None:
     producer, consumer = shm_dir(tmp_path, "full-writer"), shm_dir(tmp_path, "full-reader")
     try:
-        written = [producer.write_piece(Piece((0,), (MIB,), np.full(MIB, fill, np.uint8))) for fill in range(2)]
+        written = [
+            producer.write_piece(Piece((0,), (MIB,), np.full(MIB, fill, np.uint8))) for fill in range(SPARES_PER_SIZE)
+        ]
         for path in written:  # the producer's spares of this size: as many as it keeps
             producer.recycle(path, MIB)
-        assert len(spares(producer)) == 2
+        assert len(spares(producer)) == SPARES_PER_SIZE
         path = producer.new_path("fresh")
         with open(path, "wb") as f:
             f.write(np.full(MIB, 7, np.uint8).tobytes())
