@@ -59,25 +59,12 @@ LOAD_STEPS = 40
 
 def _jit_beside_load(cores: float, steps: int, repeats: int) -> tuple[list[float], list[float]]:
     """`jax.jit`'s ms per step alone and beside `cores` of background load, a repeat of each in turn."""
-    step = jax.jit(mlp.sgd_step)
-    data = _batches(WARM_STEPS + steps)
-    params: Any = jax.device_put(mlp.init_params())
-
-    def timed() -> float:
-        nonlocal params
-        start = time.perf_counter()
-        for x, y in data[WARM_STEPS:]:
-            params, loss = step(params, x, y)
-        float(loss)
-        return (time.perf_counter() - start) / steps * 1e3
-
-    timed()
-    alone, loaded = [], []
+    jit = _JaxJit(steps, 2 * repeats, settle_s=0.0)
     for _ in range(repeats):
-        alone.append(timed())
+        jit.repeat()
         with floors.BackgroundLoad(cores):
-            loaded.append(timed())
-    return alone, loaded
+            jit.repeat()
+    return jit.times[0::2], jit.times[1::2]
 
 
 def _batches(count: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -89,9 +76,10 @@ class _JaxJit:
     turns with another setup's: on a machine whose speed drifts over tens of seconds, two
     setups timed one after the other differ by the drift, not only by themselves."""
 
-    def __init__(self, steps: int, repeats: int) -> None:
+    def __init__(self, steps: int, repeats: int, settle_s: float = SETTLE_S) -> None:
         self._step = jax.jit(mlp.sgd_step)
         self._steps = steps
+        self._settle_s = settle_s
         self._data = _batches(WARM_STEPS + steps * repeats)
         self.params: Any = jax.device_put(mlp.init_params())
         for x, y in self._data[:WARM_STEPS]:
@@ -103,10 +91,10 @@ class _JaxJit:
 
     def repeat(self) -> None:
         """The next `steps` steps, timed to their last loss, once the runtime's processes
-        had `SETTLE_S` to finish what the other setup's repeat left them (its calls'
-        releases, their last completions): timed at once, `jax.jit` read 13.1 ms a step
-        where alone it read 11.5."""
-        time.sleep(SETTLE_S)
+        had `settle_s` (`SETTLE_S`) to finish what the other setup's repeat left them (its
+        calls' releases, their last completions): timed at once, `jax.jit` read 13.1 ms a
+        step where alone it read 11.5."""
+        time.sleep(self._settle_s)
         batches = self._data[self._next:self._next + self._steps]
         start = time.perf_counter()
         for x, y in batches:
