@@ -13,6 +13,10 @@ calls, ``DropObjects``/``KeepAlive`` (and ``Run``'s owner) only for a client id 
 first to use, so no token drops or keeps another program's objects; anything else is ``PERMISSION_DENIED``, naming the program and the slice. So a
 driver learns only its own slices' tokens (``SliceInfo.token``, ``RunReply.host_tokens``).
 ``Describe`` needs a token and tells no slice tokens.
+
+The check itself (:meth:`ClientGate.admit`) knows no transport: the controller's calls
+port (`calls_port`) puts every request it carries through the same gate, so what a
+client obtained over gRPC (a program loaded) holds on the port and the other way round.
 """
 
 from __future__ import annotations
@@ -63,6 +67,14 @@ def program_named(context: grpc.ServicerContext) -> tuple[str, str]:
     return namespace, name
 
 
+class Refused(Exception):
+    """A call the gate turns away: the gRPC status code's name, and why."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
 class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
     """Authenticates every Controller call and keeps each client to its own slices."""
 
@@ -70,6 +82,27 @@ class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
         self._scopes = scopes
         self._grants = Grants()
         self._lock = threading.Lock()
+
+    def authenticate(self, name: str, token: str, program: tuple[str, str]) -> ClientScope:
+        """What `token` (of the client running for `program`) grants; refused when nothing."""
+        scope = self._scopes.scope_of(token, program)
+        if scope is None:
+            raise Refused("UNAUTHENTICATED", f"{name}: {unauthenticated(bool(token), CLIENT_TOKEN_METADATA)}")
+        return scope
+
+    def admit(self, name: str, token: str, program: tuple[str, str], request: Any,
+              inner: Callable[[], Any]) -> Any:
+        """`inner()`'s reply, once `token` (of the client running for `program`) may call
+        method `name` with `request`; what it obtained is recorded. Refused otherwise."""
+        scope = self.authenticate(name, token, program)
+        with self._lock:
+            refusal = self._refusal(name, scope, request)
+        if refusal is not None:
+            raise Refused("PERMISSION_DENIED", f"{name}: {refusal}")
+        reply = inner()
+        with self._lock:
+            self._record(name, scope, request, reply)
+        return reply
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -80,20 +113,12 @@ class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
         inner = handler.unary_unary
 
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-            token = metadata_value(context, CLIENT_TOKEN_METADATA)
-            scope = self._scopes.scope_of(token, program_named(context))
-            if scope is None:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                              f"{name}: {unauthenticated(bool(token), CLIENT_TOKEN_METADATA)}")
-            assert scope is not None
-            with self._lock:
-                refusal = self._refusal(name, scope, request)
-            if refusal is not None:
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{name}: {refusal}")
-            reply = inner(request, context)
-            with self._lock:
-                self._record(name, scope, request, reply)
-            return reply
+            try:
+                return self.admit(name, metadata_value(context, CLIENT_TOKEN_METADATA), program_named(context),
+                                  request, lambda: inner(request, context))
+            except Refused as refused:
+                context.abort(getattr(grpc.StatusCode, refused.code), refused.details)
+                raise
 
         return grpc.unary_unary_rpc_method_handler(
             guarded,
