@@ -81,6 +81,7 @@ from pathways_wire.data_frames import DataChannelError
 from pathways_wire.host_blocks import Block
 from pathways import interruptible
 from pathways.array import Array, CallFuture
+from pathways.calls_link import CallsLink, credentials_of
 from pathways.credentials import PresentToken, client_credentials
 from pathways.embedded import LocalCluster, start_local_cluster
 from pathways.functions import mesh_axes_of
@@ -144,6 +145,9 @@ class Runtime:
         self.controller = pb_grpc.ControllerStub(
             grpc.intercept_channel(self._channel, PresentToken(lambda: credentials))
         )
+        self._credentials = credentials
+        self._calls_link: CallsLink | pb_grpc.ControllerStub | None = None
+        """Where `Run`, `WaitCall` and `FinishCall` go (`_per_call`); None until the first."""
         self._slices: dict[str, pb.SliceInfo] = {}
         self._programs: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         self._lock = threading.Lock()
@@ -280,6 +284,9 @@ class Runtime:
                 self._programs.clear()
                 self._hosts.forget_tokens()
                 self._controller_id = found
+                link, self._calls_link = self._calls_link, None
+            if isinstance(link, CallsLink):
+                link.close()  # the new controller has a calls port of its own
             return True
         return False
 
@@ -325,7 +332,7 @@ class Runtime:
             self._ownership.give_back(drops)
             raise
         try:
-            reply = self.controller.Run(request, timeout=60)
+            reply = self._per_call().Run(request, timeout=60)
         except grpc.RpcError as err:
             self._outstanding.release()
             self._ownership.give_back(drops)
@@ -344,6 +351,37 @@ class Runtime:
         self._ownership.ensure_lease()
         self._await_call(call)
         return outputs
+
+    @property
+    def calls_port(self) -> CallsLink | None:
+        """The link to the controller's calls port that `Run`, `WaitCall` and `FinishCall`
+        take; None when the controller has none and they go over gRPC."""
+        chosen = self._per_call()
+        return chosen if isinstance(chosen, CallsLink) else None
+
+    def _per_call(self) -> CallsLink | pb_grpc.ControllerStub:
+        """Where `Run`, `WaitCall` and `FinishCall` go: the controller's calls port when it
+        names one (`calls_link`), else its gRPC service. Learned once per controller."""
+        chosen = self._calls_link
+        if chosen is not None:
+            return chosen
+        try:
+            port = self.controller.Describe(pb.ClusterInfoRequest(), timeout=30).calls_port
+        except grpc.RpcError:
+            return self.controller  # its own call reports the outage; asked again next time
+        if port:
+            token, program = credentials_of(self._credentials)
+            chosen = CallsLink(self.address.rpartition(":")[0], port, token, program)
+        else:
+            chosen = self.controller
+        with self._lock:
+            if self._calls_link is None:
+                self._calls_link = chosen
+                return chosen
+            found = self._calls_link
+        if isinstance(chosen, CallsLink):
+            chosen.close()  # another thread chose first
+        return found
 
     def _is_object(self, given: Array) -> bool:
         """Whether the input can name the object itself: the controller binds it in place
@@ -469,14 +507,15 @@ class Runtime:
             keep=[ref.to_proto() for ref in keep],
         )
         try:
-            waiting = self.controller.WaitCall.future(request, timeout=CALL_TIMEOUT_S + 30)
+            waiting = self._per_call().WaitCall.future(request, timeout=CALL_TIMEOUT_S + 30)
         except Exception as err:  # the channel closed under us
             self._call_ended(call, keep, None, str(err))
             return
         waiting.add_done_callback(lambda done: self._call_ended(call, keep, done))
 
     def _call_ended(
-        self, call: CallFuture, keep: frozenset[ir.ValueRef], done: grpc.Future[pb.CallStatus] | None, failure: str = ""
+        self, call: CallFuture, keep: frozenset[ir.ValueRef],
+        done: grpc.Future[pb.CallStatus] | Future[pb.CallStatus] | None, failure: str = ""
     ) -> None:
         released = False
         try:
@@ -541,7 +580,7 @@ class Runtime:
         request.wait, request.wait_s = True, CALL_TIMEOUT_S
         call_id = request.call_id
         try:
-            reply = self.controller.Run(request, timeout=CALL_TIMEOUT_S + 30)
+            reply = self._per_call().Run(request, timeout=CALL_TIMEOUT_S + 30)
         except grpc.RpcError as err:
             raise _translate(err, f"running program '{program.name}'") from None
         self._learn_tokens(reply)
@@ -573,14 +612,16 @@ class Runtime:
 
     def _finish(self, call_id: str, keep: Sequence[ir.ValueRef]) -> None:
         try:
-            self.controller.FinishCall(
+            self._per_call().FinishCall(
                 pb.ReleaseCall(call_id=call_id, keep=[ref.to_proto() for ref in keep]),
                 timeout=self._rpc_timeout(30),
             )
         except grpc.RpcError:
             pass
 
-    def _wait_answer(self, done: grpc.Future[pb.CallStatus], call_id: str, name: str) -> pb.CallStatus:
+    def _wait_answer(
+        self, done: grpc.Future[pb.CallStatus] | Future[pb.CallStatus], call_id: str, name: str
+    ) -> pb.CallStatus:
         try:
             status: pb.CallStatus = done.result()
         except grpc.RpcError as err:
@@ -700,6 +741,8 @@ class Runtime:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._data.close()
             self._hosts.close()
+            if isinstance(self._calls_link, CallsLink):
+                self._calls_link.close()
             self._channel.close()
             if self.cluster is not None:
                 self.cluster.stop()

@@ -998,9 +998,15 @@ class ClusterInfo(_message.Message):
     ISLANDS_FIELD_NUMBER: _builtins.int
     SLICES_FIELD_NUMBER: _builtins.int
     CONTROLLER_ID_FIELD_NUMBER: _builtins.int
+    CALLS_PORT_FIELD_NUMBER: _builtins.int
     controller_id: _builtins.str
     """Random per controller process: a client that finds another one after an
     outage knows its slices and programs must be placed and loaded again.
+    """
+    calls_port: _builtins.int
+    """The controller's calls port (`session_frames`), on the host of its gRPC address:
+    Run, WaitCall and FinishCall as frames over raw TCP.
+    0: none, every call goes over gRPC.
     """
     @_builtins.property
     def islands(self) -> _containers.RepeatedCompositeFieldContainer[Global___IslandInfo]: ...
@@ -1012,10 +1018,11 @@ class ClusterInfo(_message.Message):
         islands: _abc.Iterable[Global___IslandInfo] | None = ...,
         slices: _abc.Iterable[Global___SliceInfo] | None = ...,
         controller_id: _builtins.str = ...,
+        calls_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller_id", b"controller_id", "islands", b"islands", "slices", b"slices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls_port", b"calls_port", "controller_id", b"controller_id", "islands", b"islands", "slices", b"slices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2145,19 +2152,86 @@ class SessionHello(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
     token: _builtins.str
+    program: _builtins.str
+    """On the controller's calls port: the client token's program, "namespace/name"
+    (what the gRPC metadata x-pathways-program says); empty on a host's ports.
+    """
     def __init__(
         self,
         *,
         token: _builtins.str = ...,
+        program: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["program", b"program", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionHello: _TypeAlias = SessionHello  # noqa: Y015
+
+@_typing.final
+class ControllerRequest(_message.Message):
+    """One Controller call on the controller's calls port (`session_frames`, command frames):
+    `method` names the Controller rpc, `body` is its serialized request.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    method: _builtins.str
+    body: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        method: _builtins.str = ...,
+        body: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "id", b"id", "method", b"method"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControllerRequest: _TypeAlias = ControllerRequest  # noqa: Y015
+
+@_typing.final
+class ControllerAnswer(_message.Message):
+    """The answer to the request with the same `id` (event frames): `code` is the gRPC
+    status code's name ("" when it succeeded, then `body` is the serialized reply).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    code: _builtins.str
+    details: _builtins.str
+    body: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        code: _builtins.str = ...,
+        details: _builtins.str = ...,
+        body: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "code", b"code", "details", b"details", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControllerAnswer: _TypeAlias = ControllerAnswer  # noqa: Y015
 
 @_typing.final
 class WorkerCommands(_message.Message):

@@ -97,22 +97,29 @@ def tuned(sock: socket.socket) -> socket.socket:
 
 Serve = Callable[[socket.socket, BinaryIO, str], None]
 """Serves one admitted connection: the socket, its reader, and the peer as text."""
+Admit = Callable[[pb.SessionHello, str], Serve | None]
+"""A port's own check of a hello (and the peer as text): how to serve the connection, or
+None to close it unanswered. Given, it replaces the comparison with the port's token."""
 
 
 class SessionPort:
     """A listening port whose connections are served once their `SessionHello` presents
-    the token (compared in constant time); one that does not, or says nothing within
+    the token (compared in constant time), or passes the port's `admit`; one that does not, or says nothing within
     `HELLO_TIMEOUT_S`, is closed unanswered. Without a token (the host runs with
     ``--insecure-no-token``) every connection is served, as its gRPC server does; an
     empty token otherwise is refused here, at construction."""
 
-    def __init__(self, name: str, bind_host: str, token: str, serve: Serve, *, insecure: bool = False) -> None:
-        if not token and not insecure:
+    def __init__(self, name: str, bind_host: str, token: str, serve: Serve | None, *, insecure: bool = False,
+                 admit: Admit | None = None) -> None:
+        if serve is None and admit is None:
+            raise ValueError(f"{name}: a session port needs a way to serve its connections")
+        if not token and not insecure and admit is None:
             raise ValueError(f"{name}: refusing to serve a session port without a slice token "
                              "(start the host with --insecure-no-token to check no caller)")
         self._name = name
         self._token = token.encode()
         self._serve = serve
+        self._admit_hello = admit
         self._listener = socket.create_server((bind_host.strip("[]"), 0))
         self.port: int = self._listener.getsockname()[1]
         self._closed = False
@@ -143,20 +150,27 @@ class SessionPort:
                 return
             if not said:
                 return
-            if self._token and not hmac.compare_digest(hello.token.encode(), self._token):
-                log.warning("%s port: %s presented a wrong slice token; closed", self._name, peer)
+            serve: Serve | None = self._serve
+            if self._admit_hello is not None:
+                serve = self._admit_hello(hello, peer)
+            elif self._token and not hmac.compare_digest(hello.token.encode(), self._token):
+                serve = None
+            if serve is None:
+                log.warning("%s port: %s presented a wrong token; closed", self._name, peer)
                 return
             conn.settimeout(None)
-            self._serve(conn, stream, peer)
+            serve(conn, stream, peer)
 
 
-def connect(address_host: str, port: int, token: str, first: Message) -> tuple[socket.socket, BinaryIO]:
-    """A session with the port at `address_host`:`port`, once it took the token and
+def connect(address_host: str, port: int, token: str, first: Message,
+            program: str = "") -> tuple[socket.socket, BinaryIO]:
+    """A session with the port at `address_host`:`port`, once it took the token (and
+    `program`, on the controller's calls port) and
     answered with its first event, read into `first`. OSError or ValueError (a
     TransferError) when it cannot be had; the connection is then closed."""
     sock = tuned(socket.create_connection((address_host.strip("[]"), port), timeout=HELLO_TIMEOUT_S))
     try:
-        send_message(sock, HELLO, pb.SessionHello(token=token))
+        send_message(sock, HELLO, pb.SessionHello(token=token, program=program))
         stream = reader(sock)
         if not read_message(stream, EVENT, first):
             raise ConnectionError("the port closed without answering (a wrong slice token?)")

@@ -25,6 +25,7 @@ from pathways_wire.slice_token import new_token
 from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_operator.controller import SHARED_WINDOW, Controller, ControllerService, EmbeddedGangs, controller_server
+from pathways_operator.controller.calls_port import CallsPort, calls_port_wanted
 from pathways_operator.controller.client_gate import ClientGate, OneClient
 from pathways_operator.core.placement import Machine
 from pathways_operator.local_hosts import LocalHost, LocalHostLauncher
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         per_host = parse_devices_per_host(args.devices_per_host, "--devices-per-host")
         machines = island_machines(args.islands, per_host)
+        calls_port = calls_port_wanted(os.environ)
     except ValueError as err:
         parser.error(str(err))
     process_tree.hold_dir(args.state_dir)  # held to the end: see pathways.embedded
@@ -89,11 +91,15 @@ def main(argv: list[str] | None = None) -> None:
     fd = os.open(args.state_dir / CLIENT_TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:  # before the ready file: the client reads it once it sees that
         out.write(client_token)
-    server = controller_server([ClientGate(OneClient(client_token))])
-    pb_grpc.add_ControllerServicer_to_server(ControllerService(controller), server)
+    gate = ClientGate(OneClient(client_token))
+    server = controller_server([gate])
+    service = ControllerService(controller)
+    pb_grpc.add_ControllerServicer_to_server(service, server)
     port = server.add_insecure_port(args.listen)
-    server.start()
     host = args.listen.rsplit(":", 1)[0]
+    if calls_port:
+        service.calls_port = CallsPort(service, gate, host).port
+    server.start()
     address = f"{host}:{port}"
     if args.ready_file:
         tmp = args.ready_file.with_suffix(".tmp")

@@ -43,6 +43,8 @@ class ControllerService(pb_grpc.ControllerServicer):
         self.controller = controller
         self.controller_id = uuid.uuid4().hex
         """Told in `Describe`: a client that finds another after an outage places and loads again."""
+        self.calls_port = 0
+        """Told in `Describe`: the port of `calls_port.CallsPort`, where one serves this service."""
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, err: ControllerError) -> None:
@@ -115,6 +117,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     def Describe(self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext) -> pb.ClusterInfo:
         info = self.controller.describe()
         info.controller_id = self.controller_id
+        info.calls_port = self.calls_port
         return info
 
     def ReportProgress(self, request: pb.ProgressReport, context: grpc.ServicerContext) -> pb.ProgressReply:

@@ -1,0 +1,124 @@
+"""The controller's calls port: a client's `Run`, `WaitCall` and `FinishCall` as frames over raw TCP.
+
+The embedded controller names its calls port in `Describe`; a runtime's calls then
+take it, and every request there passes the same gate as a gRPC call: the hello must
+carry the client token, and a request the controller refuses is refused with the same
+status and words it has over gRPC. With ``PATHWAYS_CALLS_PORT=off`` the controller
+opens none and its clients call over gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import grpc
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways.calls_link import CallsLink, CallsPortError
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import session_frames as frames
+from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _port_of(runtime: pw.Runtime) -> tuple[str, int]:
+    host = runtime.address.rpartition(":")[0]
+    return host, int(runtime.describe().calls_port)
+
+
+def test_a_runtimes_calls_take_the_calls_port(runtime: pw.Runtime) -> None:
+    assert _port_of(runtime)[1] > 0, "the embedded controller names its calls port in Describe"
+    s = pw.make_virtual_device_set().add_slice(devices=4)
+    double = pw.jit(lambda v: v * 2.0, slice=s)
+
+    @pw.program(name="calls-port-small")
+    def small(v: jnp.ndarray) -> jnp.ndarray:
+        return double(v)
+
+    @pw.program(name="calls-port-big")
+    def big(v: jnp.ndarray) -> jnp.ndarray:
+        return double(v)
+
+    link = runtime.calls_port
+    assert link is not None
+    before = link.answered
+    np.testing.assert_allclose(np.asarray(small(np.arange(4, dtype=np.float32))), np.arange(4) * 2.0)
+    x = np.ones((512, 512), np.float32)  # over the inline bound: Run, then WaitCall
+    np.testing.assert_allclose(np.asarray(big(x)), x * 2.0)
+    assert link.answered - before >= 3, "a small call's Run, a big call's Run and WaitCall were answered there"
+
+
+def test_the_calls_port_closes_a_hello_without_the_client_token(runtime: pw.Runtime) -> None:
+    host, port = _port_of(runtime)
+    for token in ("", "forged"):
+        with pytest.raises((ConnectionError, OSError)):
+            frames.connect(host, port, token, pb.ControllerAnswer())
+    link = runtime.calls_port  # the runtime's own link is not disturbed
+    assert link is not None
+    status = link.WaitCall(pb.CallStatusRequest(call_id="no-such-call", timeout_s=0), timeout=10)
+    assert status.state == pb.CallStatus.UNKNOWN and "not known" in status.message
+
+
+def test_a_request_is_refused_as_over_grpc(runtime: pw.Runtime) -> None:
+    assert runtime.cluster is not None
+    host, port = _port_of(runtime)
+    token = runtime.cluster.client_token
+    request = pb.RunRequest(program_id="no-such-program", call_id="c-1", client=runtime.client_id)
+    link = CallsLink(host, port, token, "")
+    try:
+        with pytest.raises(CallsPortError) as on_port:
+            link.Run(request, timeout=10)
+        with pytest.raises(CallsPortError) as other:
+            link.call("Describe", pb.ClusterInfoRequest(), timeout=10)
+    finally:
+        link.close()
+    with grpc.insecure_channel(runtime.address) as channel:
+        with pytest.raises(grpc.RpcError) as on_grpc:
+            pb_grpc.ControllerStub(channel).Run(request, timeout=10, metadata=((CLIENT_TOKEN_METADATA, token),))
+    assert on_port.value.code() == on_grpc.value.code() == grpc.StatusCode.NOT_FOUND
+    assert on_port.value.details() == on_grpc.value.details()
+    assert "no-such-program" in on_port.value.details()
+    assert other.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "'Describe'" in other.value.details()
+
+
+OFF_CLIENT = """
+import json, numpy as np, pathways as pw
+rt = pw.connect(islands={"island-a": 4}, devices_per_host=4)
+s = pw.make_virtual_device_set().add_slice(devices=4)
+add = pw.jit(lambda v: v + 1.0, slice=s)
+
+@pw.program(name="calls-port-off")
+def prog(v):
+    return add(v)
+
+out = np.asarray(prog(np.zeros(4, np.float32)))
+print(json.dumps({"port": rt.describe().calls_port, "link": rt.calls_port is not None, "out": out.tolist()}))
+pw.shutdown()
+"""
+
+
+def test_with_the_calls_port_off_calls_go_over_grpc() -> None:
+    env = dict(os.environ, PATHWAYS_CALLS_PORT="off")
+    env.pop("PATHWAYS_CONTROLLER", None)
+    done = subprocess.run([sys.executable, "-c", OFF_CLIENT], env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == {"port": 0, "link": False, "out": [1.0, 1.0, 1.0, 1.0]}
+
+
+def test_a_bad_switch_stops_the_controller_naming_it() -> None:
+    env = dict(os.environ, PATHWAYS_CALLS_PORT="maybe")
+    env.pop("PATHWAYS_CONTROLLER", None)
+    client = "import pathways as pw; pw.connect(islands={'island-a': 4}, devices_per_host=4)"
+    done = subprocess.run([sys.executable, "-c", client], env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode != 0
+    assert "PATHWAYS_CALLS_PORT='maybe' is neither on nor off" in done.stderr
