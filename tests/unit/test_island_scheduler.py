@@ -110,6 +110,21 @@ def test_window_bounds_outstanding_grants_per_slice() -> None:
     assert sched.pending("a") == 6
 
 
+def test_a_lone_call_across_slices_stops_at_the_first_computation_whose_slice_is_full() -> None:
+    sched = IslandScheduler(window=2)
+    comps = [ScheduledComputation(i, "xy"[i % 2] if i < 4 else "x", (i - 1,) if i else ()) for i in range(7)]
+    sched.submit("alone", 1.0, comps, tenant="t")
+    first = sched.grants()
+    assert [(g.slice_id, g.node) for g in first] == [("x", 0), ("y", 1), ("x", 2), ("y", 3)]
+    assert [g.seq for g in first] == sorted(g.seq for g in first)
+    assert sched.grants() == []  # node 4 waits for room on x, and nothing is granted past it
+    sched.complete("y", first[1].seq)
+    assert sched.grants() == []  # room on y does not let node 4 (on x) go
+    sched.complete("x", first[0].seq)
+    assert [(g.slice_id, g.node) for g in sched.grants()] == [("x", 4)]
+    assert sched.pending("alone") == 2
+
+
 def test_full_window_skips_only_the_call_blocked_on_it() -> None:
     sched = IslandScheduler(window=1)
     sched.submit("a", 1.0, chain("x", 3))
