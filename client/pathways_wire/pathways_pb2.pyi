@@ -1528,31 +1528,36 @@ class Expect(_message.Message):
 Global___Expect: _TypeAlias = Expect  # noqa: Y015
 
 @_typing.final
-class Grant(_message.Message):
-    """The island scheduler's order: run `node` of `call_id` as number `seq`."""
+class GrantRun(_message.Message):
+    """The island scheduler's order: run `node` of `call_id` as number `seq`.
+    Grants of one call with consecutive sequence numbers: `nodes[i]` runs at
+    `first_seq + i`. A batch carries its grants as runs, so a call's 128 grants
+    are one message of packed numbers, not 128 messages.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    SEQ_FIELD_NUMBER: _builtins.int
     CALL_ID_FIELD_NUMBER: _builtins.int
-    NODE_FIELD_NUMBER: _builtins.int
-    seq: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
-    node: _builtins.int
+    first_seq: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
-        seq: _builtins.int = ...,
         call_id: _builtins.str = ...,
-        node: _builtins.int = ...,
+        first_seq: _builtins.int = ...,
+        nodes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "node", b"node", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "first_seq", b"first_seq", "nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Grant: _TypeAlias = Grant  # noqa: Y015
+Global___GrantRun: _TypeAlias = GrantRun  # noqa: Y015
 
 @_typing.final
 class FailCall(_message.Message):
@@ -1688,23 +1693,25 @@ Global___HostCommands: _TypeAlias = HostCommands  # noqa: Y015
 class GrantBatch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    GRANTS_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
     NONE_WAITING_FIELD_NUMBER: _builtins.int
     none_waiting: _builtins.bool
     """No computation waits for window room on the slice: completions may wait for
     company until the host's work runs out, rather than go as they free room.
     """
     @_builtins.property
-    def grants(self) -> _containers.RepeatedCompositeFieldContainer[Global___Grant]: ...
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___GrantRun]:
+        """In sequence order."""
+
     def __init__(
         self,
         *,
-        grants: _abc.Iterable[Global___Grant] | None = ...,
+        runs: _abc.Iterable[Global___GrantRun] | None = ...,
         none_waiting: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grants", b"grants", "none_waiting", b"none_waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["none_waiting", b"none_waiting", "runs", b"runs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

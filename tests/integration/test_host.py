@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from pathways_wire import process_tree, transfer
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.grant_runs import runs_of
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG
 from pathways_operator.coordinator_port import HeldPort
@@ -334,7 +335,7 @@ def launch(
 
 
 def grants(call_id: str, seq_nodes: Sequence[tuple[int, int]]) -> pb.GrantBatch:
-    return pb.GrantBatch(grants=[pb.Grant(seq=s, call_id=call_id, node=n) for s, n in seq_nodes])
+    return pb.GrantBatch(runs=runs_of((s, call_id, n) for s, n in seq_nodes))
 
 
 def stub(address: str) -> pb_grpc.DataflowStub:

@@ -12,7 +12,7 @@ from pathways_wire.command_batches import batches, each_alone
 
 
 def grants(call_id: str) -> pb.HostCommand:
-    return pb.HostCommand(grants=pb.GrantBatch(grants=[pb.Grant(seq=1, call_id=call_id, node=0)]))
+    return pb.HostCommand(grants=pb.GrantBatch(runs=[pb.GrantRun(call_id=call_id, first_seq=1, nodes=[0])]))
 
 
 def launch(call_id: str, payload: int = 0) -> pb.HostCommand:
@@ -43,9 +43,9 @@ def sent(waves: list[list[pb.HostCommand]], **limits: int) -> list[pb.HostComman
 
 def kinds(message: pb.HostCommand) -> list[str]:
     if message.WhichOneof("command") == "batch":
-        return [f"{c.WhichOneof('command')}:{c.launch.call_id or c.grants.grants[0].call_id}"
+        return [f"{c.WhichOneof('command')}:{c.launch.call_id or c.grants.runs[0].call_id}"
                 for c in message.batch.commands]
-    return [f"{message.WhichOneof('command')}:{message.launch.call_id or message.grants.grants[0].call_id}"]
+    return [f"{message.WhichOneof('command')}:{message.launch.call_id or message.grants.runs[0].call_id}"]
 
 
 def test_a_launch_and_its_grants_queued_together_go_as_one_message_in_order() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.grant_runs import grants_in
 from pathways_operator.controller.calls import Calls
 from pathways_operator.controller.programs import Programs
 from pathways_operator.controller.slices import SliceRecord, SliceTable
@@ -107,10 +108,9 @@ def one_call_on(hosts: int) -> tuple[Calls, SliceRecord]:
 
 def complete(calls: Calls, rec: SliceRecord, ok: bool = True, call_id: str = "c") -> None:
     for link in rec.links:
-        (grant,) = [g for c in link.sent if c.HasField("grants")  # type: ignore[attr-defined]
-                    for g in c.grants.grants if g.call_id == call_id]
-        done = pb.Completion(seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=ok,
-                             error="" if ok else "boom")
+        ((seq, _, node),) = [g for c in link.sent if c.HasField("grants")  # type: ignore[attr-defined]
+                             for g in grants_in(c.grants) if g[1] == call_id]
+        done = pb.Completion(seq=seq, call_id=call_id, node=node, ok=ok, error="" if ok else "boom")
         calls.on_host_event(link, pb.HostEvent(completions=[done]))
 
 

@@ -48,7 +48,7 @@ def test_a_held_release_rides_at_the_end_of_the_next_message(l: HostLink) -> Non
     stream = l._commands()
     l.send(release("c1"), later=True)
     l.send(launch("c2"))
-    l.send(pb.HostCommand(grants=pb.GrantBatch(grants=[pb.Grant(seq=1, call_id="c2", node=0)])))
+    l.send(pb.HostCommand(grants=pb.GrantBatch(runs=[pb.GrantRun(call_id="c2", first_seq=1, nodes=[0])])))
     message = next(stream)
     assert sent(message) == ["launch:c2", "grants:", "release:c1"]
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.grant_runs import runs_of
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.host_link import HostLink
 from pathways_operator.controller.objects import (
@@ -260,14 +261,15 @@ class Calls:
             rec = self._slices.by_id(batch.slice_id)
             if rec is None:
                 continue
+            grants = batch.grants
             message = pb.GrantBatch(
-                grants=[pb.Grant(seq=g.seq, call_id=g.call_id, node=g.node) for g in batch.grants],
-                none_waiting=not batch.room_wanted,
+                runs=runs_of((g.seq, g.call_id, g.node) for g in grants), none_waiting=not batch.room_wanted
             )
-            for g in batch.grants:
-                call = self._calls.get(g.call_id)
+            hosts, slice_id = len(rec.links), batch.slice_id
+            for run in message.runs:
+                call = self._calls.get(run.call_id)
                 if call is not None:
-                    call.progress.granted((batch.slice_id, g.seq), len(rec.links))
+                    call.progress.granted_run(slice_id, run.first_seq, len(run.nodes), hosts)
             for link in rec.links:
                 link.send(pb.HostCommand(grants=message))
             self.dispatched += len(batch.grants)

@@ -120,6 +120,10 @@ class CallProgress:
         """The scheduler granted a computation of this call to a gang of ``hosts`` hosts."""
         self.waiting[grant] = hosts
 
+    def granted_run(self, slice_id: str, first_seq: int, count: int, hosts: int) -> None:
+        """`granted` for ``count`` grants on ``slice_id`` numbered from ``first_seq``."""
+        self.waiting.update(dict.fromkeys(((slice_id, seq) for seq in range(first_seq, first_seq + count)), hosts))
+
     def report(
         self, grant: Grant, host: str, ok: bool, error: str, node: int, now: float = 0.0
     ) -> Report | None:

@@ -64,7 +64,7 @@ from pathways_worker.worker.instructions import (
 )
 from pathways_worker.worker.object_store import ObjectId
 from pathways_worker.worker.outbox import WorkerOutbox
-from pathways_worker.worker.stimuli import ComputationDispatched, RunDispatched, Stimulus, TimerFired, grant_of
+from pathways_worker.worker.stimuli import ComputationDispatched, RunDispatched, Stimulus, TimerFired, grants_of
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Executor:
             self._feed(stimuli.CallLaunched(command.launch, inputs))
         elif kind == "grants":
             grants = command.grants
-            self._feed(stimuli.GrantsReceived(tuple(grant_of(g) for g in grants.grants), not grants.none_waiting))
+            self._feed(stimuli.GrantsReceived(grants_of(grants), not grants.none_waiting))
         elif kind == "fail":
             self._feed(stimuli.CallFailed(command.fail.call_id, command.fail.message))
         elif kind == "release":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.grant_runs import grants_in
 from pathways_worker.worker.call_plan import ProgramLayout
 from pathways_worker.worker.object_store import ObjectId
 
@@ -26,8 +27,9 @@ class GrantId(NamedTuple):
     node: int
 
 
-def grant_of(grant: pb.Grant) -> GrantId:
-    return GrantId(grant.seq, grant.call_id, grant.node)
+def grants_of(batch: pb.GrantBatch) -> tuple[GrantId, ...]:
+    """The batch's grants, in sequence order."""
+    return tuple(GrantId(seq, call_id, node) for seq, call_id, node in grants_in(batch))
 
 
 @dataclass(frozen=True, slots=True)

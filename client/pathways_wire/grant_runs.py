@@ -1,0 +1,39 @@
+"""A batch of grants on the wire as runs: consecutive sequence numbers of one call.
+
+The island scheduler grants a call's computations with consecutive sequence numbers
+unless another call's grants come between, so a lone call's 128 grants to a slice are
+one `GrantRun` (its call, the first number, the nodes packed) rather than 128 `Grant`
+messages: building and parsing those cost the controller and the host about a
+microsecond per grant each, on the path between two calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from pathways_wire import pathways_pb2 as pb
+
+
+def runs_of(grants: Iterable[tuple[int, str, int]]) -> list[pb.GrantRun]:
+    """(seq, call id, node) in sequence order, as runs."""
+    runs: list[pb.GrantRun] = []
+    call_id, first = "", 0
+    nodes: list[int] = []
+    for seq, cid, node in grants:
+        if nodes and (cid != call_id or seq != first + len(nodes)):
+            runs.append(pb.GrantRun(call_id=call_id, first_seq=first, nodes=nodes))
+            nodes = []
+        if not nodes:
+            call_id, first = cid, seq
+        nodes.append(node)
+    if nodes:
+        runs.append(pb.GrantRun(call_id=call_id, first_seq=first, nodes=nodes))
+    return runs
+
+
+def grants_in(batch: pb.GrantBatch) -> Iterator[tuple[int, str, int]]:
+    """The batch's grants, (seq, call id, node), in sequence order."""
+    for run in batch.runs:
+        call_id, first = run.call_id, run.first_seq
+        for i, node in enumerate(run.nodes):
+            yield first + i, call_id, node
