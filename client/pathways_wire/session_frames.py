@@ -49,6 +49,12 @@ JOINED_BYTES = 64 << 10
 """A body up to this size goes in the same write as its header."""
 
 
+def frame_bytes(kind: int, message: Message) -> bytes:
+    """One frame, header and body, as bytes."""
+    body = message.SerializeToString()
+    return FRAME.pack(kind, len(body)) + body
+
+
 def send_message(sock: socket.socket, kind: int, message: Message) -> None:
     """One frame; a small one in one write."""
     body = message.SerializeToString()

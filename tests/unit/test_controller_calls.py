@@ -210,6 +210,80 @@ def test_finishing_a_call_wakes_its_waiter_with_unknown() -> None:
     assert statuses[0].state == pb.CallStatus.UNKNOWN
 
 
+# ---------------------------------------------------------------- answered when the call ends
+
+
+def test_a_waiter_by_callback_is_answered_by_the_thread_that_ends_the_call() -> None:
+    calls, rec = one_call_on(hosts=1)
+    answers: list[tuple[pb.CallStatus, str]] = []
+    calls.wait_call_then("c", 30.0, True, [pb.ValueRef(node=0, index=0)],
+                         lambda status: answers.append((status, threading.current_thread().name)))
+    assert answers == [], "not answered while the call runs"
+
+    complete(calls, rec)
+
+    ((status, thread),) = answers
+    assert thread == threading.current_thread().name, "answered on the thread that handled the last completion"
+    assert (status.state, status.released) == (pb.CallStatus.SUCCEEDED, True)
+    assert releases(rec) == [[(0, 0)]]
+
+
+def test_a_waiter_by_callback_gets_the_running_status_at_its_timeout() -> None:
+    calls, rec = one_call_on(hosts=1)
+    answered = threading.Event()
+    answers: list[pb.CallStatus] = []
+
+    def answer(status: pb.CallStatus) -> None:
+        answers.append(status)
+        answered.set()
+
+    calls.wait_call_then("c", 0.05, False, [], answer)
+    assert answered.wait(10.0)
+    assert answers[0].state == pb.CallStatus.RUNNING
+    assert "waiting on host" in answers[0].message, "it names who owes what"
+    complete(calls, rec)
+    assert len(answers) == 1, "answered once"
+
+
+def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() -> None:
+    table = SliceTable(lambda: island("island-a", 3, 4))
+    rec = ready_slice(table, "s", 1)
+    for link, host in zip(rec.links, rec.hosts):
+        link.slice_id, link.address = rec.slice_id, host.sidecar_address
+    programs = Programs()
+    program_id = programs.load(one_step("step", "s", 4), {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
+    calls = Calls(table, programs, window=4, shared_window=4)
+    replies: list[pb.RunReply] = []
+    calls.run_to_end_then(program_id, "c", 1.0, [], 30.0, "me", replies.append)
+    assert replies == []
+    value = pb.InlineValue(value=pb.ValueRef(node=0, index=0), data=b"\0\0\0\0")
+    ((seq, _, node),) = [g for c in rec.links[0].sent if c.HasField("grants")  # type: ignore[attr-defined]
+                         for g in grants_in(c.grants)]
+    done = pb.Completion(seq=seq, call_id="c", node=node, ok=True, outputs=[value])
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[done]))  # type: ignore[arg-type]
+
+    (reply,) = replies
+    assert reply.status.state == pb.CallStatus.SUCCEEDED and reply.released
+    assert [v.data for v in reply.values] == [b"\0\0\0\0"]
+    assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "freed: the client owes no FinishCall"
+
+
+def test_finishing_a_call_answers_its_waiter_by_callback_with_unknown() -> None:
+    calls, _ = one_call_on(hosts=1)
+    answered = threading.Event()
+    answers: list[pb.CallStatus] = []
+
+    def answer(status: pb.CallStatus) -> None:
+        answers.append(status)
+        answered.set()
+
+    calls.wait_call_then("c", 30.0, False, [], answer)
+    calls.finish_call("c")
+
+    assert answered.wait(10.0), "answered at once, not at its 30 s timeout"
+    assert answers[0].state == pb.CallStatus.UNKNOWN
+
+
 def test_a_shared_ahead_that_is_not_a_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATHWAYS_SHARED_AHEAD_MS", "fast")
     with pytest.raises(ValueError, match="PATHWAYS_SHARED_AHEAD_MS='fast'"):

@@ -24,11 +24,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.grant_runs import runs_of
+from pathways_operator.controller.call_watch import CallWatch, Once
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.host_link import HostLink
 from pathways_operator.controller.objects import (
@@ -78,6 +79,14 @@ class CallRecord:
     """Outputs that came back inline with their completions."""
     sources: dict[str, list[int]] = field(default_factory=dict)
     """Slice id -> the program inputs its hosts send to this call (objects, `Forward`)."""
+    watchers: list[Once] = field(default_factory=list)
+    """What runs once the call ends or leaves the table (`Calls.when_ended`)."""
+
+    def ending(self) -> list[Once]:
+        """Wakes the call's waiters (the caller holds the table's lock); its watchers, to run."""
+        self.ended.notify_all()
+        watchers, self.watchers = self.watchers, []
+        return watchers
 
     @property
     def call_id(self) -> str:
@@ -111,6 +120,7 @@ class Calls:
         self.dispatched = 0
         """Computations granted so far (the operator's metric)."""
         self.objects = ObjectTable()
+        self._watch = CallWatch()
         self.lease_s = float(os.environ.get("PATHWAYS_CLIENT_LEASE_S", str(DEFAULT_LEASE_S)))
         self._seen: dict[str, float] = {}
         """Clients holding a lease -> when they last said KeepAlive (monotonic)."""
@@ -234,7 +244,46 @@ class Calls:
         A call that ended with every output inline (or failed) is freed here,
         so the client owes no FinishCall (`released`)."""
         reply = self.run(program_id, call_id, weight, inputs, client=client)
-        status = self.wait_call(call_id, wait_s)
+        return self._run_ended(reply, call_id, self.wait_call(call_id, wait_s))
+
+    def run_to_end_then(
+        self,
+        program_id: str,
+        call_id: str,
+        weight: float,
+        inputs: Sequence[pb.InlineValue],
+        wait_s: float,
+        client: str,
+        answer: Callable[[pb.RunReply], None],
+    ) -> None:
+        """`run_to_end` whose reply goes to `answer` once the call ended (or `wait_s` is
+        up) instead of back to a thread waiting for it; a call that cannot start raises
+        here, as `run` does."""
+        reply = self.run(program_id, call_id, weight, inputs, client=client)
+        self.when_ended(call_id, wait_s, lambda: answer(self._run_ended(reply, call_id, self.wait_call(call_id, 0.0))))
+
+    def wait_call_then(
+        self, call_id: str, timeout_s: float, finish: bool, keep: Sequence[pb.ValueRef],
+        answer: Callable[[pb.CallStatus], None],
+    ) -> None:
+        """`wait_call` whose status goes to `answer` once the call ended or `timeout_s` is up."""
+        self.when_ended(call_id, timeout_s, lambda: answer(self.wait_call(call_id, 0.0, finish, keep)))
+
+    def when_ended(self, call_id: str, timeout_s: float, then: Callable[[], None]) -> None:
+        """Runs `then()` once the call is no longer running (at once if it is not, or not
+        known), or once `timeout_s` passed, whichever comes first; once. The thread that
+        ends the call runs it after letting go of the table's lock, or `CallWatch`'s."""
+        once = Once(then)
+        with self._changed:
+            call = self._calls.get(call_id)
+            if call is not None and call.progress.running:
+                call.watchers.append(once)
+                self._watch.at(time.monotonic() + max(timeout_s, 0.0), once)
+                return
+        once()
+
+    def _run_ended(self, reply: pb.RunReply, call_id: str, status: pb.CallStatus) -> pb.RunReply:
+        """`reply` with the call's status and inline outputs; freed if the client needs no more."""
         reply.status.CopyFrom(status)
         with self._changed:
             call = self._calls.get(call_id)
@@ -283,6 +332,7 @@ class Calls:
         per call, from the cores the hosts' computations run on."""
         if not event.completions:
             return
+        answers: list[Once] = []
         with self._changed:
             rec = self._slices.slice_of_link(link)
             if rec is None:
@@ -308,7 +358,9 @@ class Calls:
                     ended[call.call_id] = call
             self._dispatch_grants()
             for call in ended.values():
-                call.ended.notify_all()
+                answers += call.ending()
+        for answer in answers:
+            answer()
 
     def _scheduler_complete(self, slice_id: str, seq: int, now: float) -> None:
         try:
@@ -325,7 +377,7 @@ class Calls:
         self._scheduler.cancel(call.call_id)
         fail = pb.HostCommand(fail=pb.FailCall(call_id=call.call_id, message=message))
         self._send_to_gangs(call, fail)
-        call.ended.notify_all()
+        self._watch.soon(call.ending())
 
     def _send_to_gangs(self, call: CallRecord, command: pb.HostCommand, later: bool = False) -> None:
         for slice_id in call.progress.slices:
@@ -404,7 +456,7 @@ class Calls:
             call = self._calls.pop(call_id, None)
             if call is None:
                 return pb.CallStatus(call_id=call_id, state=pb.CallStatus.UNKNOWN)
-            call.ended.notify_all()
+            self._watch.soon(call.ending())
             if call.progress.running:
                 self._fail_call(call, f"call {call_id} was abandoned by its client")
             self.objects.finish(call_id, [(v.node, v.index) for v in keep])

@@ -3,12 +3,16 @@
 What goes over it, and why, is `pathways_wire.calls_frames`. Here the port is served:
 each connection's hello names the client token and program, and is let in only if the
 gate knows the token (`ClientGate`); each request then goes through the same gate as a
-gRPC call, to the same `ControllerService` method a gRPC call reaches. A request that
-may wait for a program call to end (`calls_frames.waits`) is answered on a thread of
-the port's pool, so the connection's other requests (the client's next `Run`, its
-`DropObjects`) go on meanwhile; every other request is answered on the connection's
-reading thread, in the order it came. The thread that answers writes the answer,
-under the connection's write lock.
+gRPC call, to the same `ControllerService` method a gRPC call reaches. Every request
+is taken on the connection's reading thread, in the order it came. One that waits for
+a program call to end (`calls_frames.waits`: `WaitCall`, a `Run` with `wait`) is not
+waited for there: the service starts it and leaves its answer to a function that runs
+when the call ends (`ControllerService.run_then`, `wait_call_then`), on the thread that
+ends it, so a call's end reaches its client with no thread woken in between, and the
+connection's other requests go on meanwhile. The thread that answers writes the
+answer under the connection's write lock, without blocking: what the socket does not
+take at once (a client that stopped reading) is left to a thread of the connection's
+own, so no controller thread ever waits on a client.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
-from concurrent import futures
 from typing import Any, BinaryIO, NoReturn
 
 import grpc
@@ -28,7 +32,8 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import session_frames as frames
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA
 from pathways_operator.controller.client_gate import ClientGate, Refused
-from pathways_operator.controller.service import SERVER_THREADS, ControllerService
+from pathways_operator.controller.errors import ControllerError
+from pathways_operator.controller.service import ControllerService
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +63,11 @@ class CallsPort:
     def __init__(self, service: ControllerService, gate: ClientGate, bind_host: str) -> None:
         self._service = service
         self._gate = gate
-        self._pool = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="calls-port")
         self._port = frames.SessionPort("controller calls", bind_host, "", None, admit=self._admit)
         self.port = self._port.port
 
     def close(self) -> None:
         self._port.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _admit(self, hello: pb.SessionHello, peer: str) -> frames.Serve | None:
         """A connection whose token the gate knows; the rest are closed unanswered."""
@@ -74,18 +77,20 @@ class CallsPort:
         except Refused as refused:
             log.warning("calls port: %s refused: %s", peer, refused.details)
             return None
-        return _Connection(self._service, self._gate, self._pool, hello.token, hello.program).serve
+        return _Connection(self._service, self._gate, hello.token, hello.program).serve
 
 
 class _Connection:
-    def __init__(self, service: ControllerService, gate: ClientGate, pool: futures.ThreadPoolExecutor,
-                 token: str, program: str) -> None:
-        self._service, self._gate, self._pool = service, gate, pool
+    def __init__(self, service: ControllerService, gate: ClientGate, token: str, program: str) -> None:
+        self._service, self._gate = service, gate
         self._token = token
         namespace, _, name = program.partition("/")
         self._program = (namespace, name)
         self._context = _Context(token, program)
         self._write = threading.Lock()
+        self._backlog: deque[bytes] = deque()
+        """Frames the socket did not take at once, in order, for the backlog's writer."""
+        self._writer: threading.Thread | None = None
         self._conn: socket.socket | None = None
 
     def serve(self, conn: socket.socket, stream: BinaryIO, peer: str) -> None:
@@ -113,9 +118,31 @@ class _Connection:
                                            details=f"{method}: the request is not a {kind.__name__}: {err}"))
             return
         if calls_frames.waits(method, message):
-            self._pool.submit(self._answer, request.id, method, message)
+            self._answer_later(request.id, method, message)
         else:
             self._answer(request.id, method, message)
+
+    def _answer_later(self, call_id: int, method: str, message: Message) -> None:
+        """Starts a request that waits for a program call's end; its answer goes when that comes."""
+        try:
+            scope = self._gate.check(method, self._token, self._program, message)
+
+            def answer(reply: Message) -> None:
+                self._gate.record(method, scope, message, reply)
+                self._send(pb.ControllerAnswer(id=call_id, body=reply.SerializeToString()))
+
+            if isinstance(message, pb.RunRequest):
+                self._service.run_then(message, answer)
+            else:
+                assert isinstance(message, pb.CallStatusRequest)
+                self._service.wait_call_then(message, answer)
+        except Refused as refused:
+            self._send(pb.ControllerAnswer(id=call_id, code=refused.code, details=refused.details))
+        except ControllerError as err:
+            self._send(pb.ControllerAnswer(id=call_id, code=err.code, details=str(err)))
+        except Exception as err:  # a bug: the client hears of it, as from a gRPC server
+            log.exception("calls port: %s failed", method)
+            self._send(pb.ControllerAnswer(id=call_id, code="INTERNAL", details=f"{method}: {type(err).__name__}: {err}"))
 
     def _answer(self, call_id: int, method: str, message: Message) -> None:
         handler: Any = getattr(self._service, method)
@@ -131,15 +158,48 @@ class _Connection:
         except Exception as err:  # a bug: the client hears of it, as from a gRPC server
             log.exception("calls port: %s failed", method)
             answer.code, answer.details = "INTERNAL", f"{method}: {type(err).__name__}: {err}"
-        try:
-            self._send(answer)
-        except OSError as err:
-            log.info("calls port: answering %s failed: %s", method, err)
+        self._send(answer)
 
     def _send(self, answer: pb.ControllerAnswer) -> None:
-        assert self._conn is not None
+        """Writes what the socket takes now; the rest goes from the backlog's writer."""
+        conn = self._conn
+        assert conn is not None
+        frame = frames.frame_bytes(frames.EVENT, answer)
         with self._write:
-            frames.send_message(self._conn, frames.EVENT, answer)
+            if not self._backlog:
+                try:
+                    sent = conn.send(frame, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as err:
+                    log.info("calls port: answering failed: %s", err)
+                    return
+                if sent == len(frame):
+                    return
+                frame = frame[sent:]
+            self._backlog.append(frame)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._drain, args=(conn,), name="calls-port-out", daemon=True)
+                self._writer.start()
+
+    def _drain(self, conn: socket.socket) -> None:
+        """Writes the backlog, blocking, until it is empty (then the next answer writes itself)."""
+        while True:
+            with self._write:
+                if not self._backlog:
+                    self._writer = None
+                    return
+                frame = self._backlog[0]
+            try:
+                conn.sendall(frame)
+            except OSError as err:
+                log.info("calls port: answering failed: %s", err)
+                with self._write:
+                    self._backlog.clear()
+                    self._writer = None
+                return
+            with self._write:
+                self._backlog.popleft()
 
 
 SWITCH = "PATHWAYS_CALLS_PORT"

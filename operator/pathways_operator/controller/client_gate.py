@@ -94,15 +94,24 @@ class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
               inner: Callable[[], Any]) -> Any:
         """`inner()`'s reply, once `token` (of the client running for `program`) may call
         method `name` with `request`; what it obtained is recorded. Refused otherwise."""
+        scope = self.check(name, token, program, request)
+        reply = inner()
+        self.record(name, scope, request, reply)
+        return reply
+
+    def check(self, name: str, token: str, program: tuple[str, str], request: Any) -> ClientScope:
+        """`admit`'s check alone, for a reply that comes later (`record` it then)."""
         scope = self.authenticate(name, token, program)
         with self._lock:
             refusal = self._refusal(name, scope, request)
         if refusal is not None:
             raise Refused("PERMISSION_DENIED", f"{name}: {refusal}")
-        reply = inner()
+        return scope
+
+    def record(self, name: str, scope: ClientScope, request: Any, reply: Any) -> None:
+        """What a call let through by `check` obtained with `reply`."""
         with self._lock:
             self._record(name, scope, request, reply)
-        return reply
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -96,6 +96,21 @@ class ControllerService(pb_grpc.ControllerServicer):
         except ControllerError as err:
             self._abort(context, err)
             raise
+
+    def run_then(self, request: pb.RunRequest, answer: Callable[[pb.RunReply], None]) -> None:
+        """`Run` with `wait`, whose reply goes to `answer` once the call ended, from the
+        thread that ended it (`Calls.run_to_end_then`); a call that cannot start raises
+        ControllerError here."""
+        if request.drop:
+            self.controller.calls.drop_objects(request.client, request.drop)
+        self.controller.calls.run_to_end_then(
+            request.program_id, request.call_id, request.weight, request.inputs, request.wait_s,
+            request.client, answer,
+        )
+
+    def wait_call_then(self, request: pb.CallStatusRequest, answer: Callable[[pb.CallStatus], None]) -> None:
+        """`WaitCall`, whose status goes to `answer` once the call ended or the wait is up."""
+        self.controller.calls.wait_call_then(request.call_id, request.timeout_s, request.finish, request.keep, answer)
 
     def WaitCall(self, request: pb.CallStatusRequest, context: grpc.ServicerContext) -> pb.CallStatus:
         return self.controller.calls.wait_call(
