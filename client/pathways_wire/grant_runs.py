@@ -1,10 +1,11 @@
-"""A batch of grants on the wire as runs: consecutive sequence numbers of one call.
+"""Grants on the wire as runs of consecutive sequence numbers of one call, and their completions too.
 
 The island scheduler grants a call's computations with consecutive sequence numbers
 unless another call's grants come between, so a lone call's 128 grants to a slice are
 one `GrantRun` (its call, the first number, the nodes packed) rather than 128 `Grant`
 messages: building and parsing those cost the controller and the host about a
-microsecond per grant each, on the path between two calls.
+microsecond per grant each, on the path between two calls. A host answers a run of grants that succeeded with no
+output inline as one `Completion` whose `count` says how many it stands for.
 """
 
 from __future__ import annotations
@@ -37,3 +38,14 @@ def grants_in(batch: pb.GrantBatch) -> Iterator[tuple[int, str, int]]:
         call_id, first = run.call_id, run.first_seq
         for i, node in enumerate(run.nodes):
             yield first + i, call_id, node
+
+
+def seqs_of(completion: pb.Completion) -> range:
+    """The sequence numbers a completion stands for: its own, or a run's (`count`)."""
+    return range(completion.seq, completion.seq + max(completion.count, 1))
+
+
+def extends(run: pb.Completion, call_id: str, seq: int) -> bool:
+    """Whether the grant `seq` of `call_id`, succeeded with no output inline, may join
+    `run` (a completion that succeeded with no output inline) as its next grant."""
+    return run.ok and not run.outputs and run.call_id == call_id and run.seq + max(run.count, 1) == seq

@@ -1727,11 +1727,17 @@ class Completion(_message.Message):
     OK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     call_id: _builtins.str
     node: _builtins.int
     ok: _builtins.bool
     error: _builtins.str
+    count: _builtins.int
+    """More than 1: this completion stands for `count` grants of the call, `seq` to
+    `seq + count - 1`, each succeeded with no output inline (`node` is the first's).
+    A chain's completions so travel as one message per batch (`grant_runs.seqs_of`).
+    """
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___InlineValue]:
         """this computation's outputs the client wants, inline (Launch.inline_output_bytes)"""
@@ -1745,10 +1751,11 @@ class Completion(_message.Message):
         ok: _builtins.bool = ...,
         error: _builtins.str = ...,
         outputs: _abc.Iterable[Global___InlineValue] | None = ...,
+        count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "node", b"node", "ok", b"ok", "outputs", b"outputs", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "count", b"count", "error", b"error", "node", b"node", "ok", b"ok", "outputs", b"outputs", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from pathways_wire import process_tree, transfer
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.grant_runs import runs_of
+from pathways_wire.grant_runs import runs_of, seqs_of
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE, INSECURE_FLAG
 from pathways_operator.coordinator_port import HeldPort
@@ -232,7 +232,10 @@ class ControlStream:
                 with self._cv:
                     if event.hello_host:
                         self.hello = event.hello_host
-                    self.completions.extend(event.completions)
+                    for c in event.completions:  # a run of grants stands for one completion each
+                        self.completions += [c] if c.count <= 1 else [
+                            pb.Completion(seq=seq, call_id=c.call_id, ok=True) for seq in seqs_of(c)
+                        ]
                     self._cv.notify_all()
         except grpc.RpcError:
             pass

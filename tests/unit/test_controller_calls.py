@@ -268,6 +268,32 @@ def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() ->
     assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "freed: the client owes no FinishCall"
 
 
+def test_one_completion_standing_for_a_run_of_grants_completes_each_of_them() -> None:
+    table = SliceTable(lambda: island("island-a", 3, 4))
+    rec = ready_slice(table, "s", 1)
+    for link, host in zip(rec.links, rec.hosts):
+        link.slice_id, link.address = rec.slice_id, host.sidecar_address
+    program = ir.Program(
+        name="chain", inputs=(F32,),
+        computations=tuple(comp(i, "s", INPUT_0 if i == 0 else ir.ValueRef(i - 1, 0)) for i in range(3)),
+        outputs=(ir.ValueRef(2, 0),), slices=(ir.SliceDecl("s", "s", 4),),
+    )
+    programs = Programs()
+    program_id = programs.load(program, {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
+    calls = Calls(table, programs, window=8, shared_window=8)
+    calls.run(program_id, "c", 1.0, client="me")
+    grants = [g for c in rec.links[0].sent if c.HasField("grants")  # type: ignore[attr-defined]
+              for g in grants_in(c.grants)]
+    assert len(grants) == 3
+    run = pb.Completion(seq=grants[0][0], call_id="c", node=grants[0][2], ok=True, count=2)
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[run]))  # type: ignore[arg-type]
+    status = calls.wait_call("c", 0)
+    assert (status.state, status.completed) == (pb.CallStatus.RUNNING, 2)
+    last = pb.Completion(seq=grants[2][0], call_id="c", node=grants[2][2], ok=True)
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[last]))  # type: ignore[arg-type]
+    assert calls.wait_call("c", 0).state == pb.CallStatus.SUCCEEDED
+
+
 def test_finishing_a_call_answers_its_waiter_by_callback_with_unknown() -> None:
     calls, _ = one_call_on(hosts=1)
     answered = threading.Event()

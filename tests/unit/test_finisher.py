@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pathways_wire.grant_runs import seqs_of
 from pathways_worker.worker.finisher import Finisher
 from pathways_worker.worker.instructions import FinishBatch, Finished, RoutedValue
 from pathways_worker.worker.outbox import WorkerOutbox
@@ -58,7 +59,7 @@ class Harness:
                 break
             event = self.outbox.take_event(WAIT_S)
             assert event is not None, f"only {seqs} of {count} completions came"
-            seqs += [c.seq for c in event.completions]
+            seqs += [seq for c in event.completions for seq in seqs_of(c)]
         return seqs
 
     def stop(self) -> None:
@@ -171,5 +172,23 @@ def test_a_batch_whose_hand_off_to_the_outbox_fails_counts_each_grant_off_pendin
             pause.wait(0.05)
         assert outbox.calls == 2
         assert h.finisher.pending == 0, "a grant counted off twice, or never"
+    finally:
+        h.stop()
+
+
+def test_consecutive_grants_that_succeeded_go_as_one_completion_and_a_failure_breaks_the_run() -> None:
+    h = Harness()
+    try:
+        failed = Finished(GrantId(4, "c", 4), (), "computation 4 failed")
+        run = batch(1, 2, 3)
+        job = FinishBatch((*run.grants, failed, *batch(5, 6).grants, *batch(8).grants))
+        assert h.finisher.claim(job)
+        h.finisher.finish_claimed(job)
+        event = h.outbox.take_event(WAIT_S)
+        assert event is not None
+        assert [(c.seq, c.count, c.ok) for c in event.completions] == [
+            (1, 3, True), (4, 0, False), (5, 2, True), (8, 0, True),
+        ]
+        assert h.finisher.pending == 0, "every grant counted off, runs by their count"
     finally:
         h.stop()

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.grant_runs import runs_of
+from pathways_wire.grant_runs import runs_of, seqs_of
 from pathways_operator.controller.call_watch import CallWatch, Once
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.host_link import HostLink
@@ -339,22 +339,25 @@ class Calls:
                 return
             now = time.monotonic()
             ended: dict[str, CallRecord] = {}
+            slice_id = rec.slice_id
             for done in event.completions:
                 call = self._calls.get(done.call_id)
-                key = (rec.slice_id, done.seq)
                 if call is None:
-                    self._scheduler_complete(rec.slice_id, done.seq, now)
+                    for seq in seqs_of(done):
+                        self._scheduler_complete(slice_id, seq, now)
                     continue
                 for value in done.outputs:
                     call.values[(value.value.node, value.value.index)] = value
-                report = call.progress.report(key, link.name, done.ok, done.error, done.node, now)
-                if report is None:
-                    continue
-                if report.failed_now:
-                    self._tell_failed(call, report.failed_now)
-                if report.grant_done:
-                    self._scheduler_complete(rec.slice_id, done.seq, now)
-                if not call.progress.running:
+                progress = call.progress
+                for seq in seqs_of(done):
+                    report = progress.report((slice_id, seq), link.name, done.ok, done.error, done.node, now)
+                    if report is None:
+                        continue
+                    if report.failed_now:
+                        self._tell_failed(call, report.failed_now)
+                    if report.grant_done:
+                        self._scheduler_complete(slice_id, seq, now)
+                if not progress.running:
                     ended[call.call_id] = call
             self._dispatch_grants()
             for call in ended.values():

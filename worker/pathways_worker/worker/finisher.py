@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.grant_runs import extends
 from pathways_wire.transfer import Piece, moves_inline, piece_runs, run_block, value_pieces
 from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
@@ -142,15 +143,17 @@ class Finisher:
         once the batch is given up. `ready`: every output is known to exist (a
         claimed batch), so none is waited for before the others are reported."""
         done: list[pb.Completion] = []
+        in_done = 0  # grants `done` stands for: a run of them is one completion (`grant_runs`)
         ends_call = False
         given = 0
 
         def give(exported: list[pb.Exported] | None = None) -> None:
             """`done` to the outbox (with `exported`, in one event that goes at once), off
             `pending` first: the outbox asks it whether more are coming."""
-            nonlocal given
-            self._count(-len(done))
-            given += len(done)
+            nonlocal given, in_done
+            self._count(-in_done)
+            given += in_done
+            in_done = 0
             if exported is None:
                 self._outbox.completions(done, ends_call)
             else:
@@ -172,18 +175,22 @@ class Finisher:
                             f"{self.host_name}: {type(err).__name__}: {err}"
                         )
                         self._report(ComputationFailedLate(grant, job.outputs, error))
-                completion = pb.Completion(
-                    seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=not error, error=error,
-                )
-                if not error:
-                    for i in job.inline:
-                        completion.outputs.add(
-                            value=pb.ValueRef(node=grant.node, index=i),
-                            spec=spec_of(job.outputs[i]),
-                            data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
-                        )
-                done.append(completion)
+                in_done += 1
                 ends_call = ends_call or job.ends_call
+                if not error and not job.inline and done and extends(done[-1], grant.call_id, grant.seq):
+                    done[-1].count = max(done[-1].count, 1) + 1
+                else:
+                    completion = pb.Completion(
+                        seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=not error, error=error,
+                    )
+                    if not error:
+                        for i in job.inline:
+                            completion.outputs.add(
+                                value=pb.ValueRef(node=grant.node, index=i),
+                                spec=spec_of(job.outputs[i]),
+                                data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
+                            )
+                    done.append(completion)
                 if not job.routed:
                     continue
                 exports = [
