@@ -10,8 +10,8 @@ process, one device.
 What stops the tiny computation's target, same run: the fixed cost of a call (a
 one-computation program, end to end), a profile of the Chained run (CPU per
 computation of each process of the embedded cluster), and the floor under both,
-one small message between two processes over loopback gRPC
-(`bench.floors`).
+one small message between two processes and back over loopback raw TCP, as every
+hop of a call now goes, and over gRPC, as they went before (`bench.floors`).
 """
 
 from __future__ import annotations
@@ -171,12 +171,16 @@ def _limits(runtime: Any, op: Any, chained: Any, x: Any, repeats: int, op_calls:
 
 
 def _floors(repeats: int, call_ms: float) -> list[Figure]:
-    """One small message between two processes over loopback gRPC: what each hop of a call costs.
+    """One small message between two processes and back: what each hop of a call costs.
 
-    A call goes client → controller → sidecar → worker and back: `CALL_ROUND_TRIPS` round trips."""
+    A call goes client → controller → sidecar → worker and back: `CALL_ROUND_TRIPS` round
+    trips, each over raw loopback TCP (the controller's calls port, the sidecar's control
+    port, the worker's session port); gRPC's rows are what they cost while they were gRPC."""
+    with floors.TcpRelayChain(1) as tcp_pair:
+        trips = {"raw TCP": tcp_pair.round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats)}
     with floors.RelayChain(1) as pair:
-        trips = {"gRPC stream": pair.stream_round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats),
-                 "unary gRPC": pair.unary_round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats)}
+        trips["gRPC stream"] = pair.stream_round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats)
+        trips["unary gRPC"] = pair.unary_round_trip_us(FLOOR_BYTES, FLOOR_ROUNDS, repeats)
     out = []
     for how, samples in trips.items():
         f = figure(EXP, f"floor: {FLOOR_BYTES} B round trip between two processes, {how}", "µs", samples)
