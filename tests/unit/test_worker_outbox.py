@@ -129,3 +129,28 @@ def test_a_completion_someone_waits_for_goes_at_once_however_much_is_left(why: s
     finally:
         outbox.completions([completion(99)], ends_call=True)
         taker.join(timeout=30.0)
+
+
+@pytest.mark.usefixtures("endless_linger")
+def test_a_completion_standing_for_a_run_counts_as_its_grants_when_weighing_the_work_left() -> None:
+    left = [3]
+    asked = threading.Event()
+
+    def in_hand() -> int:
+        asked.set()
+        return left[0]
+
+    outbox = WorkerOutbox(lambda: 0, 100, in_hand=in_hand)
+    run = completion(1)
+    run.count = 2
+    outbox.completions([run])  # 2 grants held, 3 left: it lingers
+    taker, taken = take_in_thread(outbox)
+    try:
+        assert asked.wait(timeout=30.0)
+        left[0] = 2
+        outbox.nudge()  # nothing new: the run alone now holds as many grants as are left
+        outbox.reconsider()
+        assert_took(taker, taken, [1], "a run of 2 held back was weighed as 1 completion")
+    finally:
+        outbox.completions([completion(99)], ends_call=True)
+        taker.join(timeout=30.0)

@@ -11,9 +11,14 @@ T = TypeVar("T")
 
 
 class BatchQueue(Generic[T]):
-    def __init__(self) -> None:
+    def __init__(self, weight: Callable[[T], int] | None = None) -> None:
+        """`weight`: how many items one stands for when `take` asks `more_coming` (one
+        each without it); a worker's completion of a run of grants stands for its count."""
         self._cv = threading.Condition()
         self._items: list[T] = []
+        self._weight = weight
+        self._held = 0
+        """What the queued items stand for, by `weight`."""
         self._nudged = False
         self._urgent = False
         self._waiting: list[Callable[[], bool]] = []
@@ -24,6 +29,7 @@ class BatchQueue(Generic[T]):
         without lingering for company."""
         with self._cv:
             self._items.append(item)
+            self._held += self._weight(item) if self._weight is not None else 1
             self._urgent = self._urgent or urgent
             self._wake_if_done()
 
@@ -32,6 +38,8 @@ class BatchQueue(Generic[T]):
             return
         with self._cv:
             self._items.extend(items)
+            weight = self._weight
+            self._held += sum(map(weight, items)) if weight is not None else len(items)
             self._urgent = self._urgent or urgent
             self._wake_if_done()
 
@@ -78,7 +86,7 @@ class BatchQueue(Generic[T]):
         a nudge arrived. With `linger_s`, once something is there it waits that
         much longer for company: a few hundred microseconds turn a stream of
         one-completion messages into a few large ones. `more_coming(held)` says
-        whether lingering can still pay off with `held` items queued; it is
+        whether lingering can still pay off with `held` items queued (by `weight`); it is
         asked again at every item put while lingering, and once it says no, or
         an urgent item is queued, the batch goes now.
         Without `nudges_wake`, only items end the wait (a nudge is still reported).
@@ -95,13 +103,14 @@ class BatchQueue(Generic[T]):
         if linger_s > 0 and not urgent:
             with self._cv:
                 self._wait(
-                    lambda: self._urgent or (more_coming is not None and not more_coming(len(self._items))),
+                    lambda: self._urgent or (more_coming is not None and not more_coming(self._held)),
                     linger_s,
                 )
         with self._cv:
             if owner is not None and not owner():
                 return [], False
             items, self._items = self._items, []
+            self._held = 0
             nudged, self._nudged = self._nudged, False
             self._urgent = False
             return items, nudged

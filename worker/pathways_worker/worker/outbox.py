@@ -33,7 +33,7 @@ class WorkerOutbox:
         in_hand: Callable[[], int] = lambda: 0,
         room_wanted: Callable[[], bool] = lambda: True,
     ) -> None:
-        self._queue: BatchQueue[pb.Completion | pb.Exported] = BatchQueue()
+        self._queue: BatchQueue[pb.Completion | pb.Exported] = BatchQueue(held_grants)
         self._store_bytes = store_bytes
         self._store_limit = store_limit
         self._in_hand = in_hand
@@ -101,3 +101,9 @@ def worth_lingering(in_hand: int, held: int, room_wanted: bool = True) -> bool:
     out: they wait for as long as anything is left in hand (still at most
     `EVENT_LINGER_S`)."""
     return in_hand > held if room_wanted else in_hand > 0
+
+
+def held_grants(item: pb.Completion | pb.Exported) -> int:
+    """Grants a queued item reports: a completion of a run (`Completion.count`) each of
+    them, so lingering weighs what is held back in grants, as before runs."""
+    return max(item.count, 1) if isinstance(item, pb.Completion) else 1
