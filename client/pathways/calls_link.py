@@ -94,6 +94,11 @@ class CallsLink:
         self.WaitCall: _Method[pb.CallStatus] = _Method(self, "WaitCall")
         self.FinishCall: _Method[pb.CallStatus] = _Method(self, "FinishCall")
 
+    def connect(self) -> None:
+        """Connects now (it would at the first request): OSError or ValueError if the port
+        cannot be had, or does not take this client's token."""
+        self._connected()
+
     def call(self, method: str, request: Message, timeout: float | None) -> Message:
         """`method`'s reply, waiting at most `timeout` seconds (None: until the link closes)."""
         answer = self.submit(method, request, None)

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import threading
 import time
@@ -96,6 +97,8 @@ from pathways_wire.errors import (
 )
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
 SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
@@ -369,11 +372,17 @@ class Runtime:
             port = self.controller.Describe(pb.ClusterInfoRequest(), timeout=30).calls_port
         except grpc.RpcError:
             return self.controller  # its own call reports the outage; asked again next time
+        chosen = self.controller
         if port:
             token, program = credentials_of(self._credentials)
-            chosen = CallsLink(self.address.rpartition(":")[0], port, token, program)
-        else:
-            chosen = self.controller
+            link = CallsLink(self.address.rpartition(":")[0], port, token, program)
+            try:
+                link.connect()
+                chosen = link
+            except (OSError, ValueError) as err:  # a port this client cannot reach (a Service, NAT)
+                log.warning("the controller's calls port %s cannot be used (%s); calls go over gRPC",
+                            link.address, err)
+                link.close()
         with self._lock:
             if self._calls_link is None:
                 self._calls_link = chosen

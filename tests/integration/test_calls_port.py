@@ -122,3 +122,30 @@ def test_a_bad_switch_stops_the_controller_naming_it() -> None:
     done = subprocess.run([sys.executable, "-c", client], env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode != 0
     assert "PATHWAYS_CALLS_PORT='maybe' is neither on nor off" in done.stderr
+
+
+def test_a_client_that_cannot_reach_the_calls_port_calls_over_grpc(
+    runtime: pw.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(link: CallsLink) -> None:
+        raise ConnectionRefusedError(f"{link.address} is behind a Service that does not expose it")
+
+    monkeypatch.setattr(CallsLink, "connect", unreachable)
+    rt = pw.Runtime(runtime.address, runtime.cluster)
+    try:
+        assert rt.describe().calls_port > 0, "the controller names one"
+        assert rt.calls_port is None, "but this client uses gRPC"
+        s = pw.make_virtual_device_set().add_slice(devices=4)
+        add = pw.jit(lambda v: v + 1.0, slice=s)
+
+        @pw.program(name="calls-port-unreachable")
+        def prog(v: jnp.ndarray) -> jnp.ndarray:
+            return add(v)
+
+        x = np.zeros(4, np.float32)
+        traced = prog.trace(x)
+        (out,) = rt.run(traced.ir, traced.flat_inputs([x]))
+        np.testing.assert_allclose(np.asarray(out), np.ones(4))
+    finally:
+        rt.cluster = None  # the module's runtime owns the cluster
+        rt.close()
