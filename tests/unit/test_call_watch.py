@@ -29,7 +29,12 @@ def test_a_deadline_runs_the_watcher_on_the_watchs_thread_and_an_earlier_end_win
     watch = CallWatch()
     fired = threading.Event()
     where: list[str] = []
-    late = Once(lambda: (where.append(threading.current_thread().name), fired.set()))
+
+    def at_deadline() -> None:
+        where.append(threading.current_thread().name)
+        fired.set()
+
+    late = Once(at_deadline)
     early_ran: list[int] = []
     early = Once(lambda: early_ran.append(1))
     watch.at(time.monotonic() + 0.05, late)

@@ -27,9 +27,7 @@ def test_answers_to_a_client_that_stopped_reading_wait_in_order_and_never_block_
 
     got: list[int] = []
     stream = frames.reader(theirs)
-    reader = threading.Thread(target=lambda: [
-        got.append(a.id) for a in iter_answers(stream, count)
-    ])
+    reader = threading.Thread(target=lambda: got.extend(a.id for a in iter_answers(stream, count)))
     reader.start()
     reader.join(30.0)
     assert got == list(range(1, count + 1)), "every answer, in order"

@@ -213,6 +213,29 @@ def test_finishing_a_call_wakes_its_waiter_with_unknown() -> None:
 # ---------------------------------------------------------------- answered when the call ends
 
 
+class Answers:
+    """An answer callback that keeps what it was given and says when it came."""
+
+    def __init__(self) -> None:
+        self.got: list[pb.CallStatus] = []
+        self._came = threading.Event()
+
+    def __call__(self, status: pb.CallStatus) -> None:
+        self.got.append(status)
+        self._came.set()
+
+    def came(self) -> bool:
+        return self._came.wait(10.0)
+
+
+def linked_slice(table: SliceTable, vid: str, hosts: int) -> SliceRecord:
+    """`ready_slice` whose fake links know their slice and address, as the table's do."""
+    rec = ready_slice(table, vid, hosts)
+    for link, host in zip(rec.links, rec.hosts):
+        link.slice_id, link.address = rec.slice_id, host.sidecar_address
+    return rec
+
+
 def test_a_waiter_by_callback_is_answered_by_the_thread_that_ends_the_call() -> None:
     calls, rec = one_call_on(hosts=1)
     answers: list[tuple[pb.CallStatus, str]] = []
@@ -230,26 +253,19 @@ def test_a_waiter_by_callback_is_answered_by_the_thread_that_ends_the_call() -> 
 
 def test_a_waiter_by_callback_gets_the_running_status_at_its_timeout() -> None:
     calls, rec = one_call_on(hosts=1)
-    answered = threading.Event()
-    answers: list[pb.CallStatus] = []
+    answers = Answers()
 
-    def answer(status: pb.CallStatus) -> None:
-        answers.append(status)
-        answered.set()
-
-    calls.wait_call_then("c", 0.05, False, [], answer)
-    assert answered.wait(10.0)
-    assert answers[0].state == pb.CallStatus.RUNNING
-    assert "waiting on host" in answers[0].message, "it names who owes what"
+    calls.wait_call_then("c", 0.05, False, [], answers)
+    assert answers.came()
+    assert answers.got[0].state == pb.CallStatus.RUNNING
+    assert "waiting on host" in answers.got[0].message, "it names who owes what"
     complete(calls, rec)
-    assert len(answers) == 1, "answered once"
+    assert len(answers.got) == 1, "answered once"
 
 
 def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() -> None:
     table = SliceTable(lambda: island("island-a", 3, 4))
-    rec = ready_slice(table, "s", 1)
-    for link, host in zip(rec.links, rec.hosts):
-        link.slice_id, link.address = rec.slice_id, host.sidecar_address
+    rec = linked_slice(table, "s", 1)
     programs = Programs()
     program_id = programs.load(one_step("step", "s", 4), {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
     calls = Calls(table, programs, window=4, shared_window=4)
@@ -260,7 +276,7 @@ def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() ->
     ((seq, _, node),) = [g for c in rec.links[0].sent if c.HasField("grants")  # type: ignore[attr-defined]
                          for g in grants_in(c.grants)]
     done = pb.Completion(seq=seq, call_id="c", node=node, ok=True, outputs=[value])
-    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[done]))  # type: ignore[arg-type]
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[done]))
 
     (reply,) = replies
     assert reply.status.state == pb.CallStatus.SUCCEEDED and reply.released
@@ -270,9 +286,7 @@ def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() ->
 
 def test_one_completion_standing_for_a_run_of_grants_completes_each_of_them() -> None:
     table = SliceTable(lambda: island("island-a", 3, 4))
-    rec = ready_slice(table, "s", 1)
-    for link, host in zip(rec.links, rec.hosts):
-        link.slice_id, link.address = rec.slice_id, host.sidecar_address
+    rec = linked_slice(table, "s", 1)
     program = ir.Program(
         name="chain", inputs=(F32,),
         computations=tuple(comp(i, "s", INPUT_0 if i == 0 else ir.ValueRef(i - 1, 0)) for i in range(3)),
@@ -286,28 +300,23 @@ def test_one_completion_standing_for_a_run_of_grants_completes_each_of_them() ->
               for g in grants_in(c.grants)]
     assert len(grants) == 3
     run = pb.Completion(seq=grants[0][0], call_id="c", node=grants[0][2], ok=True, count=2)
-    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[run]))  # type: ignore[arg-type]
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[run]))
     status = calls.wait_call("c", 0)
     assert (status.state, status.completed) == (pb.CallStatus.RUNNING, 2)
     last = pb.Completion(seq=grants[2][0], call_id="c", node=grants[2][2], ok=True)
-    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[last]))  # type: ignore[arg-type]
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[last]))
     assert calls.wait_call("c", 0).state == pb.CallStatus.SUCCEEDED
 
 
 def test_finishing_a_call_answers_its_waiter_by_callback_with_unknown() -> None:
     calls, _ = one_call_on(hosts=1)
-    answered = threading.Event()
-    answers: list[pb.CallStatus] = []
+    answers = Answers()
 
-    def answer(status: pb.CallStatus) -> None:
-        answers.append(status)
-        answered.set()
-
-    calls.wait_call_then("c", 30.0, False, [], answer)
+    calls.wait_call_then("c", 30.0, False, [], answers)
     calls.finish_call("c")
 
-    assert answered.wait(10.0), "answered at once, not at its 30 s timeout"
-    assert answers[0].state == pb.CallStatus.UNKNOWN
+    assert answers.came(), "answered at once, not at its 30 s timeout"
+    assert answers.got[0].state == pb.CallStatus.UNKNOWN
 
 
 def test_a_shared_ahead_that_is_not_a_number_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

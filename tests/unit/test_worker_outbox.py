@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -87,6 +88,18 @@ def take_in_thread(outbox: WorkerOutbox) -> tuple[threading.Thread, list[pb.Work
     return taker, taken
 
 
+def work_left(grants: int) -> tuple[list[int], threading.Event, Callable[[], int]]:
+    """The grants a host has in hand (`left[0]`, for the test to change), and an event set
+    once the outbox asked."""
+    left, asked = [grants], threading.Event()
+
+    def in_hand() -> int:
+        asked.set()
+        return left[0]
+
+    return left, asked, in_hand
+
+
 @pytest.fixture
 def endless_linger(monkeypatch: pytest.MonkeyPatch) -> None:
     """A take that lingered to its bound would never end: the tests see whether it lingers."""
@@ -95,13 +108,7 @@ def endless_linger(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("endless_linger")
 def test_completions_wait_for_company_until_they_are_as_many_as_the_work_left() -> None:
-    left = [3]
-    asked = threading.Event()
-
-    def in_hand() -> int:
-        asked.set()
-        return left[0]
-
+    left, asked, in_hand = work_left(3)
     outbox = WorkerOutbox(lambda: 0, 100, in_hand=in_hand)
     outbox.completions([completion(1)])
     taker, taken = take_in_thread(outbox)
@@ -133,13 +140,7 @@ def test_a_completion_someone_waits_for_goes_at_once_however_much_is_left(why: s
 
 @pytest.mark.usefixtures("endless_linger")
 def test_a_completion_standing_for_a_run_counts_as_its_grants_when_weighing_the_work_left() -> None:
-    left = [3]
-    asked = threading.Event()
-
-    def in_hand() -> int:
-        asked.set()
-        return left[0]
-
+    left, asked, in_hand = work_left(3)
     outbox = WorkerOutbox(lambda: 0, 100, in_hand=in_hand)
     run = completion(1)
     run.count = 2
