@@ -308,12 +308,11 @@ class IslandScheduler:
         limit = self._limits()
         wanting = self._wanting()
         issued: list[Grant] = []
-        granted = self._granted
         while ready:
             _, _, tenant = heapq.heappop(ready)
             calls = waiting[tenant]
             if not ready and len(calls) == 1:
-                self._grant_alone(tenant, calls[0], limit, wanting, issued)
+                self._grant_alone(tenant, calls[0], limit, issued)
                 continue
             # The tenant keeps the next grant while its pass stays the lowest: granting
             # on here is what pushing it back and popping it again would do.
@@ -332,13 +331,7 @@ class IslandScheduler:
                         wanting[touched][tenant] -= 1
                         if not wanting[touched][tenant]:
                             del wanting[touched][tenant]
-                seq = self._next_seq
-                self._next_seq += 1
-                granted[slice_id][seq] = (call.call_id, comp.node)
-                call.outstanding += 1
-                issued.append(Grant(slice_id, seq, call.call_id, comp.node))
-                self._global_pass = max(self._global_pass, self._passes[tenant])
-                self._passes[tenant] = self._global_pass + call.stride
+                self._issue(tenant, call, comp, issued)
                 if not calls:
                     break
                 key = (self._passes[tenant], calls[0].order, tenant)
@@ -347,34 +340,31 @@ class IslandScheduler:
                     break
         return issued
 
-    def _grant_alone(
-        self, tenant: str, call: _Call, limit: dict[str, int], wanting: dict[str, dict[str, int]],
-        issued: list[Grant],
-    ) -> None:
+    def _grant_alone(self, tenant: str, call: _Call, limit: dict[str, int], issued: list[Grant]) -> None:
         """`grants` for the one call of the one tenant left with work: everything its slices
         have room for, in order, as the general loop would grant it (no other tenant waits
-        on any slice, so none is contended and no pass is compared)."""
-        todo, granted, stride = call.todo, self._granted, call.stride
-        window = self._window
+        on any slice, so none is contended and no pass is compared; nothing reads who wants
+        which slice after it)."""
+        todo, granted, window = call.todo, self._granted, self._window
         while todo:
             slice_id = todo[0].slice_id
-            on_slice = granted.setdefault(slice_id, {})
-            if len(on_slice) >= limit.get(slice_id, window):
+            if len(granted.setdefault(slice_id, {})) >= limit.get(slice_id, window):
                 return
             comp = todo.popleft()
             if self._calm:
                 self._count_calm(slice_id)
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            on_slice[seq] = (call.call_id, comp.node)
-            call.outstanding += 1
-            issued.append(Grant(slice_id, seq, call.call_id, comp.node))
-            self._global_pass = max(self._global_pass, self._passes[tenant])
-            self._passes[tenant] = self._global_pass + stride
-        for touched in call.slices:
-            wanting[touched][tenant] -= 1
-            if not wanting[touched][tenant]:
-                del wanting[touched][tenant]
+            self._issue(tenant, call, comp, issued)
+
+    def _issue(self, tenant: str, call: _Call, comp: ScheduledComputation, issued: list[Grant]) -> None:
+        """Grants `comp` of `call` the next number, outstanding on its slice (whose table
+        `_has_room` made), and moves the tenant's pass on."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._granted[comp.slice_id][seq] = (call.call_id, comp.node)
+        call.outstanding += 1
+        issued.append(Grant(comp.slice_id, seq, call.call_id, comp.node))
+        self._global_pass = max(self._global_pass, self._passes[tenant])
+        self._passes[tenant] = self._global_pass + call.stride
 
     def grant_batches(self) -> list[SliceGrants]:
         """`grants`, per slice, each batch saying whether room is wanted there (see
