@@ -25,6 +25,7 @@ from pathways.host_channels import HostChannels
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.data_frames import DataConnection
 from pathways_wire.transfer import FetchTarget, Receive
+from pathways_wire.env_flags import switch_on
 
 HEALTH_TIMEOUT_S = 10.0
 IDLE_PER_HOST = 4
@@ -36,10 +37,7 @@ SWITCH = "PATHWAYS_CLIENT_DATA_CHANNEL"
 
 def data_channel_wanted(env: Mapping[str, str]) -> bool:
     """Whether `env` lets the client use the hosts' data channels (default: on)."""
-    value = env.get(SWITCH, "on").strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(f"{SWITCH}={env[SWITCH]!r} is neither on nor off; set it to on (the default) or off")
-    return value == "on"
+    return switch_on(env, SWITCH)
 
 
 class HostData:

@@ -74,3 +74,12 @@ def env_option(
     text = env.get(variable, "")
     start = _from_environment(text, variable) if text.strip() else default
     return parser.add_argument(*flags, type=parse, default=start, choices=choices, help=help)
+
+
+def switch_on(env: Mapping[str, str], variable: str) -> bool:
+    """Whether the on/off switch `variable` is on in `env` (default: on, any case, spaces
+    ignored); ValueError naming the variable and its value for anything else."""
+    value = env.get(variable, "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"{variable}={env[variable]!r} is neither on nor off; set it to on (the default) or off")
+    return value == "on"

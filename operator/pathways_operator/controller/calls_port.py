@@ -31,6 +31,7 @@ from pathways_wire import calls_frames
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import session_frames as frames
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA
+from pathways_wire.env_flags import switch_on
 from pathways_operator.controller.client_gate import ClientGate, Refused
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.service import ControllerService
@@ -208,7 +209,4 @@ SWITCH = "PATHWAYS_CALLS_PORT"
 def calls_port_wanted(env: Mapping[str, str]) -> bool:
     """Whether `env` lets the controller open its calls port (default: on); off, its
     clients make every call over gRPC."""
-    value = env.get(SWITCH, "on").strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(f"{SWITCH}={env[SWITCH]!r} is neither on nor off; set it to on (the default) or off")
-    return value == "on"
+    return switch_on(env, SWITCH)

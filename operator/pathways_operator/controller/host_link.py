@@ -39,6 +39,7 @@ from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
 from pathways_wire.slice_token import call_metadata
+from pathways_wire.env_flags import switch_on
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,7 @@ FRAMES_SWITCH = "PATHWAYS_CONTROL_FRAMES"
 
 def control_frames_wanted(env: Mapping[str, str]) -> bool:
     """Whether `env` lets links move to the sidecars' control ports (default: on)."""
-    value = env.get(FRAMES_SWITCH, "on").strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(f"{FRAMES_SWITCH}={env[FRAMES_SWITCH]!r} is neither on nor off; "
-                         "set it to on (the default) or off")
-    return value == "on"
+    return switch_on(env, FRAMES_SWITCH)
 
 
 GRPC_OPTIONS = [
