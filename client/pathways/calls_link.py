@@ -75,11 +75,10 @@ class _Method(Generic[R]):
 class CallsLink:
     """The connection to `host`:`port`, presenting `token` and `program` (see the module)."""
 
-    def __init__(self, host: str, port: int, token: str, program: str, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, host: str, port: int, token: str, program: str) -> None:
         self.address = f"{host}:{port}"
         self._host, self._port = host, port
         self._token, self._program = token, program
-        self._connect_timeout_s = connect_timeout_s
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._write = threading.Lock()
