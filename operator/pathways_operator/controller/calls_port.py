@@ -58,6 +58,21 @@ class _Context:
         raise _Aborted(code, details)
 
 
+def _failed(call_id: int, method: str, err: Exception) -> pb.ControllerAnswer:
+    """The answer to a request that failed: the gate's refusal, the service's abort or
+    error, as a gRPC call would have ended; anything else is a bug, said as INTERNAL."""
+    if isinstance(err, Refused):
+        code, details = err.code, err.details
+    elif isinstance(err, _Aborted):
+        code, details = err.code.name, err.details
+    elif isinstance(err, ControllerError):
+        code, details = err.code, str(err)
+    else:
+        log.error("calls port: %s failed", method, exc_info=err)
+        code, details = "INTERNAL", f"{method}: {type(err).__name__}: {err}"
+    return pb.ControllerAnswer(id=call_id, code=code, details=details)
+
+
 class CallsPort:
     """Serves `ControllerService`'s per-call methods on a port of their own."""
 
@@ -137,29 +152,18 @@ class _Connection:
             else:
                 assert isinstance(message, pb.CallStatusRequest)
                 self._service.wait_call_then(message, answer)
-        except Refused as refused:
-            self._send(pb.ControllerAnswer(id=call_id, code=refused.code, details=refused.details))
-        except ControllerError as err:
-            self._send(pb.ControllerAnswer(id=call_id, code=err.code, details=str(err)))
-        except Exception as err:  # a bug: the client hears of it, as from a gRPC server
-            log.exception("calls port: %s failed", method)
-            self._send(pb.ControllerAnswer(id=call_id, code="INTERNAL", details=f"{method}: {type(err).__name__}: {err}"))
+        except Exception as err:
+            self._send(_failed(call_id, method, err))
 
     def _answer(self, call_id: int, method: str, message: Message) -> None:
         handler: Any = getattr(self._service, method)
-        answer = pb.ControllerAnswer(id=call_id)
         try:
             reply = self._gate.admit(method, self._token, self._program, message,
                                      lambda: handler(message, self._context))
-            answer.body = reply.SerializeToString()
-        except Refused as refused:
-            answer.code, answer.details = refused.code, refused.details
-        except _Aborted as aborted:
-            answer.code, answer.details = aborted.code.name, aborted.details
-        except Exception as err:  # a bug: the client hears of it, as from a gRPC server
-            log.exception("calls port: %s failed", method)
-            answer.code, answer.details = "INTERNAL", f"{method}: {type(err).__name__}: {err}"
-        self._send(answer)
+        except Exception as err:
+            self._send(_failed(call_id, method, err))
+            return
+        self._send(pb.ControllerAnswer(id=call_id, body=reply.SerializeToString()))
 
     def _send(self, answer: pb.ControllerAnswer) -> None:
         """Writes what the socket takes now; the rest goes from the backlog's writer."""
