@@ -7,6 +7,8 @@ Hosts are fake links that record the commands sent to them; no process or socket
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -25,9 +27,28 @@ from tests.unit.controller_builders import F32, INPUT_0, comp, slice_record
 class FakeLink:
     name: str
     sent: list[pb.HostCommand] = field(default_factory=list)
+    messages: list[list[str]] = field(default_factory=list)
+    """The kinds of each message the link would write: what `together` held goes as one."""
+    _depth: int = 0
+    _open: bool = False
 
     def send(self, command: pb.HostCommand, later: bool = False) -> None:
         self.sent.append(command)
+        kind = str(command.WhichOneof("command"))
+        if self._open:
+            self.messages[-1].append(kind)
+        else:
+            self.messages.append([kind])
+            self._open = self._depth > 0
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            self._open = self._open and self._depth > 0
 
     def kinds(self) -> list[str]:
         return [str(c.WhichOneof("command")) for c in self.sent]
@@ -323,3 +344,12 @@ def test_a_shared_ahead_that_is_not_a_number_names_the_variable(monkeypatch: pyt
     monkeypatch.setenv("PATHWAYS_SHARED_AHEAD_MS", "fast")
     with pytest.raises(ValueError, match="PATHWAYS_SHARED_AHEAD_MS='fast'"):
         Calls(SliceTable(lambda: island("island-a", 1, 4)), Programs(), window=4, shared_window=4)
+
+
+def test_a_call_is_one_message_per_host_its_program_launch_and_grants_together() -> None:
+    calls, _, holder, reader = calls_with_object()
+
+    assert [link.messages for link in holder.links] == [  # type: ignore[attr-defined]
+        [["load", "launch", "grants"], ["forward"]],
+    ] * 2, "the reading call's forward to the holder is one message of its own"
+    assert reader.links[0].messages == [["load", "launch", "grants"]]  # type: ignore[attr-defined]

@@ -103,3 +103,36 @@ def test_on_the_control_port_what_was_queued_goes_first_then_send_writes_itself(
         l.close()
         sender.join(10.0)
         assert not sender.is_alive()
+
+
+def test_what_is_sent_together_goes_as_one_message_in_order_from_any_thread(l: HostLink) -> None:
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(10.0)
+    with ours, theirs:
+        sender = threading.Thread(target=l._send_frames, args=(ours,), daemon=True)
+        sender.start()
+        deadline = time.monotonic() + 10.0
+        while l._direct is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert l._direct is ours
+        l.send(release("c0"), later=True)
+        with l.together():
+            l.send(launch("c1"))
+            with l.together():  # nested: the outermost sends
+                l.send(pb.HostCommand(grants=pb.GrantBatch(runs=[pb.GrantRun(call_id="c1", first_seq=1, nodes=[0])])))
+            other = threading.Thread(target=l.send, args=(launch("c2"),))
+            other.start()
+            other.join(10.0)
+        l.send(launch("c3"))
+        assert _frames_from(theirs, 2) == [["launch:c1", "grants:", "launch:c2", "release:c0"], ["launch:c3"]]
+        l.close()
+        sender.join(10.0)
+
+
+def test_what_is_sent_together_before_the_move_is_queued_in_order(l: HostLink) -> None:
+    stream = l._commands()
+    with host_link.links_together([l]):
+        l.send(launch("c1"))
+        l.send(launch("c2"))
+    l.send(launch("c3"))
+    assert sent(next(stream)) == ["launch:c1", "launch:c2", "launch:c3"]

@@ -31,7 +31,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire.grant_runs import runs_of, seqs_of
 from pathways_operator.controller.call_watch import CallWatch, Once
 from pathways_operator.controller.errors import ControllerError
-from pathways_operator.controller.host_link import HostLink
+from pathways_operator.controller.host_link import HostLink, links_together
 from pathways_operator.controller.objects import (
     ObjectKey, ObjectRecord, ObjectTable, object_key, object_label, object_ref,
 )
@@ -182,24 +182,27 @@ class Calls:
                     total=len(program.computations),
                 ),
             )
-            for vid, rec in slices.items():
-                if program_id not in rec.loaded:
-                    loaded = host_program(program, program_id, vid)
-                    for link in rec.links:
-                        link.send(pb.HostCommand(load=loaded))
-                    rec.loaded.add(program_id)
-                for link, launch in zip(rec.links, launches[vid]):
-                    link.send(pb.HostCommand(launch=launch))
-            for holder, p in placed:
-                if p.forward is not None:
-                    self._calls[call_id].sources.setdefault(holder.slice_id, []).append(p.forward.input.index)
-                    forward = pb.HostCommand(forward=p.forward)
-                    for link in holder.links:
-                        link.send(forward)
-            self._scheduler.submit(
-                call_id, weight if weight > 0 else 1.0, prec.scheduled(), tenant=f"{client}/{program_id}"
-            )
-            self._dispatch_grants()
+            # one message per host: the program (first time), the launch, its grants
+            gangs = {rec.slice_id: rec for rec in [*slices.values(), *(holder for holder, _ in placed)]}
+            with links_together(link for rec in gangs.values() for link in rec.links):
+                for vid, rec in slices.items():
+                    if program_id not in rec.loaded:
+                        loaded = host_program(program, program_id, vid)
+                        for link in rec.links:
+                            link.send(pb.HostCommand(load=loaded))
+                        rec.loaded.add(program_id)
+                    for link, launch in zip(rec.links, launches[vid]):
+                        link.send(pb.HostCommand(launch=launch))
+                for holder, p in placed:
+                    if p.forward is not None:
+                        self._calls[call_id].sources.setdefault(holder.slice_id, []).append(p.forward.input.index)
+                        forward = pb.HostCommand(forward=p.forward)
+                        for link in holder.links:
+                            link.send(forward)
+                self._scheduler.submit(
+                    call_id, weight if weight > 0 else 1.0, prec.scheduled(), tenant=f"{client}/{program_id}"
+                )
+                self._dispatch_grants()
             return reply
 
     def _place_objects(

@@ -29,7 +29,8 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from typing import BinaryIO
 
 import grpc
@@ -88,6 +89,9 @@ class HostLink:
         self._direct: socket.socket | None = None
         """The control port's connection once what was queued before it went: `send` then
         writes there itself, no thread between (guarded by `_write`)."""
+        self._corks = 0
+        self._corked: list[pb.HostCommand] = []
+        """What `send` was given inside `together` (guarded by `_write`)."""
         self.on_frames = False
         """Whether the stream runs on the sidecar's control port."""
         self._metadata = call_metadata(token)
@@ -111,16 +115,10 @@ class HostLink:
         end of that message, or until `LATER_S` passed, whichever comes first."""
         if not later:
             with self._write:
-                sock = self._direct
-                if sock is None:
-                    self._queue.put(command)
-                    return
-                with self._lock:
-                    held, self._held = self._held, []
-                try:
-                    frames.send_message(sock, frames.COMMAND, _message([command, *held]))
-                except OSError as err:
-                    self._write_failed(sock, err)
+                if self._corks:
+                    self._corked.append(command)
+                else:
+                    self._send_now([command])
             return
         with self._lock:
             self._held.append(command)
@@ -128,6 +126,37 @@ class HostLink:
                 return
             self._held_since = time.monotonic()
         self._queue.put(_WAKE)  # the sender starts the wait
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """What `send` is given meanwhile, from any thread, goes in order as one message
+        when the outermost `together` ends: a call's launch and its grants cost the link one
+        write and the sidecar one read."""
+        with self._write:
+            self._corks += 1
+        try:
+            yield
+        finally:
+            with self._write:
+                self._corks -= 1
+                if not self._corks and self._corked:
+                    commands, self._corked = self._corked, []
+                    self._send_now(commands)
+
+    def _send_now(self, commands: list[pb.HostCommand]) -> None:
+        """`commands`, then those held for later, written on the control port, or queued for
+        the sender before the link moved there (the caller holds `_write`)."""
+        sock = self._direct
+        if sock is None:
+            for command in commands:
+                self._queue.put(command)
+            return
+        with self._lock:
+            held, self._held = self._held, []
+        try:
+            frames.send_message(sock, frames.COMMAND, _message([*commands, *held]))
+        except OSError as err:
+            self._write_failed(sock, err)
 
     def _take(self) -> pb.HostCommand | None:
         """The next command to send, waiting for one; a held one once its wait is up."""
@@ -273,6 +302,15 @@ class HostLink:
         if not self._closed.is_set():
             log.warning("control connection to %s failed sending: %s", self.name, err)
         _shut(sock)
+
+
+@contextmanager
+def links_together(links: Iterable[HostLink]) -> Iterator[None]:
+    """`HostLink.together` for each of `links`."""
+    with ExitStack() as stack:
+        for link in links:
+            stack.enter_context(link.together())
+        yield
 
 
 def _message(commands: list[pb.HostCommand]) -> pb.HostCommand:

@@ -135,7 +135,8 @@ class Dataflow:
     def command(self, command: pb.HostCommand) -> None:
         kind = command.WhichOneof("command")
         if kind == "batch":
-            each_alone(command.batch.commands, self.command, log, "control command")
+            with self.link.together():
+                each_alone(command.batch.commands, self.command, log, "control command")
         elif kind == "load":
             self.link.send(pb.WorkerCommand(load=command.load))
         elif kind == "launch":

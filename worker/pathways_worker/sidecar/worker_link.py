@@ -24,6 +24,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 import grpc
@@ -56,6 +57,9 @@ class WorkerLink:
         self._cond = threading.Condition()
         self._pending: deque[pb.WorkerCommand] = deque()
         """Commands not yet sent, in order: while the link is not open, or it is on gRPC."""
+        self._corks = 0
+        self._corked: list[pb.WorkerCommand] = []
+        """What `send` was given inside `together` (guarded by `_cond`)."""
         self._sock: socket.socket | None = None
         """The session port's connection while the link is open on it (guarded by `_cond`)."""
         self._ready = threading.Event()
@@ -79,16 +83,42 @@ class WorkerLink:
         """Sends `command` after every one sent before it: at once on the session port,
         else through the gRPC stream's sender, or once the link opens."""
         with self._cond:
-            sock = self._sock
-            if sock is not None:
-                try:
-                    frames.send_message(sock, frames.COMMAND, command)
-                    return
-                except OSError as err:
-                    log.error("session port of worker %s failed: %s", self.address, err)
-                    self._drop_frames(sock)
-            self._pending.append(command)
-            self._cond.notify()
+            if self._corks:
+                self._corked.append(command)
+            else:
+                self._send_now(command)
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """What `send` is given meanwhile, from any thread, goes in order as one message
+        when the outermost `together` ends: a batch from the controller costs the link
+        one write and the worker one read."""
+        with self._cond:
+            self._corks += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._corks -= 1
+                if not self._corks and self._corked:
+                    commands, self._corked = self._corked, []
+                    self._send_now(
+                        commands[0] if len(commands) == 1
+                        else pb.WorkerCommand(batch=pb.WorkerCommands(commands=commands))
+                    )
+
+    def _send_now(self, command: pb.WorkerCommand) -> None:
+        """`send` once nothing holds it back (the caller holds `_cond`)."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                frames.send_message(sock, frames.COMMAND, command)
+                return
+            except OSError as err:
+                log.error("session port of worker %s failed: %s", self.address, err)
+                self._drop_frames(sock)
+        self._pending.append(command)
+        self._cond.notify()
 
     def stop(self) -> None:
         self._stop.set()
