@@ -172,3 +172,40 @@ def test_a_taker_that_lost_the_queue_leaves_everything_to_the_next() -> None:
     q.nudge()
     assert q.take(0.0, owner=lambda: False) == ([], False)
     assert q.take(0.0, owner=lambda: True) == ([1, 2], True)
+
+
+def test_an_urgent_put_takes_the_queue_for_its_thread_to_write_unless_a_batch_is_being_written() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    queue.put(1)
+    assert queue.put_and_take([2]) == [1, 2], "the putter writes what was queued before its items too"
+    assert queue.put_and_take([3]) == [], "a batch is being written: this one waits its turn"
+    assert queue.put_and_take([4], urgent=False) == []
+    queue.sent()
+    assert queue.put_and_take([5], urgent=False) == [], "not urgent: left to the stream's writer"
+    assert queue.take(0.0, sending=True)[0] == [3, 4, 5]
+    assert queue.put_and_take([6]) == [], "the writer's batch is being written"
+    queue.sent()
+    assert queue.put_and_take([7]) == [6, 7]
+
+
+def test_a_sending_take_waits_for_the_batch_another_thread_writes_and_keeps_the_order() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    assert queue.put_and_take([1]) == [1]
+    queue.put(2)
+    taken: list[list[int]] = []
+    taker = threading.Thread(target=lambda: taken.append(queue.take(10.0, sending=True)[0]))
+    taker.start()
+    time.sleep(0.05)
+    assert taken == [], "batch [1] is not written yet, so [2] may not be taken"
+    queue.sent()
+    taker.join(10.0)
+    assert taken == [[2]]
+
+
+def test_a_sending_take_gives_up_empty_when_the_batch_being_written_outlasts_its_timeout() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    assert queue.put_and_take([1]) == [1]
+    queue.put(2)
+    assert queue.take(0.01, sending=True) == ([], False)
+    queue.sent()
+    assert queue.take(0.0, sending=True) == ([2], False)

@@ -155,3 +155,35 @@ def test_a_completion_standing_for_a_run_counts_as_its_grants_when_weighing_the_
     finally:
         outbox.completions([completion(99)], ends_call=True)
         taker.join(timeout=30.0)
+
+
+def test_an_attached_session_is_written_by_the_thread_that_puts_what_someone_waits_for() -> None:
+    outbox = WorkerOutbox(lambda: 7, 100, in_hand=lambda: 100)
+    written: list[tuple[int, list[int]]] = []
+
+    def write(event: pb.WorkerEvent) -> None:
+        written.append((threading.get_ident(), [c.seq for c in event.completions]))
+
+    outbox.attach(write)
+    outbox.completions([pb.Completion(seq=1, call_id="c", ok=True)])  # more work left: it lingers
+    outbox.completions([pb.Completion(seq=2, call_id="c", ok=True)], ends_call=True)
+    assert written == [(threading.get_ident(), [1, 2])], "the call's end takes what lingered with it"
+    outbox.detach(write)
+    outbox.completions([pb.Completion(seq=3, call_id="d", ok=True)], ends_call=True)
+    assert len(written) == 1, "detached: the session's writer thread takes it"
+    event = outbox.take_event(0.0)
+    assert event is not None and [c.seq for c in event.completions] == [3]
+
+
+def test_an_event_the_putting_thread_could_not_write_is_left_to_the_session_writer() -> None:
+    outbox = WorkerOutbox(lambda: 7, 100)
+
+    def broken(event: pb.WorkerEvent) -> None:
+        raise BrokenPipeError("the sidecar went away")
+
+    outbox.attach(broken)
+    outbox.completions([pb.Completion(seq=1, call_id="c", ok=True)], ends_call=True)
+    event = outbox.take_event(0.0, sending=True)
+    assert event is not None and [c.seq for c in event.completions] == [1]
+    assert outbox.carries_items(event)
+    outbox.sent()

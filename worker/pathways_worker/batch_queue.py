@@ -1,5 +1,11 @@
 """A queue drained in batches: what accumulated while the stream was busy goes out
-as one message, so no computation costs a round trip of its own."""
+as one message, so no computation costs a round trip of its own.
+
+A stream's writer thread takes batches (`take`); a thread that puts an item someone
+waits for may write the batch itself (`put_and_take`) while no other batch is being
+written, which spares the writer thread's wake-up on the way. Whoever takes with
+`sending` writes the batch and then says so (`sent`); until then no other batch is
+taken, so batches reach the stream in the order they were taken."""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ class BatchQueue(Generic[T]):
         self._urgent = False
         self._waiting: list[Callable[[], bool]] = []
         """What each waiting taker waits for: a change wakes it only once that holds."""
+        self._sending = False
+        """A batch taken with `sending` is being written, and no other batch is taken until `sent`."""
 
     def put(self, item: T, urgent: bool = False) -> None:
         """`urgent`: someone waits for this item, so the batch it joins goes
@@ -41,6 +49,30 @@ class BatchQueue(Generic[T]):
             weight = self._weight
             self._held += sum(map(weight, items)) if weight is not None else len(items)
             self._urgent = self._urgent or urgent
+            self._wake_if_done()
+
+    def put_and_take(self, items: list[T], urgent: bool = True) -> list[T]:
+        """`put_many`; then, where the batch is `urgent` and no other is being written,
+        everything queued, for the calling thread to write at once and then call `sent`
+        (else [], and a taker takes it)."""
+        if not items:
+            return []
+        with self._cv:
+            self._items.extend(items)
+            weight = self._weight
+            self._held += sum(map(weight, items)) if weight is not None else len(items)
+            if not urgent or self._sending:
+                self._urgent = self._urgent or urgent
+                self._wake_if_done()
+                return []
+            taken, self._items = self._items, []
+            self._held, self._nudged, self._urgent, self._sending = 0, False, False, True
+            return taken
+
+    def sent(self) -> None:
+        """The batch taken with `sending` (or by `put_and_take`) was written: the next may be taken."""
+        with self._cv:
+            self._sending = False
             self._wake_if_done()
 
     def nudge(self) -> None:
@@ -81,6 +113,7 @@ class BatchQueue(Generic[T]):
         more_coming: Callable[[int], bool] | None = None,
         nudges_wake: bool = True,
         owner: Callable[[], bool] | None = None,
+        sending: bool = False,
     ) -> tuple[list[T], bool]:
         """Everything queued (waiting up to timeout_s for something), and whether
         a nudge arrived. With `linger_s`, once something is there it waits that
@@ -92,7 +125,8 @@ class BatchQueue(Generic[T]):
         Without `nudges_wake`, only items end the wait (a nudge is still reported).
         With `owner`, the batch is taken only if it still holds when the batch is taken
         (under the lock): a taker that lost the queue to another meanwhile leaves it
-        everything."""
+        everything. With `sending`, the caller writes the batch and then calls `sent`;
+        a batch another thread is writing is waited for first (up to `timeout_s`)."""
         with self._cv:
             if not self._items and not (nudges_wake and self._nudged):
                 self._wait(lambda: bool(self._items) or (nudges_wake and self._nudged), timeout_s)
@@ -107,12 +141,17 @@ class BatchQueue(Generic[T]):
                     linger_s,
                 )
         with self._cv:
+            if self._sending:
+                self._wait(lambda: not self._sending, timeout_s)
+                if self._sending:
+                    return [], False
             if owner is not None and not owner():
                 return [], False
             items, self._items = self._items, []
             self._held = 0
             nudged, self._nudged = self._nudged, False
             self._urgent = False
+            self._sending = sending and bool(items)
             return items, nudged
 
     def __len__(self) -> int:

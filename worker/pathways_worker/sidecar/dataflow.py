@@ -24,7 +24,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -79,6 +79,8 @@ class Dataflow:
         self.budget = ByteBudget(settings.store_limit_bytes)
         self.transfers = TransferStats()
         self.upstream: BatchQueue[pb.Completion] = BatchQueue()
+        self._control_write: Callable[[pb.HostEvent], None] | None = None
+        """Writes an event on the current control stream from any thread (`attach_control`)."""
         self.pusher = PeerPusher(
             sender=settings.host_name,
             shm_dir=self.shm.path,
@@ -127,6 +129,7 @@ class Dataflow:
         """A new controller stream; it replaces the previous one."""
         with self._lock:
             self._control += 1
+            self._control_write = None  # the stream it replaces is written no more
             return self._control
 
     def is_current(self, control: int) -> bool:
@@ -176,11 +179,45 @@ class Dataflow:
         else:
             log.warning("ignoring empty HostCommand")
 
-    def take_completions(self, timeout_s: float, control: int | None = None) -> list[pb.Completion]:
+    def take_completions(
+        self, timeout_s: float, control: int | None = None, sending: bool = False
+    ) -> list[pb.Completion]:
         """Completions for the controller; with `control`, only while that stream is the
-        current one as they are taken (see `BatchQueue.take`)."""
+        current one as they are taken; with `sending`, the caller calls `upstream.sent()`
+        once it wrote what it took (see `BatchQueue.take`)."""
         owner = None if control is None else (lambda: self._control == control)
-        return self.upstream.take(timeout_s, COMPLETION_LINGER_S, owner=owner)[0]
+        return self.upstream.take(timeout_s, COMPLETION_LINGER_S, owner=owner, sending=sending)[0]
+
+    def attach_control(self, control: int, write: Callable[[pb.HostEvent], None]) -> None:
+        """Control stream `control` can be written from any thread with `write`: the worker
+        link's thread then writes the completions it receives itself, unless others are
+        being written, sparing the stream's writer thread a wake-up per message."""
+        with self._lock:
+            if self._control == control:
+                self._control_write = write
+
+    def detach_control(self, write: Callable[[pb.HostEvent], None]) -> None:
+        with self._lock:
+            if self._control_write is write:
+                self._control_write = None
+
+    def _upward(self, completions: list[pb.Completion]) -> None:
+        """Completions to the controller: written here where the stream allows it and no
+        other batch is being written, else queued for the stream's writer."""
+        write = self._control_write
+        if write is None:
+            self.upstream.put_many(completions)
+            return
+        taken = self.upstream.put_and_take(completions)
+        if not taken:
+            return
+        try:
+            write(pb.HostEvent(completions=taken))
+        except OSError as err:
+            log.info("writing completions on the control stream failed (%s); the next stream sends them", err)
+            self.upstream.put_many(taken)
+        finally:
+            self.upstream.sent()
 
     # ------------------------------------------------------------ worker events
 
@@ -193,7 +230,7 @@ class Dataflow:
             else:
                 self._fetched(exported)
         if event.completions:
-            self.upstream.put_many(list(event.completions))
+            self._upward(list(event.completions))
 
     def _push(self, exported: pb.Exported) -> None:
         key = (exported.call_id, ref_of(exported.value))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import grpc
@@ -99,11 +99,18 @@ class ControlFrames:
         me = core.open_control()
         log.info("control stream %d opened on the control port from %s", me, peer)
         ended = threading.Event()
-        writer = threading.Thread(target=self._write, args=(conn, me, ended), name=f"control-{me}-out", daemon=True)
+        writing = threading.Lock()
+
+        def write(event: pb.HostEvent) -> None:
+            with writing:
+                frames.send_message(conn, frames.EVENT, event)
+
+        writer = threading.Thread(target=self._write, args=(write, conn, me, ended), name=f"control-{me}-out",
+                                  daemon=True)
         try:
-            frames.send_message(conn, frames.EVENT, pb.HostEvent(hello_host=core.advertise,
-                                                                  control_port=core.control_port))
+            write(pb.HostEvent(hello_host=core.advertise, control_port=core.control_port))
             writer.start()
+            core.attach_control(me, write)
             command = pb.HostCommand()
             while frames.read_message(stream, frames.COMMAND, command):
                 if not core.is_current(me):
@@ -116,20 +123,25 @@ class ControlFrames:
         except (OSError, ValueError) as err:
             log.info("control stream %d on the control port ended: %s", me, err)
         finally:
+            core.detach_control(write)
             ended.set()
             if writer.is_alive():
                 writer.join(2 * TAKE_S)
 
-    def _write(self, conn: socket.socket, me: int, ended: threading.Event) -> None:
+    def _write(
+        self, write: Callable[[pb.HostEvent], None], conn: socket.socket, me: int, ended: threading.Event
+    ) -> None:
         """Completions, a frame per batch, until the stream is replaced or its connection
-        ends; a failed write ends the connection and leaves its batch to the next stream."""
+        ends; a failed write ends the connection and leaves its batch to the next stream.
+        The worker link's thread writes completions too (`Dataflow.attach_control`), with
+        the same `write`."""
         core = self._core
         while not ended.is_set() and core.is_current(me):
-            completions = core.take_completions(TAKE_S, me)
+            completions = core.take_completions(TAKE_S, me, sending=True)
             if not completions:
                 continue
             try:
-                frames.send_message(conn, frames.EVENT, pb.HostEvent(completions=completions))
+                write(pb.HostEvent(completions=completions))
             except OSError as err:
                 core.upstream.put_many(completions)
                 log.info("control stream %d: sending on the control port failed: %s", me, err)
@@ -138,3 +150,5 @@ class ControlFrames:
                 except OSError:
                     pass
                 return
+            finally:
+                core.upstream.sent()

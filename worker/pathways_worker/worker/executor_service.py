@@ -26,6 +26,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_worker.worker.executor import Executor
+from pathways_worker.worker.outbox import WorkerOutbox
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         self.session_port = 0
         """The raw session port offered in the ready event (`SessionPort`); 0: none."""
 
+    @property
+    def outbox(self) -> WorkerOutbox:
+        return self._executor.outbox
+
     def open_session(self) -> int:
         """A new session, which replaces the one before."""
         with self._lock:
@@ -56,17 +61,25 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         first.ready, first.host, first.session_port = True, self._host_name, self.session_port
         return first
 
-    def events(self, me: int, active: Callable[[], bool]) -> Iterator[pb.WorkerEvent]:
+    def events(self, me: int, active: Callable[[], bool], sending: bool = False) -> Iterator[pb.WorkerEvent]:
         """The outbox's events for session `me` while it is current and `active`; an event
-        is taken only while `me` is current, so none goes to a session already replaced."""
+        is taken only while `me` is current, so none goes to a session already replaced.
+        With `sending`, each event is taken as `WorkerOutbox.take_event` does with it: the
+        caller has written an event once it asks for the next one."""
 
         def current() -> bool:
             return self._session == me
 
+        outbox = self._executor.outbox
         while active() and self._session == me:
-            event = self._executor.outbox.take_event(TAKE_S, current)
-            if event is not None:
+            event = outbox.take_event(TAKE_S, current, sending)
+            if event is None:
+                continue
+            try:
                 yield event
+            finally:
+                if sending and outbox.carries_items(event):
+                    outbox.sent()
 
     def apply(self, me: int, command: pb.WorkerCommand) -> bool:
         """Carries out one command of session `me`; False once `me` was replaced."""
@@ -117,10 +130,19 @@ class SessionFrames:
         me = service.open_session()
         log.info("sidecar session %d opened on the session port from %s", me, peer)
         ended = threading.Event()
-        writer = threading.Thread(target=self._write, args=(conn, me, ended), name=f"session-{me}-out", daemon=True)
+        writing = threading.Lock()
+
+        def write(event: pb.WorkerEvent) -> None:
+            with writing:
+                frames.send_message(conn, frames.EVENT, event)
+
+        writer = threading.Thread(target=self._write, args=(write, conn, me, ended), name=f"session-{me}-out",
+                                  daemon=True)
+        outbox = service.outbox
         try:
-            frames.send_message(conn, frames.EVENT, service.ready_event())
+            write(service.ready_event())
             writer.start()
+            outbox.attach(write)
             command = pb.WorkerCommand()
             while frames.read_message(stream, frames.COMMAND, command):
                 if not service.apply(me, command):
@@ -129,16 +151,20 @@ class SessionFrames:
         except (OSError, ValueError) as err:
             log.info("sidecar session %d on the session port ended: %s", me, err)
         finally:
+            outbox.detach(write)
             ended.set()
             if writer.is_alive():
                 writer.join(2 * TAKE_S)
 
-    def _write(self, conn: socket.socket, me: int, ended: threading.Event) -> None:
+    def _write(
+        self, write: Callable[[pb.WorkerEvent], None], conn: socket.socket, me: int, ended: threading.Event
+    ) -> None:
         """The outbox's events, a frame each, until the session is replaced or its
-        connection ends; a failed write ends the connection."""
+        connection ends; a failed write ends the connection. The threads that put urgent
+        events write them too (`WorkerOutbox.attach`), with the same `write`."""
         try:
-            for event in self._service.events(me, lambda: not ended.is_set()):
-                frames.send_message(conn, frames.EVENT, event)
+            for event in self._service.events(me, lambda: not ended.is_set(), sending=True):
+                write(event)
         except OSError as err:
             log.info("sidecar session %d: sending on the session port failed: %s", me, err)
             try:

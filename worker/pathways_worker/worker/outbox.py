@@ -9,15 +9,24 @@ is left end a linger under way. A change of
 the byte count alone (a nudge) waits up to `STATS_LINGER_S` for something to
 ride with: only health and metrics read it, and a call moves the count several
 times, which would otherwise cost a message each.
+
+Where the session can be written by any thread (the session port, `attach`), the
+thread that puts what someone waits for writes the event itself, unless another
+event is being written: a call's end then reaches the sidecar without waking the
+session's writer thread on the way.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
+
+log = logging.getLogger(__name__)
 
 EVENT_LINGER_S = float(os.environ.get("PATHWAYS_EVENT_LINGER_S", "0.02"))
 """How long completions wait for company at most: how stale the controller's count
@@ -38,22 +47,56 @@ class WorkerOutbox:
         self._store_limit = store_limit
         self._in_hand = in_hand
         self._room_wanted = room_wanted
+        self._write: Callable[[pb.WorkerEvent], None] | None = None
+        """Writes an event on the session from any thread (`attach`); None: only the session's
+        writer thread takes events."""
+        self._attach_lock = threading.Lock()
 
     def _more_coming(self, held: int) -> bool:
         return worth_lingering(self._in_hand(), held, self._room_wanted())
 
+    def attach(self, write: Callable[[pb.WorkerEvent], None]) -> None:
+        """From now on an urgent event may be written by the thread that puts it, with
+        `write` (safe to call from any thread; raises OSError once the session broke)."""
+        with self._attach_lock:
+            self._write = write
+
+    def detach(self, write: Callable[[pb.WorkerEvent], None]) -> None:
+        """Ends `attach`, unless a newer session attached meanwhile."""
+        with self._attach_lock:
+            if self._write is write:
+                self._write = None
+
     def completions(self, done: list[pb.Completion], ends_call: bool = False) -> None:
         """`ends_call`: one of them is a call's last on this host, which its client may wait for."""
         failed = any(not c.ok for c in done)
-        self._queue.put_many(list(done), urgent=ends_call or failed or not self._more_coming(0))
+        self._put(list(done), urgent=ends_call or failed or not self._more_coming(0))
 
     def exported(self, exported: pb.Exported) -> None:
-        self._queue.put(exported, urgent=True)
+        self._put([exported], urgent=True)
 
     def finished(self, done: list[pb.Completion], exported: list[pb.Exported]) -> None:
         """Completions and the values their computations routed elsewhere, in one
         event that goes at once."""
-        self._queue.put_many([*exported, *done], urgent=True)
+        self._put([*exported, *done], urgent=True)
+
+    def _put(self, items: list[pb.Completion | pb.Exported], urgent: bool) -> None:
+        """Queues `items`; urgent ones, where the session can be written from here and no
+        other event is being written, go now in an event written by this thread."""
+        write = self._write
+        if write is None or not urgent:
+            self._queue.put_many(items, urgent=urgent)
+            return
+        taken = self._queue.put_and_take(items)
+        if not taken:
+            return  # the thread writing meanwhile, or the session's writer, sends them
+        try:
+            write(self._event(taken))
+        except OSError as err:
+            log.info("writing an event on the session failed (%s); its writer sends it", err)
+            self._queue.put_many(taken, urgent=True)
+        finally:
+            self._queue.sent()
 
     def nudge(self) -> None:
         self._queue.nudge()
@@ -62,16 +105,32 @@ class WorkerOutbox:
         """Completions lingering for company ask `worth_lingering` again."""
         self._queue.wake()
 
-    def take_event(self, timeout_s: float, owner: Callable[[], bool] | None = None) -> pb.WorkerEvent | None:
+    def take_event(
+        self, timeout_s: float, owner: Callable[[], bool] | None = None, sending: bool = False
+    ) -> pb.WorkerEvent | None:
         """The next event; with `owner`, only while it holds as the event is taken (see
-        `BatchQueue.take`): a session replaced meanwhile leaves the event to the next."""
-        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._more_coming, owner=owner)
+        `BatchQueue.take`): a session replaced meanwhile leaves the event to the next.
+        With `sending`, an event that carries completions or exports is followed by `sent`
+        once written (`BatchQueue.take`)."""
+        items, nudged = self._queue.take(timeout_s, EVENT_LINGER_S, self._more_coming, owner=owner, sending=sending)
         if not items and not nudged:
             return None
         if not items:
             items, _ = self._queue.take(
-                STATS_LINGER_S, EVENT_LINGER_S, self._more_coming, nudges_wake=False, owner=owner
+                STATS_LINGER_S, EVENT_LINGER_S, self._more_coming, nudges_wake=False, owner=owner, sending=sending
             )
+        return self._event(items)
+
+    def sent(self) -> None:
+        """The event `take_event` gave with `sending` was written."""
+        self._queue.sent()
+
+    @staticmethod
+    def carries_items(event: pb.WorkerEvent) -> bool:
+        """Whether `event` came with completions or exports (its writer owes `sent`)."""
+        return bool(event.completions) or bool(event.exported)
+
+    def _event(self, items: list[pb.Completion | pb.Exported]) -> pb.WorkerEvent:
         event = self.stats_event()
         # one extend, not an append each: a chain's completions number in the dozens per event
         event.completions.extend(item for item in items if isinstance(item, pb.Completion))
