@@ -103,3 +103,22 @@ def test_gang_moves_follow_the_declared_transitions() -> None:
         check_gang_move("train", "released", "ready")
     with pytest.raises(InvalidTransition):
         check_gang_move("train", "launching", "lost")
+
+
+def test_a_run_reported_by_every_host_is_done_as_its_grants_reported_one_by_one() -> None:
+    progress = call(total=4)
+    progress.granted_run("s-1", 10, 4, hosts=2)
+    assert progress.report_run("s-1", 10, 4, "h0") == ([], "")
+    assert progress.running and progress.completed == 0
+    assert progress.report_run("s-1", 9, 6, "h1") == ([10, 11, 12, 13], ""), "seqs not waited for are passed over"
+    assert progress.state == "succeeded" and progress.waiting == {} and progress.reported == {}
+
+
+def test_a_run_that_completes_a_grant_with_a_held_failure_fails_the_call_with_it() -> None:
+    progress = call(total=3)
+    progress.granted_run("s-1", 0, 3, hosts=2)
+    progress.report(("s-1", 0), "h0", ok=False, error="gloo: peer went away", node=0, now=10.0)
+    progress.report_run("s-1", 1, 2, "h0")
+    done, failed_now = progress.report_run("s-1", 0, 3, "h1")
+    assert done == [0, 1, 2] and failed_now == "gloo: peer went away"
+    assert progress.state == "failed" and progress.message == "gloo: peer went away"

@@ -769,3 +769,35 @@ def test_a_relaunched_gang_is_told_afresh() -> None:
     sched.submit("b", 1.0, chain("x", 2))
     (batch,) = sched.grant_batches()
     assert (len(batch.grants), batch.room_wanted) == (2, False)
+
+
+def _run_of_completions(by_run: bool) -> tuple[IslandScheduler, list[Grant]]:
+    """Two calls on one slice, granted together; completions come back in runs of
+    various sizes at ticking times, each run completed as a whole or seq by seq."""
+    sched = IslandScheduler(window=64)
+    sched.submit("a", 1.0, chain("s", 40))
+    sched.submit("b", 2.0, chain("s", 20))
+    issued = sched.grants()
+    now, at = 100.0, 0
+    for size in (1, 7, 1, 16, 30, 5):
+        seqs = [g.seq for g in issued[at:at + size]]
+        at += size
+        now += 0.003 * size
+        if by_run:
+            sched.complete_run("s", seqs + [10_000], now)  # an unknown seq is passed over
+        else:
+            for seq in seqs:
+                sched.complete("s", seq, now)
+    return sched, issued
+
+
+def test_completing_a_run_leaves_the_scheduler_as_completing_its_grants_one_by_one() -> None:
+    by_run, issued = _run_of_completions(by_run=True)
+    one_by_one, again = _run_of_completions(by_run=False)
+    assert issued == again
+    assert by_run.outstanding("s") == one_by_one.outstanding("s") == 0
+    assert by_run.pace("s") == pytest.approx(one_by_one.pace("s"), rel=1e-12)
+    assert by_run.pending("a") == by_run.pending("b") == 0
+    by_run.submit("a", 1.0, chain("s", 1)), one_by_one.submit("a", 1.0, chain("s", 1))  # forgotten: no longer active
+    assert by_run.grants()[0].seq == one_by_one.grants()[0].seq
+

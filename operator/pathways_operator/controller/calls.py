@@ -346,20 +346,23 @@ class Calls:
             for done in event.completions:
                 call = self._calls.get(done.call_id)
                 if call is None:
-                    for seq in seqs_of(done):
-                        self._scheduler_complete(slice_id, seq, now)
+                    self._scheduler.complete_run(slice_id, seqs_of(done), now)
                     continue
                 for value in done.outputs:
                     call.values[(value.value.node, value.value.index)] = value
                 progress = call.progress
-                for seq in seqs_of(done):
-                    report = progress.report((slice_id, seq), link.name, done.ok, done.error, done.node, now)
-                    if report is None:
-                        continue
-                    if report.failed_now:
-                        self._tell_failed(call, report.failed_now)
-                    if report.grant_done:
-                        self._scheduler_complete(slice_id, seq, now)
+                if done.count > 1:  # a run of grants that succeeded (`grant_runs`)
+                    seqs, failed_now = progress.report_run(slice_id, done.seq, done.count, link.name)
+                    if failed_now:
+                        self._tell_failed(call, failed_now)
+                    self._scheduler.complete_run(slice_id, seqs, now)
+                else:
+                    report = progress.report((slice_id, done.seq), link.name, done.ok, done.error, done.node, now)
+                    if report is not None:
+                        if report.failed_now:
+                            self._tell_failed(call, report.failed_now)
+                        if report.grant_done:
+                            self._scheduler_complete(slice_id, done.seq, now)
                 if not progress.running:
                     ended[call.call_id] = call
             self._dispatch_grants()

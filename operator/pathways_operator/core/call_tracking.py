@@ -154,6 +154,35 @@ class CallProgress:
             self._move("succeeded")
         return Report(grant_done=True, failed_now=failed_now) if failed_now else GRANT_DONE
 
+    def report_run(self, slice_id: str, first_seq: int, count: int, host: str) -> tuple[list[int], str]:
+        """`report` of a success from ``host`` for each of ``count`` grants on ``slice_id``
+        numbered from ``first_seq`` (a host's completion of a run): the seqs whose every
+        host has now reported them, and the failure this ended the call with (held back
+        until now; see the module docstring), or ""."""
+        waiting, reported = self.waiting, self.reported
+        done: list[int] = []
+        failed_now = ""
+        for seq in range(first_seq, first_seq + count):
+            grant = (slice_id, seq)
+            left = waiting.get(grant)
+            if left is None:
+                continue
+            if left > 1:
+                reported.setdefault(grant, set()).add(host)
+                waiting[grant] = left - 1
+                continue
+            del waiting[grant]
+            if reported:
+                reported.pop(grant, None)
+            done.append(seq)
+            self.completed += 1
+            if self.running and self.held is not None:
+                failed_now = self.held[0]
+                self.fail(failed_now)
+        if self.running and self.completed == self.total and done:
+            self._move("succeeded")
+        return done, failed_now
+
     def due(self, now: float) -> str:
         """Fails the call with its held failure once the grace has passed; the message, or ""."""
         if self.held is None or not self.running or now < self.held[1]:

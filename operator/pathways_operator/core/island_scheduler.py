@@ -104,7 +104,7 @@ import dataclasses
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from pathways_wire.wording import plural
@@ -461,6 +461,37 @@ class IslandScheduler:
         call = self._calls[call_id]
         call.outstanding -= 1
         self._forget_if_done(call)
+
+    def complete_run(self, slice_id: str, seqs: Iterable[int], now: float | None = None) -> None:
+        """`complete` for each of ``seqs`` in order, ignoring those not outstanding on
+        ``slice_id`` (a slice reset since): what a host's completion of a run of grants
+        frees, for less than a call of `complete` each."""
+        on_slice = self._granted.get(slice_id)
+        if on_slice is None:
+            return
+        pop = on_slice.pop
+        done: dict[str, int] = {}
+        for seq in seqs:
+            entry = pop(seq, None)
+            if entry is not None:
+                done[entry[0]] = done.get(entry[0], 0) + 1
+        count = sum(done.values())
+        if not count:
+            return
+        if slice_id in self._reach:
+            self._reach[slice_id] += count
+        if now is not None:
+            # as `count` completions at `now`: one gap, then count - 1 of none
+            self._time_completion(slice_id, now, busy=True)
+            mean = self._pace.get(slice_id)
+            if mean is not None and count > 1:
+                self._pace[slice_id] = mean * (1 - PACE_WEIGHT) ** (count - 1)
+            if not on_slice:
+                self._last_done.pop(slice_id, None)
+        for call_id, n in done.items():
+            call = self._calls[call_id]
+            call.outstanding -= n
+            self._forget_if_done(call)
 
     def _time_completion(self, slice_id: str, now: float, busy: bool) -> None:
         """A gap counts only if the slice had grants outstanding all along: time it
