@@ -801,3 +801,14 @@ def test_completing_a_run_leaves_the_scheduler_as_completing_its_grants_one_by_o
     by_run.submit("a", 1.0, chain("s", 1)), one_by_one.submit("a", 1.0, chain("s", 1))  # forgotten: no longer active
     assert by_run.grants()[0].seq == one_by_one.grants()[0].seq
 
+
+def test_a_sequence_that_failed_its_checks_is_checked_again_at_every_submit() -> None:
+    sched = IslandScheduler(window=4)
+    bad = [ScheduledComputation(0, "s", (1,)), ScheduledComputation(1, "s", ())]
+    for call_id in ("c1", "c2"):
+        with pytest.raises(ValueError, match="do not come before it"):
+            sched.submit(call_id, 1.0, bad)
+    good = chain("s", 2)
+    sched.submit("c3", 1.0, good)
+    sched.submit("c4", 1.0, good)  # the same program's next call
+    assert sorted((g.call_id, g.node) for g in sched.grants()) == [("c3", 0), ("c3", 1), ("c4", 0), ("c4", 1)]

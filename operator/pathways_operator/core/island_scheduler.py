@@ -112,6 +112,9 @@ from pathways_wire.wording import plural
 STRIDE = float(1 << 20)
 """Pass advance of a call of weight 1 per grant; large so that float passes stay precise."""
 
+CHECKED_KEPT = 256
+"""Computation sequences `submit` remembers having checked: a controller's programs
+each submit the same sequence (`ProgramRecord.scheduled`) at every call."""
 PACE_WEIGHT = 1 / 32
 """Weight of each completion gap in a slice's mean time per computation: completions
 come back in batches (one gap, then zeros), so the mean must span several batches."""
@@ -218,6 +221,8 @@ class IslandScheduler:
         self._next_seq = 0
         self._global_pass = 0.0
         self._submissions = 0
+        self._checked: dict[int, tuple[Sequence[ScheduledComputation], frozenset[str]]] = {}
+        """id -> a computations sequence `submit` checked, and its slices (see `_check`)."""
         self._calls: dict[str, _Call] = {}
         self._passes: dict[str, float] = {}
         """Tenant -> its pass, while it has calls or its pass is beyond the global pass."""
@@ -266,6 +271,29 @@ class IslandScheduler:
                 f"call {call_id!r} is still active ({plural(len(active.todo), 'computation')} not granted, "
                 f"{active.outstanding} granted and not completed); submit it under a new id"
             )
+        checked = self._checked.get(id(computations))
+        if checked is not None and checked[0] is computations:
+            slices = checked[1]
+        else:
+            slices = self._check(call_id, computations)
+        if not computations:
+            return
+        tenant = tenant or call_id
+        self._passes[tenant] = max(self._global_pass, self._passes.get(tenant, 0.0))
+        self._calls[call_id] = _Call(
+            call_id=call_id,
+            weight=float(weight),
+            stride=STRIDE / weight,
+            order=self._submissions,
+            tenant=tenant,
+            todo=deque(computations),
+            slices=slices,
+        )
+        self._submissions += 1
+
+    def _check(self, call_id: str, computations: Sequence[ScheduledComputation]) -> frozenset[str]:
+        """`submit`'s checks of ``computations``; their slices. A sequence that passed is
+        remembered (`CHECKED_KEPT` of them), so a program's next call is not checked again."""
         seen: set[int] = set()
         for position, comp in enumerate(computations):
             if comp.node in seen:
@@ -282,20 +310,11 @@ class IslandScheduler:
             if not comp.slice_id:
                 raise ValueError(f"call {call_id!r}: node {comp.node} has an empty slice_id")
             seen.add(comp.node)
-        if not computations:
-            return
-        tenant = tenant or call_id
-        self._passes[tenant] = max(self._global_pass, self._passes.get(tenant, 0.0))
-        self._calls[call_id] = _Call(
-            call_id=call_id,
-            weight=float(weight),
-            stride=STRIDE / weight,
-            order=self._submissions,
-            tenant=tenant,
-            todo=deque(computations),
-            slices=frozenset(c.slice_id for c in computations),
-        )
-        self._submissions += 1
+        slices = frozenset(c.slice_id for c in computations)
+        if len(self._checked) >= CHECKED_KEPT:
+            del self._checked[next(iter(self._checked))]
+        self._checked[id(computations)] = (computations, slices)
+        return slices
 
     def grants(self) -> list[Grant]:
         """Grant everything grantable now, in seq order; each computation is granted once."""
@@ -346,14 +365,31 @@ class IslandScheduler:
         on any slice, so none is contended and no pass is compared; nothing reads who wants
         which slice after it)."""
         todo, granted, window = call.todo, self._granted, self._window
-        while todo:
-            slice_id = todo[0].slice_id
-            if len(granted.setdefault(slice_id, {})) >= limit.get(slice_id, window):
-                return
-            comp = todo.popleft()
-            if self._calm:
-                self._count_calm(slice_id)
-            self._issue(tenant, call, comp, issued)
+        passes, stride, call_id = self._passes, call.stride, call.call_id
+        seq, global_pass, pass_ = self._next_seq, self._global_pass, passes[tenant]
+        room, on_slice, slice_id = 0, None, ""
+        try:
+            while todo:
+                comp = todo[0]
+                if comp.slice_id != slice_id or on_slice is None:
+                    slice_id = comp.slice_id
+                    on_slice = granted.setdefault(slice_id, {})
+                    room = limit.get(slice_id, window) - len(on_slice)
+                if room <= 0:
+                    return
+                todo.popleft()
+                if self._calm:
+                    self._count_calm(slice_id)
+                # `_issue`, with what it reads and writes kept in locals
+                on_slice[seq] = (call_id, comp.node)
+                issued.append(Grant(slice_id, seq, call_id, comp.node))
+                seq += 1
+                room -= 1
+                global_pass = max(global_pass, pass_)
+                pass_ = global_pass + stride
+        finally:
+            call.outstanding += seq - self._next_seq
+            self._next_seq, self._global_pass, passes[tenant] = seq, global_pass, pass_
 
     def _issue(self, tenant: str, call: _Call, comp: ScheduledComputation, issued: list[Grant]) -> None:
         """Grants `comp` of `call` the next number, outstanding on its slice (whose table
