@@ -10,13 +10,17 @@ output inline as one `Completion` whose `count` says how many it stands for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from pathways_wire import pathways_pb2 as pb
 
 
 def runs_of(grants: Iterable[tuple[int, str, int]]) -> list[pb.GrantRun]:
     """(seq, call id, node) in sequence order, as runs."""
+    if isinstance(grants, Sequence) and grants:
+        (first, call_id, _), (last, *_) = grants[0], grants[-1]
+        if last - first == len(grants) - 1 and all(g[1] == call_id for g in grants):
+            return [pb.GrantRun(call_id=call_id, first_seq=first, nodes=[g[2] for g in grants])]
     runs: list[pb.GrantRun] = []
     call_id, first = "", 0
     nodes: list[int] = []

@@ -41,3 +41,11 @@ def test_only_the_next_grant_of_the_same_call_extends_a_run_that_succeeded_with_
     assert not extends(pb.Completion(seq=5, call_id="c", ok=False), "c", 6), "a failure"
     with_output = pb.Completion(seq=5, call_id="c", ok=True, outputs=[pb.InlineValue()])
     assert not extends(with_output, "c", 6), "an output inline"
+
+
+def test_consecutive_numbers_of_two_calls_are_two_runs_from_a_list_or_a_stream() -> None:
+    grants = [(1, "a", 0), (2, "a", 1), (3, "b", 0), (4, "b", 1)]
+    for given in (grants, iter(grants)):
+        assert [(r.call_id, r.first_seq, list(r.nodes)) for r in runs_of(given)] == [
+            ("a", 1, [0, 1]), ("b", 3, [0, 1]),
+        ]

@@ -315,7 +315,7 @@ class Calls:
                 continue
             grants = batch.grants
             message = pb.GrantBatch(
-                runs=runs_of((g.seq, g.call_id, g.node) for g in grants), none_waiting=not batch.room_wanted
+                runs=runs_of([g[1:] for g in grants]), none_waiting=not batch.room_wanted
             )
             hosts, slice_id = len(rec.links), batch.slice_id
             for run in message.runs:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Literal
 
 from pathways_wire.wording import fraction
@@ -122,7 +123,7 @@ class CallProgress:
 
     def granted_run(self, slice_id: str, first_seq: int, count: int, hosts: int) -> None:
         """`granted` for ``count`` grants on ``slice_id`` numbered from ``first_seq``."""
-        self.waiting.update(dict.fromkeys(((slice_id, seq) for seq in range(first_seq, first_seq + count)), hosts))
+        self.waiting.update(dict.fromkeys(zip(repeat(slice_id, count), range(first_seq, first_seq + count)), hosts))
 
     def report(
         self, grant: Grant, host: str, ok: bool, error: str, node: int, now: float = 0.0
@@ -175,11 +176,11 @@ class CallProgress:
             if reported:
                 reported.pop(grant, None)
             done.append(seq)
-            self.completed += 1
-            if self.running and self.held is not None:
+            if self.held is not None and self.running:
                 failed_now = self.held[0]
                 self.fail(failed_now)
-        if self.running and self.completed == self.total and done:
+        self.completed += len(done)
+        if done and self.running and self.completed == self.total:
             self._move("succeeded")
         return done, failed_now
 
