@@ -7,8 +7,6 @@ Hosts are fake links that record the commands sent to them; no process or socket
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -41,14 +39,12 @@ class FakeLink:
             self.messages.append([kind])
             self._open = self._depth > 0
 
-    @contextmanager
-    def together(self) -> Iterator[None]:
+    def cork(self) -> None:
         self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            self._open = self._open and self._depth > 0
+
+    def uncork(self) -> None:
+        self._depth -= 1
+        self._open = self._open and self._depth > 0
 
     def kinds(self) -> list[str]:
         return [str(c.WhichOneof("command")) for c in self.sent]

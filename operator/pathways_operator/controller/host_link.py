@@ -30,7 +30,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
 from typing import BinaryIO
 
 import grpc
@@ -39,6 +38,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
+from pathways_wire.corks import Together
 from pathways_wire.slice_token import call_metadata
 from pathways_wire.env_flags import switch_on
 
@@ -127,21 +127,23 @@ class HostLink:
             self._held_since = time.monotonic()
         self._queue.put(_WAKE)  # the sender starts the wait
 
-    @contextmanager
-    def together(self) -> Iterator[None]:
+    def together(self) -> Together:
         """What `send` is given meanwhile, from any thread, goes in order as one message
         when the outermost `together` ends: a call's launch and its grants cost the link one
         write and the sidecar one read."""
+        return Together((self,))
+
+    def cork(self) -> None:
+        """Holds what `send` is given until as many `uncork` (see `together`)."""
         with self._write:
             self._corks += 1
-        try:
-            yield
-        finally:
-            with self._write:
-                self._corks -= 1
-                if not self._corks and self._corked:
-                    commands, self._corked = self._corked, []
-                    self._send_now(commands)
+
+    def uncork(self) -> None:
+        with self._write:
+            self._corks -= 1
+            if not self._corks and self._corked:
+                commands, self._corked = self._corked, []
+                self._send_now(commands)
 
     def _send_now(self, commands: list[pb.HostCommand]) -> None:
         """`commands`, then those held for later, written on the control port, or queued for
@@ -304,13 +306,9 @@ class HostLink:
         _shut(sock)
 
 
-@contextmanager
-def links_together(links: Iterable[HostLink]) -> Iterator[None]:
+def links_together(links: Iterable[HostLink]) -> Together:
     """`HostLink.together` for each of `links`."""
-    with ExitStack() as stack:
-        for link in links:
-            stack.enter_context(link.together())
-        yield
+    return Together(tuple(links))
 
 
 def _message(commands: list[pb.HostCommand]) -> pb.HostCommand:

@@ -24,7 +24,6 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import BinaryIO
 
 import grpc
@@ -33,6 +32,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
+from pathways_wire.corks import Together
 from pathways_wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
@@ -88,24 +88,26 @@ class WorkerLink:
             else:
                 self._send_now(command)
 
-    @contextmanager
-    def together(self) -> Iterator[None]:
+    def together(self) -> Together:
         """What `send` is given meanwhile, from any thread, goes in order as one message
         when the outermost `together` ends: a batch from the controller costs the link
         one write and the worker one read."""
+        return Together((self,))
+
+    def cork(self) -> None:
+        """Holds what `send` is given until as many `uncork` (see `together`)."""
         with self._cond:
             self._corks += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._corks -= 1
-                if not self._corks and self._corked:
-                    commands, self._corked = self._corked, []
-                    self._send_now(
-                        commands[0] if len(commands) == 1
-                        else pb.WorkerCommand(batch=pb.WorkerCommands(commands=commands))
-                    )
+
+    def uncork(self) -> None:
+        with self._cond:
+            self._corks -= 1
+            if not self._corks and self._corked:
+                commands, self._corked = self._corked, []
+                self._send_now(
+                    commands[0] if len(commands) == 1
+                    else pb.WorkerCommand(batch=pb.WorkerCommands(commands=commands))
+                )
 
     def _send_now(self, command: pb.WorkerCommand) -> None:
         """`send` once nothing holds it back (the caller holds `_cond`)."""
