@@ -27,6 +27,7 @@ differs shows. Batches are made before the clock starts.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import socket
@@ -57,12 +58,18 @@ LOAD_STEPS = 40
 """Steps per repeat of `jax.jit` alone and beside the background load."""
 
 
+def load_processes(cores: float) -> int:
+    """Burners for `cores` of background load: two, or one per core where it takes more
+    (a 16-core machine's slice burnt 2.7 cores beyond jax.jit's)."""
+    return max(2, math.ceil(cores))
+
+
 def _jit_beside_load(cores: float, steps: int, repeats: int) -> tuple[list[float], list[float]]:
     """`jax.jit`'s ms per step alone and beside `cores` of background load, a repeat of each in turn."""
     jit = _JaxJit(steps, 2 * repeats, settle_s=0.0)
     for _ in range(repeats):
         jit.repeat()
-        with floors.BackgroundLoad(cores):
+        with floors.BackgroundLoad(cores, processes=load_processes(cores)):
             jit.repeat()
     return jit.times[0::2], jit.times[1::2]
 
@@ -248,7 +255,7 @@ def _cpu_figures(jit_cpu: list[float], cpu: dict[str, list[float]], base: Figure
             baseline="jax.jit alone, in turns", baseline_samples=alone,
             ratio=statistics.median(loaded) / statistics.median(alone),
             note=f"the slice's CPU per step beyond jax.jit's ({extra_ms:.1f} ms) over (a)'s step time, "
-                 f"burnt in 1 ms cycles by 2 processes (bench.floors.BackgroundLoad); (a) reads "
+                 f"burnt in 1 ms cycles by {load_processes(load)} processes (bench.floors.BackgroundLoad); (a) reads "
                  f"{a.ratio:.2f}× jax.jit",
         ))
     return out
