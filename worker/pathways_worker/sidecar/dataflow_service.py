@@ -89,7 +89,8 @@ class DataflowService(pb_grpc.DataflowServicer):
 class ControlFrames:
     """The controller's stream on the sidecar's control port (`session_frames.SessionPort`):
     commands read and carried out on the connection's thread, completions written by a
-    thread of its own."""
+    thread of its own, or by the worker link's thread that received them
+    (`Dataflow.attach_control`)."""
 
     def __init__(self, core: Dataflow) -> None:
         self._core = core

@@ -120,7 +120,8 @@ class ExecutorService(pb_grpc.ExecutorServicer):
 
 class SessionFrames:
     """The session on the worker's session port (`frames.SessionPort`): commands read
-    and carried out on the connection's thread, events written by a thread of its own."""
+    and carried out on the connection's thread, events written by a thread of its own, or by
+    the thread that has an urgent one (`WorkerOutbox.attach`)."""
 
     def __init__(self, service: ExecutorService) -> None:
         self._service = service
