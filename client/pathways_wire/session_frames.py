@@ -66,6 +66,17 @@ def send_message(sock: socket.socket, kind: int, message: Message) -> None:
         sock.sendall(body)
 
 
+def shared_writer(sock: socket.socket, kind: int) -> Callable[[Message], None]:
+    """`send_message` of `kind` on `sock` for any thread: one frame at a time, whole."""
+    writing = threading.Lock()
+
+    def write(message: Message) -> None:
+        with writing:
+            send_message(sock, kind, message)
+
+    return write
+
+
 def read_message(stream: BinaryIO, kind: int, message: Message) -> bool:
     """Reads the next frame, of `kind`, into `message`; False when the peer closed the
     connection between frames. TransferError names what was wrong with a frame;

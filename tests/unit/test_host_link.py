@@ -83,18 +83,25 @@ def _frames_from(sock: socket.socket, count: int) -> list[list[str]]:
     return out
 
 
+def moved_to(l: HostLink, sock: socket.socket) -> threading.Thread:
+    """Starts the link's sender on `sock`, as the move to the control port does; once
+    what was queued went, `send` writes there itself."""
+    sender = threading.Thread(target=l._send_frames, args=(sock,), daemon=True)
+    sender.start()
+    deadline = time.monotonic() + 10.0
+    while l._direct is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert l._direct is sock
+    return sender
+
+
 def test_on_the_control_port_what_was_queued_goes_first_then_send_writes_itself(l: HostLink) -> None:
     ours, theirs = socket.socketpair()
     theirs.settimeout(10.0)
     with ours, theirs:
         l.send(launch("c1"))  # before the move: queued
         l.send(release("c0"), later=True)
-        sender = threading.Thread(target=l._send_frames, args=(ours,), daemon=True)
-        sender.start()
-        deadline = time.monotonic() + 10.0
-        while l._direct is None and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert l._direct is ours
+        sender = moved_to(l, ours)
         l.send(release("c1"), later=True)
         l.send(launch("c2"))  # written by this thread, the held release after it
         assert _frames_from(theirs, 2) == [["launch:c1", "release:c0"], ["launch:c2", "release:c1"]]
@@ -109,12 +116,7 @@ def test_what_is_sent_together_goes_as_one_message_in_order_from_any_thread(l: H
     ours, theirs = socket.socketpair()
     theirs.settimeout(10.0)
     with ours, theirs:
-        sender = threading.Thread(target=l._send_frames, args=(ours,), daemon=True)
-        sender.start()
-        deadline = time.monotonic() + 10.0
-        while l._direct is None and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert l._direct is ours
+        sender = moved_to(l, ours)
         l.send(release("c0"), later=True)
         with l.together():
             l.send(launch("c1"))

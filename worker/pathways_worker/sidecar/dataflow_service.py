@@ -100,12 +100,7 @@ class ControlFrames:
         me = core.open_control()
         log.info("control stream %d opened on the control port from %s", me, peer)
         ended = threading.Event()
-        writing = threading.Lock()
-
-        def write(event: pb.HostEvent) -> None:
-            with writing:
-                frames.send_message(conn, frames.EVENT, event)
-
+        write: Callable[[pb.HostEvent], None] = frames.shared_writer(conn, frames.EVENT)
         writer = threading.Thread(target=self._write, args=(write, conn, me, ended), name=f"control-{me}-out",
                                   daemon=True)
         try:

@@ -131,12 +131,7 @@ class SessionFrames:
         me = service.open_session()
         log.info("sidecar session %d opened on the session port from %s", me, peer)
         ended = threading.Event()
-        writing = threading.Lock()
-
-        def write(event: pb.WorkerEvent) -> None:
-            with writing:
-                frames.send_message(conn, frames.EVENT, event)
-
+        write: Callable[[pb.WorkerEvent], None] = frames.shared_writer(conn, frames.EVENT)
         writer = threading.Thread(target=self._write, args=(write, conn, me, ended), name=f"session-{me}-out",
                                   daemon=True)
         outbox = service.outbox
