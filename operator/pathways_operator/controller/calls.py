@@ -362,7 +362,7 @@ class Calls:
                         if report.failed_now:
                             self._tell_failed(call, report.failed_now)
                         if report.grant_done:
-                            self._scheduler_complete(slice_id, done.seq, now)
+                            self._scheduler.complete_run(slice_id, (done.seq,), now)
                 if not progress.running:
                     ended[call.call_id] = call
             self._dispatch_grants()
@@ -370,12 +370,6 @@ class Calls:
                 answers += call.ending()
         for answer in answers:
             answer()
-
-    def _scheduler_complete(self, slice_id: str, seq: int, now: float) -> None:
-        try:
-            self._scheduler.complete(slice_id, seq, now)
-        except (KeyError, ValueError):
-            pass  # the slice was reset since this grant; nothing is outstanding
 
     def _fail_call(self, call: CallRecord, message: str) -> None:
         call.progress.fail(message)

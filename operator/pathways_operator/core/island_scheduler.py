@@ -489,19 +489,13 @@ class IslandScheduler:
         on_slice = self._granted.get(slice_id, {})
         if seq not in on_slice:
             raise UnknownGrant(slice_id, seq, sorted(on_slice))
-        call_id, _ = on_slice.pop(seq)
-        if slice_id in self._reach:
-            self._reach[slice_id] += 1
-        if now is not None:
-            self._time_completion(slice_id, now, busy=bool(on_slice))
-        call = self._calls[call_id]
-        call.outstanding -= 1
-        self._forget_if_done(call)
+        self.complete_run(slice_id, (seq,), now)
 
     def complete_run(self, slice_id: str, seqs: Iterable[int], now: float | None = None) -> None:
-        """`complete` for each of ``seqs`` in order, ignoring those not outstanding on
-        ``slice_id`` (a slice reset since): what a host's completion of a run of grants
-        frees, for less than a call of `complete` each."""
+        """`complete` for each of ``seqs`` in order, passing over those not outstanding on
+        ``slice_id`` (a slice reset since, where `complete` raises): a host's completion of
+        a run of grants in one pass, with the slice's pace learnt as from that many
+        completions at ``now``."""
         on_slice = self._granted.get(slice_id)
         if on_slice is None:
             return
@@ -517,13 +511,12 @@ class IslandScheduler:
         if slice_id in self._reach:
             self._reach[slice_id] += count
         if now is not None:
-            # as `count` completions at `now`: one gap, then count - 1 of none
-            self._time_completion(slice_id, now, busy=True)
+            # as `count` completions at `now`: one gap, then count - 1 of none; the next
+            # gap is timed from now only if grants are still outstanding
+            self._time_completion(slice_id, now, busy=bool(on_slice))
             mean = self._pace.get(slice_id)
             if mean is not None and count > 1:
                 self._pace[slice_id] = mean * (1 - PACE_WEIGHT) ** (count - 1)
-            if not on_slice:
-                self._last_done.pop(slice_id, None)
         for call_id, n in done.items():
             call = self._calls[call_id]
             call.outstanding -= n
