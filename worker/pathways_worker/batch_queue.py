@@ -9,9 +9,12 @@ taken, so batches reach the stream in the order they were taken."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -68,6 +71,24 @@ class BatchQueue(Generic[T]):
             taken, self._items = self._items, []
             self._held, self._nudged, self._urgent, self._sending = 0, False, False, True
             return taken
+
+    def put_or_write(self, items: list[T], write: Callable[[list[T]], None] | None, urgent: bool = True) -> None:
+        """`put_many`; where the batch is `urgent` and `write` is given, `put_and_take`,
+        and the calling thread writes what it took with `write`. A write that fails
+        (OSError: the stream broke) leaves the batch queued for the stream's taker."""
+        if write is None or not urgent:
+            self.put_many(items, urgent=urgent)
+            return
+        taken = self.put_and_take(items)
+        if not taken:
+            return  # another thread is writing a batch: a taker sends these after it
+        try:
+            write(taken)
+        except OSError as err:
+            log.info("writing a batch on its stream failed (%s); left for the stream's taker", err)
+            self.put_many(taken, urgent=True)
+        finally:
+            self.sent()
 
     def sent(self) -> None:
         """The batch taken with `sending` (or by `put_and_take`) was written: the next may be taken."""

@@ -205,19 +205,9 @@ class Dataflow:
         """Completions to the controller: written here where the stream allows it and no
         other batch is being written, else queued for the stream's writer."""
         write = self._control_write
-        if write is None:
-            self.upstream.put_many(completions)
-            return
-        taken = self.upstream.put_and_take(completions)
-        if not taken:
-            return
-        try:
-            write(pb.HostEvent(completions=taken))
-        except OSError as err:
-            log.info("writing completions on the control stream failed (%s); the next stream sends them", err)
-            self.upstream.put_many(taken)
-        finally:
-            self.upstream.sent()
+        self.upstream.put_or_write(
+            completions, None if write is None else lambda taken: write(pb.HostEvent(completions=taken))
+        )
 
     # ------------------------------------------------------------ worker events
 

@@ -18,15 +18,12 @@ session's writer thread on the way.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
-
-log = logging.getLogger(__name__)
 
 EVENT_LINGER_S = float(os.environ.get("PATHWAYS_EVENT_LINGER_S", "0.02"))
 """How long completions wait for company at most: how stale the controller's count
@@ -84,19 +81,7 @@ class WorkerOutbox:
         """Queues `items`; urgent ones, where the session can be written from here and no
         other event is being written, go now in an event written by this thread."""
         write = self._write
-        if write is None or not urgent:
-            self._queue.put_many(items, urgent=urgent)
-            return
-        taken = self._queue.put_and_take(items)
-        if not taken:
-            return  # the thread writing meanwhile, or the session's writer, sends them
-        try:
-            write(self._event(taken))
-        except OSError as err:
-            log.info("writing an event on the session failed (%s); its writer sends it", err)
-            self._queue.put_many(taken, urgent=True)
-        finally:
-            self._queue.sent()
+        self._queue.put_or_write(items, None if write is None else lambda taken: write(self._event(taken)), urgent)
 
     def nudge(self) -> None:
         self._queue.nudge()
