@@ -699,6 +699,23 @@ def test_a_call_released_while_its_computation_runs_still_reports_it_and_frees_i
     assert state.store.used == 0
 
 
+def test_a_launch_makes_futures_for_the_calls_outputs_only_and_a_fetch_waits_on_any_value() -> None:
+    state = host(run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+
+    assert {slot.oid.ref for slot in state.store.held_by("c1")} == {INPUT, (2, 0)}, (
+        "the program input and a future for the output; none for the values only this host reads"
+    )
+    assert state.store.get(ObjectId("c1", (2, 0))).state == "pending"
+    assert state.handle(fetch("c1", (1, 0))) == [], "a fetch of a value not made yet waits for it"
+    (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+    said = ran(state, run)
+
+    (export,) = only(Export, said)
+    assert (export.oid, export.value, export.error) == (ObjectId("c1", (1, 0)), "c1-out1", "")
+    assert state.store.get(ObjectId("c1", (0, 0))) is None, "passed along in the run, never stored"
+
+
 def test_a_value_is_freed_after_its_last_local_reader_and_a_fetch_says_so() -> None:
     state = host()
     state.handle(launch("c1", inputs=[INPUT], outputs=[(1, 0)]))

@@ -44,8 +44,6 @@ class ProgramLayout:
     computations: dict[int, LocalComputation]
     readers: dict[Ref, int]
     producer_slice: dict[int, str]
-    made: tuple[Ref, ...] = ()
-    """Every output of the host's computations: the futures a launch creates."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,6 @@ def layout_program(host_program: pb.HostProgram) -> ProgramLayout:
         computations=local,
         readers=dict(readers),
         producer_slice={c.index: c.slice for c in program.computations},
-        made=tuple(ref for comp in local.values() for ref in comp.outputs),
     )
 
 

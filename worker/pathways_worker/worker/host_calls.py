@@ -136,7 +136,13 @@ class HostCalls:
         call.inline_output_bytes = launch.inline_output_bytes
         # values that arrived before the launch, which no plan could free then
         early = [slot.oid.ref for slot in self.store.held_by(call.call_id) if slot.settled]
-        self.store.add_futures(call.call_id, loaded.layout.made)
+        # Futures for the call's outputs made here, which the client may drop, fetch or
+        # pass on before they exist. A value only this host's computations read needs
+        # none: its slot is made when it settles (or when a fetch asks for it), and a
+        # run's intermediates never get one (a 128-computation call made and dropped a
+        # slot per computation for nothing).
+        local = loaded.layout.computations
+        self.store.add_futures(call.call_id, [ref for ref in call.plan.outputs if ref[0] in local])
         for arrived in launched.inputs:
             self._settle_arrived(call, arrived, out)
         for alias in launch.aliases:

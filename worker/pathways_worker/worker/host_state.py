@@ -348,7 +348,7 @@ class HostState:
             if readers.get(ref) != count or ref in plan.outputs or ref in plan.routes:
                 continue
             slot = self.store.get(ObjectId(call_id, ref))
-            if slot is not None and not slot.waiting_exports:
+            if slot is None or not slot.waiting_exports:  # no slot: no one asked for it
                 transient.add(ref)
         return frozenset(transient)
 
