@@ -23,7 +23,7 @@ import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import Piece
-from pathways_worker.shared_memory import ShmDir, map_value
+from pathways_worker.shared_memory import SWEEP_S, ShmDir, map_value
 from pathways_worker.warm_pool import SPARES_PER_SIZE
 
 MIB = 1 << 20
@@ -139,14 +139,32 @@ def test_a_file_come_back_as_a_spare_is_written_through_its_kept_mapping(tmp_pat
     assert shm.maps.kept_bytes == 0
 
 
-def test_a_kept_mapping_whose_file_is_gone_is_let_go_at_the_next_write(tmp_path: Path) -> None:
+def test_a_kept_mapping_whose_file_another_process_removed_is_let_go_at_the_next_look(tmp_path: Path) -> None:
     shm = shm_dir(tmp_path, "gone")
     try:
         gone = shm.write_piece(Piece((0,), (MIB,), np.full(MIB, 1, np.uint8)))
         os.unlink(gone)  # its consumer removed it
         shm.write_piece(Piece((0,), (2 * MIB,), np.full(2 * MIB, 2, np.uint8)))
+        assert shm.maps.kept_bytes == 3 * MIB, "a write right after the last look does not look again"
+        time.sleep(SWEEP_S)
+        shm.write_piece(Piece((0,), (2 * MIB,), np.full(2 * MIB, 3, np.uint8)))
 
-        assert shm.maps.kept_bytes == 2 * MIB, "the removed file's pages are no longer pinned"
+        assert shm.maps.kept_bytes == 4 * MIB, "the removed file's pages are no longer pinned"
+    finally:
+        shm.cleanup()
+
+
+def test_a_kept_mapping_whose_file_this_process_removed_is_let_go_at_once(tmp_path: Path) -> None:
+    shm = shm_dir(tmp_path, "removed")
+    try:
+        shm.write_piece(Piece((0,), (MIB,), np.full(MIB, 1, np.uint8)))
+        removed = shm.write_piece(Piece((0,), (2 * MIB,), np.full(2 * MIB, 2, np.uint8)))
+        assert shm.maps.kept_bytes == 3 * MIB
+
+        shm.recycle(removed, 2 * MIB, into=str(tmp_path / "no-such-directory"))  # no spare: removed
+
+        assert not os.path.exists(removed)
+        assert shm.maps.kept_bytes == MIB, "its pages are no longer pinned; the other file's still are"
     finally:
         shm.cleanup()
 
