@@ -35,20 +35,29 @@ def label(n: int) -> str:
     return "add f32[4]" if n == 0 else f"matmul {n}×{n}"
 
 
-def jax_chain_us(n: int, chain: int, repeats: int) -> list[float]:
-    """Plain jax.jit in this process: µs per computation over a chain."""
-    f = jax.jit(body(n))
-    y = jnp.asarray(size_input(n))
-    f(y).block_until_ready()
-    out = []
-    for _ in range(repeats):
+class JaxChain:
+    """Plain jax.jit in this process, compiled once: `sample()` times one chain of `chain`
+    computations, in µs per computation, so its repeats can take turns with another's."""
+
+    def __init__(self, n: int, chain: int) -> None:
+        self._f = jax.jit(body(n))
+        self._y = jnp.asarray(size_input(n))
+        self._chain = chain
+        self._f(self._y).block_until_ready()
+
+    def sample(self) -> float:
         start = time.perf_counter()
-        z = y
-        for _ in range(chain):
-            z = f(z)
+        z = self._y
+        for _ in range(self._chain):
+            z = self._f(z)
         z.block_until_ready()
-        out.append((time.perf_counter() - start) / chain * 1e6)
-    return out
+        return (time.perf_counter() - start) / self._chain * 1e6
+
+
+def jax_chain_us(n: int, chain: int, repeats: int) -> list[float]:
+    """Plain jax.jit in this process: µs per computation over a chain, `repeats` times."""
+    chain_of = JaxChain(n, chain)
+    return [chain_of.sample() for _ in range(repeats)]
 
 
 def size_for_ms(ms: float, candidates: tuple[int, ...] = (128, 192, 256, 320, 384, 448, 512, 576, 640, 768, 896, 1024, 1280)) -> int:
