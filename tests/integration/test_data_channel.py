@@ -30,7 +30,7 @@ from pathways_worker.sidecar.byte_budget import ByteBudget
 from pathways_wire.data_frames import HELLO, PIECE, REPLY, read_frame, send_frame
 from pathways_wire.data_frames import DataChannelError, DataConnection
 from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink, Refusal
-from pathways_worker.shared_memory import ShmDir, map_value
+from pathways_worker.shared_memory import KeptMaps, ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
 
 TOKEN = "slice-token"
@@ -91,6 +91,29 @@ def test_bytes_arrive_whole(receiver: Receiver, tmp_path: Path) -> None:
     np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
     link.send(exported_value(tmp_path, VALUE, 2, call_id="call-2"), handover=False, movable=False)
     assert len(receiver.arrivals) == 2  # one connection carries many values
+
+
+def test_a_piece_file_of_a_spares_size_is_sent_from_the_mapping_kept_from_its_last_trip(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    maps = KeptMaps(1 << 30, writable=False)
+    link = DataLink(receiver.address, "sender-host", TOKEN, timeout_s=30.0, maps=maps)
+    big = np.arange(512 * 256, dtype=np.float32).reshape(512, 256)
+    first = exported_value(tmp_path, big, 1)
+    link.send(first, handover=False, movable=False)
+    np.testing.assert_array_equal(arrived(receiver, big), big)
+    with open(first.pieces[0].path, "r+b") as f:  # the worker's next piece, in the file come back
+        f.write((big + 1).tobytes())
+    again = pb.Exported()
+    again.CopyFrom(first)
+    again.call_id = "call-2"
+
+    link.send(again, handover=False, movable=False)
+
+    second = receiver.arrivals[1]
+    assert not second.error
+    np.testing.assert_array_equal(map_value(second.path, big.shape, np.dtype(np.float32)), big + 1)
+    assert maps.kept_bytes == big.nbytes, "one mapping, kept from the first trip and read again"
 
 
 def test_a_piece_file_shorter_than_its_piece_is_not_sent(receiver: Receiver, tmp_path: Path) -> None:

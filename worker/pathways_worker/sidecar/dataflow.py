@@ -89,6 +89,7 @@ class Dataflow:
             file_handover=settings.file_handover,
             transfers=self.transfers,
             done_with=self.shm.recycle_pieces,
+            maps=self.shm.read_maps,
         )
         self._lock = threading.Lock()
         self._routes: dict[tuple[str, Ref], Destinations] = {}

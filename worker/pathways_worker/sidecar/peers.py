@@ -42,7 +42,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
 from pathways_wire.data_frames import DataChannelError
-from pathways_worker.shared_memory import cropped_to, exported_chunks, remove_pieces
+from pathways_worker.shared_memory import KeptMaps, cropped_to, exported_chunks, remove_pieces
 from pathways_worker.sidecar.data_channel import DataLink, PeerData, boot_id
 from pathways_worker.sidecar.sidecar_metrics import TransferPath, TransferStats
 
@@ -75,13 +75,16 @@ class PeerPusher:
         file_handover: bool = True,
         transfers: TransferStats | None = None,
         done_with: Callable[[pb.Exported], None] = remove_pieces,
+        maps: KeptMaps | None = None,
     ) -> None:
         """`shm_dir`: where the worker writes pieces (its device decides whether a
         peer can take files); `token`: presented to peers (data channel and gRPC Put);
         `transfers`: counts the bytes pushed, by path; `done_with`: what becomes of
         a value's piece files once every destination has them (removed, or kept
-        as spares for the next writer)."""
+        as spares for the next writer); `maps`: where piece files are read from
+        (`data_channel.send_file`)."""
         self._done_with = done_with
+        self._maps = maps
         self.sender = sender
         self.transfers = transfers or TransferStats()
         self.token = token
@@ -262,7 +265,7 @@ class PeerPusher:
             idle = self._idle.setdefault(address, [])
             link = idle.pop() if idle else None
         if link is None:
-            link = DataLink(peer.address, self.sender, self._token_for(address), self.timeout_s)
+            link = DataLink(peer.address, self.sender, self._token_for(address), self.timeout_s, self._maps)
         try:
             link.send(exported, handover=peer.same_node, movable=movable)
         except BaseException:
