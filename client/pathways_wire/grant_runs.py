@@ -47,9 +47,3 @@ def grants_in(batch: pb.GrantBatch) -> Iterator[tuple[int, str, int]]:
 def seqs_of(completion: pb.Completion) -> range:
     """The sequence numbers a completion stands for: its own, or a run's (`count`)."""
     return range(completion.seq, completion.seq + max(completion.count, 1))
-
-
-def extends(run: pb.Completion, call_id: str, seq: int) -> bool:
-    """Whether the grant `seq` of `call_id`, succeeded with no output inline, may join
-    `run` (a completion that succeeded with no output inline) as its next grant."""
-    return run.ok and not run.outputs and run.call_id == call_id and run.seq + max(run.count, 1) == seq

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from pathways_wire.grant_runs import seqs_of
 from pathways_worker.worker.finisher import Finisher
 from pathways_worker.worker.instructions import FinishBatch, Finished, RoutedValue
@@ -181,14 +183,20 @@ def test_consecutive_grants_that_succeeded_go_as_one_completion_and_a_failure_br
     try:
         failed = Finished(GrantId(4, "c", 4), (), "computation 4 failed")
         run = batch(1, 2, 3)
-        job = FinishBatch((*run.grants, failed, *batch(5, 6).grants, *batch(8).grants))
+        other_call = Finished(GrantId(9, "d", 9), (Value(),), "")
+        inline = Finished(GrantId(10, "d", 10), (np.zeros(2, np.float32),), "", inline=(0,))
+        job = FinishBatch((
+            *run.grants, failed, *batch(5, 6).grants, *batch(8).grants, other_call, inline,
+            Finished(GrantId(11, "d", 11), (Value(),), ""), Finished(GrantId(12, "d", 12), (Value(),), ""),
+        ))
         assert h.finisher.claim(job)
         h.finisher.finish_claimed(job)
         event = h.outbox.take_event(WAIT_S)
         assert event is not None
-        assert [(c.seq, c.count, c.ok) for c in event.completions] == [
-            (1, 3, True), (4, 0, False), (5, 2, True), (8, 0, True),
-        ]
+        assert [(c.seq, c.call_id, c.count, c.ok, len(c.outputs)) for c in event.completions] == [
+            (1, "c", 3, True, 0), (4, "c", 0, False, 0), (5, "c", 2, True, 0), (8, "c", 0, True, 0),
+            (9, "d", 0, True, 0), (10, "d", 0, True, 1), (11, "d", 2, True, 0),
+        ], "a gap, another call, a failure or an output inline each end a run; one inline starts none"
         assert h.finisher.pending == 0, "every grant counted off, runs by their count"
     finally:
         h.stop()

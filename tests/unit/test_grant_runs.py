@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.grant_runs import extends, grants_in, runs_of, seqs_of
+from pathways_wire.grant_runs import grants_in, runs_of, seqs_of
 
 
 def test_a_lone_calls_consecutive_grants_are_one_run() -> None:
@@ -31,16 +31,6 @@ def test_no_grants_make_no_runs() -> None:
 def test_a_completion_stands_for_its_own_grant_or_a_runs_grants() -> None:
     assert list(seqs_of(pb.Completion(seq=5, ok=True))) == [5]
     assert list(seqs_of(pb.Completion(seq=5, ok=True, count=3))) == [5, 6, 7]
-
-
-def test_only_the_next_grant_of_the_same_call_extends_a_run_that_succeeded_with_nothing_inline() -> None:
-    run = pb.Completion(seq=5, call_id="c", ok=True, count=3)
-    assert extends(run, "c", 8)
-    assert not extends(run, "c", 9), "a gap"
-    assert not extends(run, "d", 8), "another call"
-    assert not extends(pb.Completion(seq=5, call_id="c", ok=False), "c", 6), "a failure"
-    with_output = pb.Completion(seq=5, call_id="c", ok=True, outputs=[pb.InlineValue()])
-    assert not extends(with_output, "c", 6), "an output inline"
 
 
 def test_consecutive_numbers_of_two_calls_are_two_runs_from_a_list_or_a_stream() -> None:

@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.grant_runs import extends
 from pathways_wire.transfer import Piece, moves_inline, piece_runs, run_block, value_pieces
 from pathways_worker.shared_memory import ShmDir, remove
 from pathways_worker.worker.instructions import Export, FinishBatch, Finished
@@ -146,11 +145,18 @@ class Finisher:
         in_done = 0  # grants `done` stands for: a run of them is one completion (`grant_runs`)
         ends_call = False
         given = 0
+        # the run of grants the last completion in `done` stands for (`grant_runs`), while
+        # the next one may join it: its count is written into the message when the run ends,
+        # not read and written back per grant (a protobuf field costs more than a local)
+        run_call, run_next, run_count = "", -1, 0
 
         def give(exported: list[pb.Exported] | None = None) -> None:
             """`done` to the outbox (with `exported`, in one event that goes at once), off
             `pending` first: the outbox asks it whether more are coming."""
-            nonlocal given, in_done
+            nonlocal given, in_done, run_next, run_count
+            if run_count > 1:
+                done[-1].count = run_count
+            run_next, run_count = -1, 0
             self._count(-in_done)
             given += in_done
             in_done = 0
@@ -177,9 +183,12 @@ class Finisher:
                         self._report(ComputationFailedLate(grant, job.outputs, error))
                 in_done += 1
                 ends_call = ends_call or job.ends_call
-                if not error and not job.inline and done and extends(done[-1], grant.call_id, grant.seq):
-                    done[-1].count = max(done[-1].count, 1) + 1
+                if not error and not job.inline and grant.seq == run_next and grant.call_id == run_call:
+                    run_count += 1
+                    run_next += 1
                 else:
+                    if run_count > 1:
+                        done[-1].count = run_count
                     completion = pb.Completion(
                         seq=grant.seq, call_id=grant.call_id, node=grant.node, ok=not error, error=error,
                     )
@@ -191,6 +200,10 @@ class Finisher:
                                 data=np.ascontiguousarray(whole(job.outputs[i])).tobytes(),
                             )
                     done.append(completion)
+                    if error or job.inline:  # a run only of grants that succeeded with nothing inline
+                        run_next, run_count = -1, 0
+                    else:
+                        run_call, run_next, run_count = grant.call_id, grant.seq + 1, 1
                 if not job.routed:
                     continue
                 exports = [
