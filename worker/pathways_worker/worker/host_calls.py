@@ -333,6 +333,12 @@ class HostCalls:
         while len(self._released_order) > RELEASED_MEMORY:
             self._released.discard(self._released_order.popleft())
 
+    def prepared_of(self, plan: CallPlan) -> dict[int, PreparedComputation]:
+        """Every computation of the call's program as it loaded here, by index (none when
+        the program is not loaded): what `prepared` looks up, for a caller that looks up
+        many."""
+        return self._prepared.get(plan.program_id, {})
+
     def prepared(self, plan: CallPlan, comp: LocalComputation) -> PreparedComputation | str:
         """The computation as its program loaded here, or why it cannot run."""
         prepared = self._prepared.get(plan.program_id)

@@ -313,7 +313,9 @@ class HostState:
         if not error:
             self._batch_bytes += sum(out_bytes)
         ends_call = call.computations >= len(plan.computations)
-        self._finished(Finished(done.grant, done.outputs, error, tuple(routed), tuple(inline), ends_call), out)
+        self._finished(Finished(
+            done.grant, done.outputs, error, tuple(routed) if routed else (), tuple(inline) if inline else (), ends_call,
+        ), out)
 
     def _run_dispatched(self, done: RunDispatched, out: list[Instruction]) -> None:
         """Each grant of the run that JAX took, as if it had run alone; those after one it
@@ -463,13 +465,14 @@ class HostState:
         reads: dict[Ref, int] = {}
         total = need
         rest: list[Dispatch] = []
+        computations, prepared_of = plan.computations, self.calls.prepared_of(plan)
         for grant in self._queue:
             if len(rest) + 1 >= self.run_limit or grant.call_id != call.call_id:
                 break
-            comp = plan.computations.get(grant.node)
-            prepared = self.calls.prepared(plan, comp) if comp is not None else None
-            if comp is None or not isinstance(prepared, PreparedComputation):
-                break
+            comp = computations.get(grant.node)
+            prepared = prepared_of.get(grant.node)
+            if comp is None or prepared is None or prepared.load_error:
+                break  # the head's path says why it cannot run
             if prepared.need > self.store.free or total + prepared.need > DISPATCH_AHEAD_BYTES:
                 break
             inputs = self._run_inputs(call.call_id, comp, made)
@@ -481,10 +484,8 @@ class HostState:
             made.update(comp.outputs)
             total += prepared.need
             self.store.reserve(prepared.need)
-            record = GrantRecord(grant)
-            self._move(record, "running")
-            record.reserved, record.call, record.comp, record.prepared = prepared.need, call, comp, prepared
-            self._run.append(record)
+            # made `running` at once: queued -> running, as `_move` would allow
+            self._run.append(GrantRecord(grant, "running", 0, False, prepared.need, call, comp, prepared))
             rest.append(Dispatch(grant, plan.program_id, comp, inputs))
         for _ in rest:
             self._queue.popleft()
