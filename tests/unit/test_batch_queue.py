@@ -78,6 +78,27 @@ def test_a_nudge_alone_ends_a_take_with_an_empty_batch() -> None:
     assert queue.take(0.0) == ([], False), "the nudge was taken"
 
 
+def test_a_nudge_wakes_no_waiting_take_which_reports_it_when_its_wait_ends() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    got: list[tuple[list[int], bool]] = []
+    taker = threading.Thread(target=lambda: got.append(queue.take(0.3)))
+    started = time.monotonic()
+    taker.start()
+    time.sleep(0.02)
+    queue.nudge()
+    taker.join(timeout=30.0)
+    assert got == [([], True)]
+    assert time.monotonic() - started >= 0.3, "the nudge woke the take"
+
+
+def test_a_batch_taken_after_a_nudge_answers_it() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    queue.nudge()
+    assert queue.put_and_take([4]) == [4]
+    queue.sent()
+    assert queue.take(0.0) == ([], False), "the batch written carried what the nudge asked for"
+
+
 def test_a_take_that_nudges_do_not_wake_reports_the_nudge_when_nothing_came() -> None:
     queue: BatchQueue[int] = BatchQueue()
     queue.nudge()

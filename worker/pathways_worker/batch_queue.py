@@ -97,14 +97,13 @@ class BatchQueue(Generic[T]):
             self._wake_if_done()
 
     def nudge(self) -> None:
-        """Wakes a taker with an empty batch (e.g. to send fresh counters). A nudge
-        already pending has woken whoever waits for one, so a second one wakes
-        nobody: a call moves the store's count several times, and each wake-up is
-        a thread switch on the host's cores."""
+        """Asks for a batch, empty if need be (e.g. to send fresh counters), without
+        waking anyone: a waiting taker finds the nudge when its wait ends, or when an
+        item wakes it, and a batch taken meanwhile answers it. A call moves the store's
+        count several times, and each wake-up is a thread switch on the host's cores
+        that takes the GIL from the executor dispatching the call."""
         with self._cv:
-            if not self._nudged:
-                self._nudged = True
-                self._wake_if_done()
+            self._nudged = True
 
     def wake(self) -> None:
         """Makes a lingering taker ask `more_coming` again (nothing is queued)."""

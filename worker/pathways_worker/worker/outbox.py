@@ -6,9 +6,11 @@ island scheduler has no work waiting for room on the slice, while it has any
 left (`worth_lingering`); the last completion of a call, a failed one and every export
 go out at once, since someone is waiting for them: completions put while nothing
 is left end a linger under way. A change of
-the byte count alone (a nudge) waits up to `STATS_LINGER_S` for something to
-ride with: only health and metrics read it, and a call moves the count several
-times, which would otherwise cost a message each.
+the byte count alone (a nudge) wakes no thread: the session's writer finds it when it
+next looks (`executor_service.TAKE_S`), and then waits up to `STATS_LINGER_S` for
+something to ride with, unless an event took the fresh count along before. Only health
+and metrics read it, and a call moves the count several times, which would otherwise
+cost a message, and a thread's wake-up beside the executor, each.
 
 Where the session can be written by any thread (the session port, `attach`), the
 thread that puts what someone waits for writes the event itself, unless another
