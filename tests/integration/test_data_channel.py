@@ -42,6 +42,7 @@ class Receiver:
     server: DataChannelServer
     shm: ShmDir
     arrivals: list[pb.Arrival]
+    inbox: Inbox
 
     @property
     def address(self) -> str:
@@ -59,7 +60,7 @@ def receiver(tmp_path: Path) -> Iterator[Receiver]:
     for call_id in ("call-1", "call-2"):  # what each call's Launch would say: one sender
         inbox.expect(call_id, [pb.Expect(value=pb.ValueRef(node=3, index=0), senders=1)])
     server = DataChannelServer("127.0.0.1", 0, inbox, "receiver", TOKEN)
-    yield Receiver(server, shm, arrivals)
+    yield Receiver(server, shm, arrivals, inbox)
     server.close()
 
 
@@ -91,6 +92,23 @@ def test_bytes_arrive_whole(receiver: Receiver, tmp_path: Path) -> None:
     np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
     link.send(exported_value(tmp_path, VALUE, 2, call_id="call-2"), handover=False, movable=False)
     assert len(receiver.arrivals) == 2  # one connection carries many values
+
+
+def test_releasing_a_call_drops_its_unfinished_values_and_leaves_another_calls(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    for call_id in ("call-3", "call-4"):  # two senders each; one sends: neither value completes
+        receiver.inbox.expect(call_id, [pb.Expect(value=pb.ValueRef(node=3, index=0), senders=2)])
+        receiver.link().send(exported_value(tmp_path, VALUE, 2, call_id=call_id), handover=False, movable=False)
+    files = sorted(n for n in os.listdir(receiver.shm.path) if n.endswith(".bin"))
+    assert len(files) == 2 and len(receiver.inbox.pending()) == 2
+    receiver.inbox.release_call("call-3")
+    assert [name.endswith("of call call-4") for name in receiver.inbox.pending()] == [True]
+    assert len([n for n in os.listdir(receiver.shm.path) if n.endswith(".bin")]) == 1
+    second = DataLink(receiver.address, "sender-2", TOKEN, timeout_s=30.0)
+    second.send(exported_value(tmp_path, VALUE, 2, call_id="call-4"), handover=False, movable=False)
+    assert len(receiver.arrivals) == 1 and receiver.arrivals[0].call_id == "call-4", "call-4 still counted its senders"
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
 
 
 def test_a_piece_file_of_a_spares_size_is_sent_from_the_mapping_kept_from_its_last_trip(

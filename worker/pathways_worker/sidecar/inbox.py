@@ -193,6 +193,8 @@ class Inbox:
         self._lock = threading.Lock()
         self._values: dict[Key, InboundValue] = {}
         self._expects: dict[Key, int] = {}
+        self._keys_of: dict[str, set[Key]] = {}
+        """Each call's keys in `_values` and `_expects`, so its release touches only its own."""
         self._released: set[str] = set()
         self._released_order: deque[str] = deque()
 
@@ -203,6 +205,7 @@ class Inbox:
             for e in expects:
                 key = (call_id, ref_of(e.value))
                 self._expects[key] = e.senders
+                self._keys_of.setdefault(call_id, set()).add(key)
                 entry = self._values.get(key)
                 if entry is not None:
                     self._check(entry)
@@ -213,13 +216,12 @@ class Inbox:
             self._released_order.append(call_id)
             while len(self._released_order) > RELEASED_MEMORY:
                 self._released.discard(self._released_order.popleft())
-            for key in [k for k in self._values if k[0] == call_id]:
-                entry = self._values.pop(key)
-                if not entry.delivered and entry.path:
+            for key in self._keys_of.pop(call_id, ()):
+                self._expects.pop(key, None)
+                entry = self._values.pop(key, None)
+                if entry is not None and not entry.delivered and entry.path:
                     self._close(entry)
                     remove(entry.path)
-            for key in [k for k in self._expects if k[0] == call_id]:
-                del self._expects[key]
         self._budget.release_call(call_id)
 
     def pending(self) -> list[str]:
@@ -282,7 +284,7 @@ class Inbox:
                     info.call_id, key[1], spec, target=target, assembler=PieceAssembler(target),
                     reserved=nbytes, in_memory=True, block=block,
                 )
-                self._values[key] = entry
+                self._hold(key, entry)
                 return entry
             replaced = bool(header.movable and header.path) and info.nbytes == nbytes
             path, target = self._shm.create_value(info.shape, info.dtype, warm=not replaced)
@@ -298,8 +300,14 @@ class Inbox:
                 reserved=nbytes,
                 block=block,
             )
-            self._values[key] = entry
+            self._hold(key, entry)
             return entry
+
+    def _hold(self, key: Key, entry: InboundValue) -> InboundValue:
+        """Keeps `entry` as the value `key` (the caller holds the lock)."""
+        self._values[key] = entry
+        self._keys_of.setdefault(key[0], set()).add(key)
+        return entry
 
     def _fail(self, key: Key, header: pb.BufferHeader) -> None:
         error = header.error
@@ -308,7 +316,7 @@ class Inbox:
                 return
             entry = self._values.get(key)
             if entry is None:
-                entry = self._values[key] = InboundValue(key[0], key[1], header.spec)
+                entry = self._hold(key, InboundValue(key[0], key[1], header.spec))
             if entry.delivered:
                 return
             sender = header.sender or "a sender"
