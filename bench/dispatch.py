@@ -9,7 +9,8 @@ process, one device. The repeats of the baseline and of each mode take turns, an
 tiny computation's overhead is the median of each Chained repeat less the baseline's
 repeat of the same turn: on a machine whose speed drifts (a shared host), blocks of
 repeats timed one after another measured the drift as much as the overhead. A Chained
-or Fused repeat is `CALLS_PER_REPEAT` calls in a row. No pause comes between repeats:
+or Fused repeat is `CALLS_PER_REPEAT` calls in a row, and a baseline repeat as many chains
+of `jax.jit` calls, so every repeat covers as many computations. No pause comes between repeats:
 `jax.jit` timed 50 ms after a Chained call read 6.0-6.2 µs per computation, timed at
 once 5.1-5.5 (medians of 40, three runs), a core woken from idle being the slower.
 
@@ -112,7 +113,7 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int,
             return (time.perf_counter() - start) / op_calls * 1e6
 
         samplers = {
-            "jax": workloads.JaxChain(n, CHAIN).sample,
+            "jax": workloads.JaxChain(n, CHAIN, CALLS_PER_REPEAT).sample,
             "OpByOp": per_comp_op, "Chained": per_comp_chained, "Fused": per_comp_fused,
         }
         taken: dict[str, list[float]] = {mode: [] for mode in samplers}

@@ -36,22 +36,25 @@ def label(n: int) -> str:
 
 
 class JaxChain:
-    """Plain jax.jit in this process, compiled once: `sample()` times one chain of `chain`
-    computations, in µs per computation, so its repeats can take turns with another's.
-    Each timed chain follows an untimed one: what another setup's repeat left running
+    """Plain jax.jit in this process, compiled once: `sample()` times `chains` chains of
+    `chain` computations, one after the other, in µs per computation, so its repeats can
+    take turns with another's, each sample as long as the other's (as many computations).
+    Each timed sample follows an untimed chain: what another setup's repeat left running
     (a call's last work) and left in the caches falls on that one, not on the baseline."""
 
-    def __init__(self, n: int, chain: int) -> None:
+    def __init__(self, n: int, chain: int, chains: int = 1) -> None:
         self._f = jax.jit(body(n))
         self._y = jnp.asarray(size_input(n))
         self._chain = chain
+        self._chains = chains
         self._f(self._y).block_until_ready()
 
     def sample(self) -> float:
         self._run()
         start = time.perf_counter()
-        self._run()
-        return (time.perf_counter() - start) / self._chain * 1e6
+        for _ in range(self._chains):
+            self._run()
+        return (time.perf_counter() - start) / (self._chains * self._chain) * 1e6
 
     def _run(self) -> None:
         z = self._y
