@@ -26,7 +26,11 @@ those hand-offs with no runtime behind them: a 4 KiB message relayed along a
 chain of processes and back (`bench.floors`), as many hops as a move hands its
 value on, over raw loopback TCP (what a move's hops are: the worker's session port,
 the data channel) and, beside it, over gRPC streams (what the hops between worker
-and sidecar were before the session port).
+and sidecar were before the session port). Beside them, a profile of the same
+4 KiB move: the CPU each process of the embedded cluster spends on a moved call
+beyond the stayed one (`bench.floors.profile`, their repeats in turns), and that
+CPU over the machine's cores: the least time the move's work takes, however well
+its processes overlap.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from pathways.runtime import default_runtime
+from bench import floors
 from bench.floors import RelayChain, TcpRelayChain
 from bench.measure import Figure, figure
 
@@ -60,6 +66,9 @@ RELAY_ROUNDS = 100
 ROUNDS = 3
 """Moved and stayed calls per repeat, alternating; a repeat's cost of the move is the
 fastest moved call less the fastest stayed one, as noise only ever adds time."""
+PROFILE_CALLS = 200
+"""Moved and stayed calls per repeat of the move's CPU profile: a 10 ms tick over 200
+calls is 50 µs a call."""
 NO_COST = float("inf")
 """The rate of a repeat in which the moved call was no slower than the stayed one: the
 move's cost drowned in the noise. A figure with such a repeat is invalid, not met."""
@@ -260,6 +269,45 @@ def _slice_gbps(mib: int, moved: Any, stayed: Any, repeats: int) -> list[float]:
     return [mib * MIB / s / 1e9 if s > 0 else NO_COST for s in _move_seconds(moved, stayed, repeats)]
 
 
+def move_cpu(moved: Any, stayed: Any, repeats: int) -> list[Figure]:
+    """The CPU of each role of the embedded cluster per moved call beyond the stayed one
+    (a repeat of each in turn, `PROFILE_CALLS` calls), and all of it over the cores."""
+    seed = np.float32(2.0)
+    pids = floors.cluster_pids(default_runtime())  # after the calls that started the hosts
+
+    def calls(program: Any) -> Any:
+        def run() -> int:
+            for _ in range(PROFILE_CALLS):
+                program(seed)
+            return PROFILE_CALLS
+        return run
+
+    extra: dict[str, list[float]] = {role: [] for role in pids}
+    for _ in range(repeats):
+        stays = floors.profile(pids, calls(stayed), 1)
+        moves = floors.profile(pids, calls(moved), 1)
+        for role in pids:
+            extra[role].append(moves[role][0] - stays[role][0])
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK") / PROFILE_CALLS
+    out = []
+    for role, samples in extra.items():
+        f = figure(EXP, f"CPU of a 4 KiB move between islands beyond the same call without it, {role}", "µs",
+                   samples)
+        f.note = (f"{len(pids[role])} process(es), /proc/<pid>/stat utime+stime over {PROFILE_CALLS} calls "
+                  f"per repeat, resolution {tick_us:.0f} µs")
+        out.append(f)
+    total = floors.all_roles(extra)
+    out.append(figure(EXP, "CPU of a 4 KiB move between islands beyond the same call without it, all processes",
+                      "µs", total))
+    cores = os.cpu_count() or 1
+    out.append(figure(
+        EXP, f"floor of a move's fixed cost: its CPU over the machine's {cores} cores", "ms",
+        [t / cores / 1e3 for t in total],
+        note="the least time the move's work takes, however well its processes overlap",
+    ))
+    return out
+
+
 def judged_move(f: Figure) -> Figure:
     """A move's rate is finite in every repeat that measured its cost (see `NO_COST`)."""
     f.limit = float(np.finfo(np.float64).max)
@@ -306,9 +354,11 @@ def run(sizes_mib: tuple[int, ...], repeats: int) -> list[Figure]:
     with TcpRelayChain(MOVE_HOPS // 2) as tcp_chain:
         tcp_trip = tcp_chain.round_trip_us(4096, RELAY_ROUNDS, repeats)
     a, b = _slices(handover=False)
+    small = _programs(0, a, b, rows=4)
     fixed = figure(EXP, "fixed cost of a move between islands (4 KiB value)", "ms",
-                   [s * 1e3 for s in _move_seconds(*_programs(0, a, b, rows=4), repeats)])
+                   [s * 1e3 for s in _move_seconds(*small, repeats)])
     floors.append(fixed)
+    floors += move_cpu(*small, repeats)
     for how, trips in (("raw TCP", tcp_trip), ("gRPC", trip)):
         hop = figure(EXP, f"floor: one hop of a 4 KiB message between processes over loopback {how}", "µs",
                      [t / hops for t in trips])
