@@ -51,6 +51,15 @@ def test_soon_runs_watchers_on_the_watchs_thread() -> None:
     assert done.wait(10.0)
 
 
+def test_soon_with_no_watchers_wakes_and_starts_nothing() -> None:
+    watch = CallWatch()
+    watch.soon([])
+    assert watch._thread is None
+    done = threading.Event()
+    watch.soon([Once(done.set)])
+    assert done.wait(10.0)
+
+
 def test_deadlines_of_answered_watchers_are_swept_out() -> None:
     watch = CallWatch()
     far = time.monotonic() + 3600

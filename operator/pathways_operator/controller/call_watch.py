@@ -71,9 +71,14 @@ class CallWatch:
             self._start()
 
     def soon(self, watchers: Iterable[Once]) -> None:
-        """Runs `watchers` on the watch's thread (for a caller that holds a lock they take)."""
+        """Runs `watchers` on the watch's thread (for a caller that holds a lock they take).
+        None wakes nobody: a call whose waiters were answered as it ended has none left
+        when its client finishes it, and each call would cost the thread a wake-up."""
+        batch = list(watchers)
+        if not batch:
+            return
         with self._cond:
-            self._soon.extend(watchers)
+            self._soon.extend(batch)
             self._cond.notify()
             self._start()
 
