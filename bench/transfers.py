@@ -47,7 +47,6 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
-from pathways.runtime import default_runtime
 from bench import floors
 from bench.floors import RelayChain, TcpRelayChain
 from bench.measure import Figure, figure
@@ -273,7 +272,7 @@ def move_cpu(moved: Any, stayed: Any, repeats: int) -> list[Figure]:
     """The CPU of each role of the embedded cluster per moved call beyond the stayed one
     (a repeat of each in turn, `PROFILE_CALLS` calls), and all of it over the cores."""
     seed = np.float32(2.0)
-    pids = floors.cluster_pids(default_runtime())  # after the calls that started the hosts
+    pids = floors.cluster_pids(pw.default_runtime())  # after the calls that started the hosts
 
     def calls(program: Any) -> Any:
         def run() -> int:
