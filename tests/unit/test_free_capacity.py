@@ -14,6 +14,7 @@ from pathways_operator.core.placement import (
     Machine,
     MachineScan,
     Placement,
+    Unplaceable,
     place_gang,
     reserve,
 )
@@ -107,6 +108,8 @@ def test_index_reserves_and_restores_as_the_scan_counts(seed: int) -> None:
             assert index.place(request) == place_gang(request, scanned)
         index.restore(previous)
         assert index.machines() == machines
+        request = random_request(rng, "after-restore")
+        assert index.place(request) == place_gang(request, machines)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -119,6 +122,20 @@ def test_admission_with_the_index_decides_as_admission_by_scan_does(seed: int) -
         holding = {"g1": 1} if rng.random() < 0.3 else None
         expected = admit_on(MachineScan(machines), queue, now=now, reserve_after=300.0, holding=holding)
         assert admit(queue, machines, now=now, reserve_after=300.0, holding=holding) == expected
+
+
+def test_a_fit_remembered_for_a_gang_shape_is_forgotten_once_the_island_changes() -> None:
+    index = CapacityIndex(island("a", 1, 4))
+    first = index.place(GangRequest("s1", 4))
+    assert isinstance(first, Placement)
+    taken = index.reserve(first)
+    refused = index.place(GangRequest("s2", 4))
+    assert isinstance(refused, Unplaceable) and refused.message.startswith("slice 's2' needs 4 devices")
+    again = index.place(GangRequest("s3", 4))  # the same shape: judged from what the island remembers
+    assert isinstance(again, Unplaceable) and again.message.startswith("slice 's3' needs 4 devices")
+    index.restore(taken)
+    freed = index.place(GangRequest("s2", 4))
+    assert isinstance(freed, Placement) and freed.slice == "s2"
 
 
 def test_a_placement_naming_a_machine_the_index_lacks_is_refused() -> None:

@@ -177,15 +177,15 @@ def admit_on(
     With ``placement.MachineScan(machines)`` every decision scans every machine:
     the reference that :func:`admit`'s index must agree with.
     """
-    seen: set[str] = set()
+    queued_at: dict[str, float] = {}
     for gang in queue:
-        if gang.request.slice in seen:
+        if gang.request.slice in queued_at:
             raise ValueError(f"slice {gang.request.slice!r} is queued twice for admission")
         if gang.group_size < 1:
             raise ValueError(
                 f"slice {gang.request.slice!r}: admission group size {gang.group_size} is below 1"
             )
-        seen.add(gang.request.slice)
+        queued_at[gang.request.slice] = gang.queued_at
 
     held = holding or {}
     admitted: list[Placement] = []
@@ -203,7 +203,7 @@ def admit_on(
         previous: list[Machine] = []
         refused: tuple[QueuedGang, Unplaceable] | None = None
         for gang in unit:
-            outcome = _place_outside(gang.request, inventory, reserved, now, queue)
+            outcome = _place_outside(gang.request, inventory, reserved, now, queued_at)
             if isinstance(outcome, Unplaceable):
                 refused = (gang, outcome)
                 break
@@ -310,7 +310,7 @@ def _place_outside(
     inventory: Inventory,
     reserved: dict[str, str],
     now: float,
-    queue: Sequence[QueuedGang],
+    queued_at: Mapping[str, float],
 ) -> Placement | Unplaceable:
     """Place ``request`` avoiding reserved islands, explaining when only a reserved one would do."""
     if not reserved:
@@ -323,7 +323,7 @@ def _place_outside(
         return unrestricted
     island = unrestricted.island
     holder = reserved[island]
-    waited = next(now - g.queued_at for g in queue if g.request.slice == holder)
+    waited = now - queued_at[holder]
     return Unplaceable(
         request.slice,
         Reason.ISLAND_RESERVED,

@@ -9,7 +9,10 @@ offer when empty. A question about an island then costs the number of distinct
 free amounts there, which is small for real Nodes (a few machine sizes), and
 placing a gang visits only the machines its hosts land on and those skipped on the
 way for lack of CPU or memory. Reserving a placement moves just its machines
-between groups, and an admission group that does not fit restores them.
+between groups, and an admission group that does not fit restores them. Each
+island also remembers how each gang shape fits it until one of its machines
+changes: a queue of many gangs of a few shapes judges an unchanged island once
+per shape, not once per gang.
 
 The index answers :class:`~pathways_operator.core.placement.IslandCapacity` with
 the numbers a scan gives, so :func:`~pathways_operator.core.placement.place_on_islands`
@@ -24,8 +27,10 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 
 from pathways_operator.core.placement import (
+    FitKey,
     GangRequest,
     HostResources,
+    IslandFit,
     Machine,
     Placement,
     Unplaceable,
@@ -101,6 +106,7 @@ class _IslandIndex:
         )
         self._roomiest: dict[tuple[int, HostResources], Machine] = {}
         self._empty_slots: dict[tuple[int, HostResources], int] = {}
+        self._judged: dict[FitKey, IslandFit] = {}
         for m in machines:
             self._add(m)
 
@@ -118,6 +124,10 @@ class _IslandIndex:
                              "build a new index from the new inventory")
         self._remove(before)
         self._add(machine)
+        self._judged.clear()
+
+    def judged(self) -> dict[FitKey, IslandFit]:
+        return self._judged
 
     def _add(self, m: Machine) -> None:
         self._machines[m.name] = m

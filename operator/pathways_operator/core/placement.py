@@ -208,11 +208,16 @@ class Placement:
 
 def with_placement(machine: Machine, devices: int, hosts: int, needs: HostResources, sign: int = 1) -> Machine:
     """``machine`` with ``hosts`` hosts of ``needs`` and ``devices`` devices taken (sign 1) or freed (-1)."""
-    return dataclasses.replace(
-        machine,
-        used_devices=max(0, machine.used_devices + sign * devices),
-        used_cpu_millis=max(0, machine.used_cpu_millis + sign * hosts * needs.cpu_millis),
-        used_memory_bytes=max(0, machine.used_memory_bytes + sign * hosts * needs.memory_bytes),
+    return Machine(  # built directly: dataclasses.replace is several times slower, once per machine reserved
+        machine.name,
+        machine.island,
+        machine.allocatable_devices,
+        max(0, machine.used_devices + sign * devices),
+        machine.schedulable,
+        machine.allocatable_cpu_millis,
+        machine.allocatable_memory_bytes,
+        max(0, machine.used_cpu_millis + sign * hosts * needs.cpu_millis),
+        max(0, machine.used_memory_bytes + sign * hosts * needs.memory_bytes),
     )
 
 
@@ -233,8 +238,12 @@ class Unplaceable:
 
 
 @dataclasses.dataclass(slots=True)
-class _IslandFit:
-    """How one gang relates to one island: fits now, fits when drained, or never."""
+class IslandFit:
+    """How one gang relates to one island: fits now, fits when drained, or never.
+
+    It depends on the gang's shape (:data:`FitKey`) and the island alone, never
+    on the slice's name, so gangs of one shape share it until the island changes.
+    """
 
     island: str
     host_size: int
@@ -251,6 +260,11 @@ class _IslandFit:
     @property
     def fits_now(self) -> bool:
         return self.never is None and self.free_slots >= self.hosts_needed
+
+
+FitKey = tuple[int, int, int, int]
+"""A gang's shape as an island judges it: devices, devices per host (0: the island's choice),
+and the CPU and memory each host needs."""
 
 
 class IslandCapacity(Protocol):
@@ -288,6 +302,9 @@ class IslandCapacity(Protocol):
 
     def assign(self, host_size: int, needs: HostResources, hosts: int) -> tuple[str, ...]:
         """The machine of each of ``hosts`` hosts: the fullest machines with room first, then by name."""
+
+    def judged(self) -> dict[FitKey, IslandFit]:
+        """Fits already worked out against the island as it is now; emptied whenever a machine changes."""
 
 
 class Inventory(Protocol):
@@ -365,7 +382,9 @@ def place_on_islands(request: GangRequest, islands: Mapping[str, IslandCapacity]
             "pathways.dev/device capacity)",
         )
 
-    fits = [_fit_island(request, island, capacity) for island, capacity in sorted(islands.items())]
+    needs = request.host_resources
+    shape = (request.devices, request.devices_per_host or 0, needs.cpu_millis, needs.memory_bytes)
+    fits = [_judge(request, shape, island, capacity) for island, capacity in sorted(islands.items())]
     fitting = [f for f in fits if f.fits_now]
     if fitting:
         best = min(fitting, key=lambda f: (f.free_devices - request.devices, f.island))
@@ -417,6 +436,10 @@ class _ScannedIsland:
 
     def __init__(self, machines: Sequence[Machine]) -> None:
         self._machines = machines
+        self._judged: dict[FitKey, IslandFit] = {}
+
+    def judged(self) -> dict[FitKey, IslandFit]:
+        return self._judged
 
     def total_devices(self) -> int:
         return sum(m.allocatable_devices for m in self._machines)
@@ -493,7 +516,16 @@ def _check_request(request: GangRequest) -> Unplaceable | None:
     return None
 
 
-def _fit_island(request: GangRequest, island: str, capacity: IslandCapacity) -> _IslandFit:
+def _judge(request: GangRequest, shape: FitKey, island: str, capacity: IslandCapacity) -> IslandFit:
+    """:func:`_fit_island`, remembered by the island for the gang's shape until the island changes."""
+    judged = capacity.judged()
+    fit = judged.get(shape)
+    if fit is None:
+        fit = judged[shape] = _fit_island(request, island, capacity)
+    return fit
+
+
+def _fit_island(request: GangRequest, island: str, capacity: IslandCapacity) -> IslandFit:
     largest = capacity.largest_devices()
     total = capacity.total_devices()
     if request.devices_per_host is not None:
@@ -503,7 +535,7 @@ def _fit_island(request: GangRequest, island: str, capacity: IslandCapacity) -> 
     hosts_needed = request.devices // host_size
     needs = request.host_resources
     device_slots = capacity.device_slots(host_size)
-    fit = _IslandFit(
+    fit = IslandFit(
         island=island,
         host_size=host_size,
         hosts_needed=hosts_needed,
@@ -569,7 +601,7 @@ def _resources_short(
     )
 
 
-def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
+def _explain(request: GangRequest, fits: Sequence[IslandFit]) -> Unplaceable:
     """Turn per-island failures into one Unplaceable whose message carries the numbers."""
     name = request.slice
     waiting = [f for f in fits if f.never is None]
@@ -626,7 +658,7 @@ def _explain(request: GangRequest, fits: Sequence[_IslandFit]) -> Unplaceable:
     return Unplaceable(name, reason, message)
 
 
-def _shape(fits: Sequence[_IslandFit], needs: HostResources) -> str:
+def _shape(fits: Sequence[IslandFit], needs: HostResources) -> str:
     sizes = {f.host_size for f in fits}
     if len(sizes) != 1:
         return ""
@@ -636,7 +668,7 @@ def _shape(fits: Sequence[_IslandFit], needs: HostResources) -> str:
     return f" ({plural(hosts, 'host')} of {size}{each})"
 
 
-def _free_text(fit: _IslandFit) -> str:
+def _free_text(fit: IslandFit) -> str:
     text = f"{fit.free_devices} free"
     if fit.free_slots < min(fit.device_slots, fit.hosts_needed):
         # Devices for the hosts are free, but the machines with them lack CPU or memory.
