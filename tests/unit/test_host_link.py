@@ -5,6 +5,7 @@ The link is never started: the test takes its messages as its sender thread woul
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 import time
@@ -107,6 +108,40 @@ def test_on_the_control_port_what_was_queued_goes_first_then_send_writes_itself(
         assert _frames_from(theirs, 2) == [["launch:c1", "release:c0"], ["launch:c2", "release:c1"]]
         l.send(release("c2"), later=True)  # nothing follows: the sender writes it once its wait is up
         assert _frames_from(theirs, 1) == [["release:c2"]]
+        l.close()
+        sender.join(10.0)
+        assert not sender.is_alive()
+
+
+class _CountedWakes(queue.Queue[pb.HostCommand | None]):
+    """The link's queue, counting the wake-ups `send` gives its sender."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakes = 0
+
+    def put(self, item: pb.HostCommand | None, block: bool = True, timeout: float | None = None) -> None:
+        if item is host_link._WAKE:
+            self.wakes += 1
+        super().put(item, block, timeout)
+
+
+def test_a_command_held_while_the_sender_waits_out_an_earlier_hold_wakes_nobody(l: HostLink) -> None:
+    counted = _CountedWakes()
+    l._queue = counted  # type: ignore[assignment]
+    ours, theirs = socket.socketpair()
+    theirs.settimeout(10.0)
+    with ours, theirs:
+        sender = moved_to(l, ours)
+        l.send(release("c1"), later=True)  # wakes the sender, which starts its wait
+        deadline = time.monotonic() + 10.0
+        while l._sender_wakes_at is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert l._sender_wakes_at is not None
+        l.send(launch("c2"))  # written at once, the held release after it
+        l.send(release("c2"), later=True)  # the sender wakes for c1's wait anyway, and waits out c2's
+        assert _frames_from(theirs, 2) == [["launch:c2", "release:c1"], ["release:c2"]]
+        assert counted.wakes == 1
         l.close()
         sender.join(10.0)
         assert not sender.is_alive()

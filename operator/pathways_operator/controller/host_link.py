@@ -102,6 +102,9 @@ class HostLink:
         self._lock = threading.Lock()
         self._held: list[pb.HostCommand] = []
         self._held_since = 0.0
+        self._sender_wakes_at: float | None = None
+        """When the sender's timed wait for a held command ends; None while it waits
+        for the queue alone (or sends). A command held meanwhile needs no wake-up."""
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{name}", daemon=True)
@@ -125,6 +128,8 @@ class HostLink:
             if len(self._held) > 1:
                 return
             self._held_since = time.monotonic()
+            if self._sender_wakes_at is not None:
+                return  # the sender wakes before this wait is up, and waits out the rest
         self._queue.put(_WAKE)  # the sender starts the wait
 
     def together(self) -> Together:
@@ -164,14 +169,19 @@ class HostLink:
         """The next command to send, waiting for one; a held one once its wait is up."""
         while True:
             with self._lock:
-                wait = self._held_since + LATER_S - time.monotonic() if self._held else None
+                now = time.monotonic()
+                wait = self._held_since + LATER_S - now if self._held else None
                 if wait is not None and wait <= 0:
+                    self._sender_wakes_at = None
                     return self._held.pop(0)
+                self._sender_wakes_at = None if wait is None else now + wait
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
                 continue
             if item is not _WAKE:
+                with self._lock:
+                    self._sender_wakes_at = None
                 return item
 
     def _poll(self) -> pb.HostCommand | None:
