@@ -91,6 +91,21 @@ def test_a_nudge_wakes_no_waiting_take_which_reports_it_when_its_wait_ends() -> 
     assert time.monotonic() - started >= 0.3, "the nudge woke the take"
 
 
+def test_a_nudge_made_while_a_batch_is_written_wakes_no_waiting_take_when_that_batch_is_sent() -> None:
+    queue: BatchQueue[int] = BatchQueue()
+    got: list[tuple[list[int], bool]] = []
+    taker = threading.Thread(target=lambda: got.append(queue.take(0.3)))
+    started = time.monotonic()
+    taker.start()
+    time.sleep(0.02)
+    assert queue.put_and_take([4]) == [4]  # this thread writes the batch
+    queue.nudge()
+    queue.sent()
+    taker.join(timeout=30.0)
+    assert got == [([], True)]
+    assert time.monotonic() - started >= 0.3, "the batch sent after the nudge woke the take"
+
+
 def test_a_batch_taken_after_a_nudge_answers_it() -> None:
     queue: BatchQueue[int] = BatchQueue()
     queue.nudge()

@@ -31,7 +31,7 @@ class BatchQueue(Generic[T]):
         self._nudged = False
         self._urgent = False
         self._waiting: list[Callable[[], bool]] = []
-        """What each waiting taker waits for: a change wakes it only once that holds."""
+        """When each waiting taker is to be woken: a change wakes it only once that holds."""
         self._sending = False
         """A batch taken with `sending` is being written, and no other batch is taken until `sent`."""
 
@@ -118,13 +118,15 @@ class BatchQueue(Generic[T]):
         if any(done() for done in self._waiting):
             self._cv.notify_all()
 
-    def _wait(self, done: Callable[[], bool], timeout_s: float) -> None:
-        """`Condition.wait_for(done, timeout_s)`, woken only when `done` may hold (the caller holds the lock)."""
-        self._waiting.append(done)
+    def _wait(self, done: Callable[[], bool], timeout_s: float, wake: Callable[[], bool] | None = None) -> None:
+        """`Condition.wait_for(done, timeout_s)`, woken only when `wake` (by default `done`)
+        holds (the caller holds the lock)."""
+        woken_when = done if wake is None else wake
+        self._waiting.append(woken_when)
         try:
             self._cv.wait_for(done, timeout_s)
         finally:
-            self._waiting.remove(done)
+            self._waiting.remove(woken_when)
 
     def take(
         self,
@@ -149,7 +151,10 @@ class BatchQueue(Generic[T]):
         a batch another thread is writing is waited for first (up to `timeout_s`)."""
         with self._cv:
             if not self._items and not (nudges_wake and self._nudged):
-                self._wait(lambda: bool(self._items) or (nudges_wake and self._nudged), timeout_s)
+                # a nudge ends the wait, but wakes nobody: not when it comes, nor when a
+                # batch written meanwhile is `sent`
+                self._wait(lambda: bool(self._items) or (nudges_wake and self._nudged), timeout_s,
+                           wake=lambda: bool(self._items))
             if not self._items and not (nudges_wake and self._nudged):
                 nudged, self._nudged = self._nudged, False
                 return [], nudged
