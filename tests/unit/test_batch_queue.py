@@ -78,32 +78,34 @@ def test_a_nudge_alone_ends_a_take_with_an_empty_batch() -> None:
     assert queue.take(0.0) == ([], False), "the nudge was taken"
 
 
-def test_a_nudge_wakes_no_waiting_take_which_reports_it_when_its_wait_ends() -> None:
+def _take_beside(act: Callable[[BatchQueue[int]], None]) -> tuple[list[tuple[list[int], bool]], float]:
+    """What a take of up to 0.3 s returns while `act` runs beside it, and how long it took."""
     queue: BatchQueue[int] = BatchQueue()
     got: list[tuple[list[int], bool]] = []
     taker = threading.Thread(target=lambda: got.append(queue.take(0.3)))
     started = time.monotonic()
     taker.start()
     time.sleep(0.02)
-    queue.nudge()
+    act(queue)
     taker.join(timeout=30.0)
+    return got, time.monotonic() - started
+
+
+def test_a_nudge_wakes_no_waiting_take_which_reports_it_when_its_wait_ends() -> None:
+    got, took = _take_beside(lambda queue: queue.nudge())
     assert got == [([], True)]
-    assert time.monotonic() - started >= 0.3, "the nudge woke the take"
+    assert took >= 0.3, "the nudge woke the take"
 
 
 def test_a_nudge_made_while_a_batch_is_written_wakes_no_waiting_take_when_that_batch_is_sent() -> None:
-    queue: BatchQueue[int] = BatchQueue()
-    got: list[tuple[list[int], bool]] = []
-    taker = threading.Thread(target=lambda: got.append(queue.take(0.3)))
-    started = time.monotonic()
-    taker.start()
-    time.sleep(0.02)
-    assert queue.put_and_take([4]) == [4]  # this thread writes the batch
-    queue.nudge()
-    queue.sent()
-    taker.join(timeout=30.0)
+    def write_a_batch_and_nudge_meanwhile(queue: BatchQueue[int]) -> None:
+        assert queue.put_and_take([4]) == [4]  # this thread writes the batch
+        queue.nudge()
+        queue.sent()
+
+    got, took = _take_beside(write_a_batch_and_nudge_meanwhile)
     assert got == [([], True)]
-    assert time.monotonic() - started >= 0.3, "the batch sent after the nudge woke the take"
+    assert took >= 0.3, "the batch sent after the nudge woke the take"
 
 
 def test_a_batch_taken_after_a_nudge_answers_it() -> None:
