@@ -237,12 +237,12 @@ class Unplaceable:
         return self.reason in RETRYABLE_REASONS
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class IslandFit:
     """How one gang relates to one island: fits now, fits when drained, or never.
 
     It depends on the gang's shape (:data:`FitKey`) and the island alone, never
-    on the slice's name, so gangs of one shape share it until the island changes.
+    on the slice's name, so gangs of one shape share it (frozen) until the island changes.
     """
 
     island: str
