@@ -27,10 +27,12 @@ def on_port() -> Iterator[tuple[WorkerLink, socket.socket]]:
         target=link._on_session_port, args=(ours, frames.reader(ours), pb.WorkerEvent(ready=True)), daemon=True
     )
     reader.start()
+    # wait for the link to be open on the port, not for `ready`: the link's own thread,
+    # finding no worker at its address, clears `ready` after each of its tries
     deadline = time.monotonic() + 10.0
-    while not link.ready and time.monotonic() < deadline:
+    while link._sock is not ours and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert link.ready
+    assert link._sock is ours
     yield link, theirs
     link.stop()
     theirs.close()
