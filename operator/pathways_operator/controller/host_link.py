@@ -102,9 +102,9 @@ class HostLink:
         self._lock = threading.Lock()
         self._held: list[pb.HostCommand] = []
         self._held_since = 0.0
-        self._sender_wakes_at: float | None = None
-        """When the sender's timed wait for a held command ends; None while it waits
-        for the queue alone (or sends). A command held meanwhile needs no wake-up."""
+        self._sender_timed = False
+        """Whether the sender is in a timed wait for a held command (not waiting for the
+        queue alone, nor sending): a command held meanwhile needs no wake-up."""
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"link-{name}", daemon=True)
@@ -128,7 +128,7 @@ class HostLink:
             if len(self._held) > 1:
                 return
             self._held_since = time.monotonic()
-            if self._sender_wakes_at is not None:
+            if self._sender_timed:
                 return  # the sender wakes before this wait is up, and waits out the rest
         self._queue.put(_WAKE)  # the sender starts the wait
 
@@ -169,19 +169,18 @@ class HostLink:
         """The next command to send, waiting for one; a held one once its wait is up."""
         while True:
             with self._lock:
-                now = time.monotonic()
-                wait = self._held_since + LATER_S - now if self._held else None
+                wait = self._held_since + LATER_S - time.monotonic() if self._held else None
                 if wait is not None and wait <= 0:
-                    self._sender_wakes_at = None
+                    self._sender_timed = False
                     return self._held.pop(0)
-                self._sender_wakes_at = None if wait is None else now + wait
+                self._sender_timed = wait is not None
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
                 continue
             if item is not _WAKE:
                 with self._lock:
-                    self._sender_wakes_at = None
+                    self._sender_timed = False
                 return item
 
     def _poll(self) -> pb.HostCommand | None:
