@@ -50,9 +50,11 @@ from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
 from pathways_operator.controller import Host, HostRequest
 from pathways_operator.coordinator_port import HeldPort
+from pathways_wire.port_probe import accepts
 
 log = logging.getLogger(__name__)
 
+READY_POLL_S = 0.02
 HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "120"))
 STOP_GRACE_S = 5.0
 SHM_ROOT = Path("/dev/shm")
@@ -253,10 +255,15 @@ class LocalHostLauncher:
                 )
 
     def _wait_ready(self, hosts: list[LocalHost], deadline: float) -> None:
+        """Until every host's sidecar says its worker is ready; a worker serves only once it
+        has joined its slice's JAX job, so a sidecar is asked only once its worker's port
+        accepts connections (cheap to try, on the cores the starting hosts need)."""
         pending = list(hosts)
         while pending:
             for host in list(pending):
                 self._raise_if_exited(host)
+                if not accepts(host.worker_address):
+                    continue
                 with grpc.insecure_channel(host.sidecar_address) as channel:  # Health: open
                     try:
                         reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=1)
@@ -271,7 +278,7 @@ class LocalHostLauncher:
                     f"see logs in {self.state_dir / 'hosts'}"
                 )
             if pending:
-                time.sleep(0.1)
+                time.sleep(READY_POLL_S)
 
     def stop(self, stopping: Sequence[Host]) -> None:
         hosts = [h for h in stopping if isinstance(h, LocalHost)]

@@ -21,10 +21,27 @@ CHECK = (
 
 
 @pytest.mark.parametrize("modules", [
-    ["pathways_worker.sidecar.__main__"],
+    # the entry point, and what its serve() imports
+    ["pathways_worker.sidecar.__main__", "pathways_worker.sidecar.dataflow",
+     "pathways_worker.sidecar.dataflow_service", "pathways_worker.sidecar.sidecar_metrics"],
     ["pathways_operator.__main__", "pathways_operator.k8s.handlers"],
 ])
 def test_entry_point_loads_neither_the_user_api_nor_jax(modules: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", CHECK, *modules], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "none", f"{modules} loaded {done.stdout.strip()}"
+
+
+NUMPY_CHECK = (
+    "import sys, importlib\n"
+    "importlib.import_module(sys.argv[1])\n"
+    "print('numpy' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize("module", ["pathways_worker.sidecar.__main__", "pathways_worker.worker.__main__"])
+def test_a_host_entry_point_imports_no_numpy_before_it_keeps_openblas_to_one_thread(module: str) -> None:
+    """OpenBLAS reads its thread count when numpy loads it: `single_threaded_blas` must come first."""
+    done = subprocess.run([sys.executable, "-c", NUMPY_CHECK, module], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", f"importing {module} imported numpy"

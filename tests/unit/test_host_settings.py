@@ -1,7 +1,9 @@
-"""Host flags and their slice token: a host without one refuses, unless told to run unchecked."""
+"""Host flags and their slice token: a host without one refuses, unless told to run unchecked;
+and what a host sets in its own environment before it starts."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,16 @@ def test_an_interceptor_without_a_token_is_refused() -> None:
     with pytest.raises(ValueError, match="host s/host-0: refusing to serve without a slice token"):
         SliceTokenInterceptor("", "s/host-0")
     SliceTokenInterceptor("", "s/host-0", insecure=True)
+
+
+def test_hosts_keep_openblas_to_one_thread_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pathways_worker.lifecycle import single_threaded_blas
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    single_threaded_blas()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    single_threaded_blas()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"

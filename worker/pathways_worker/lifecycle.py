@@ -33,6 +33,18 @@ def configure_logging() -> None:
     )
 
 
+def single_threaded_blas() -> None:
+    """Keep numpy's OpenBLAS to the calling thread; call it before numpy is first imported.
+
+    A host never calls numpy's BLAS (its computations run in XLA), yet OpenBLAS
+    starts a thread per core when numpy is imported, and they spin before they
+    sleep: about 0.1 s of CPU per process. The hosts of a gang start together
+    on the same cores, so that CPU comes out of the gang's start-up. A value
+    set in the environment is kept.
+    """
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def exit_with_parent(shm_dir: str) -> None:
     """When started with a parent link, exit when the parent goes, leaving no `shm_dir`."""
 

@@ -8,6 +8,9 @@ variables (see `pathways_worker.settings`). With port 0 it picks a free port
 and prints `pathways-sidecar listening on HOST:PORT`. With `--metrics-port`
 (`PATHWAYS_SIDECAR_METRICS_PORT`) it also serves Prometheus `/metrics` on the listen
 address (`pathways_worker.sidecar.sidecar_metrics`).
+
+Nothing here imports numpy (the sidecar's modules do) before
+`single_threaded_blas` has kept OpenBLAS from starting its threads.
 """
 
 from __future__ import annotations
@@ -16,18 +19,10 @@ import logging
 from collections.abc import Sequence
 from concurrent import futures
 
-import grpc
-import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for dtype checks)
-
-from pathways_wire.transfer import MAX_MESSAGE_BYTES
-from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.session_frames import SessionPort
-from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
+from pathways_worker.lifecycle import (
+    configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal,
+)
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
-from pathways_worker.sidecar.dataflow import Dataflow
-from pathways_worker.sidecar.dataflow_service import ControlFrames, DataflowService
-from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
-from pathways_worker.slice_auth import SliceTokenInterceptor
 
 log = logging.getLogger("pathways_worker.sidecar")
 
@@ -37,6 +32,18 @@ CONTROL_MESSAGE_BYTES = 256 << 20
 
 
 def serve(settings: SidecarSettings) -> None:
+    single_threaded_blas()
+    import grpc
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for dtype checks)
+
+    from pathways_wire import pathways_pb2_grpc as pb_grpc
+    from pathways_wire.session_frames import SessionPort
+    from pathways_wire.transfer import MAX_MESSAGE_BYTES
+    from pathways_worker.sidecar.dataflow import Dataflow
+    from pathways_worker.sidecar.dataflow_service import ControlFrames, DataflowService
+    from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
+    from pathways_worker.slice_auth import SliceTokenInterceptor
+
     if settings.insecure_no_token:
         log.warning("sidecar %s: started with --insecure-no-token: any caller that reaches it is served",
                     settings.host_name)

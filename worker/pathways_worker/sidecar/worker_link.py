@@ -12,7 +12,10 @@ that offers no port, a port that cannot be reached, or a sidecar started with
 The worker may still be starting (importing jax, joining its slice's JAX job), so the
 link tries again every `STARTING_RETRY_S` until the worker first answers with
 its `ready` event: the gang is reported ready only after every link is, so a
-longer wait here would add straight to the slice's start-up. Commands sent
+longer wait here would add straight to the slice's start-up. The worker serves
+only once it has joined, so each try first asks whether its port accepts
+connections at all (`pathways_wire.port_probe`) and opens a gRPC session only
+when it does: the worker's start-up shares its cores with this wait. Commands sent
 meanwhile wait, in order, and go once it is. If the worker goes away the link says
 so (`ready` clears) and reconnects with a backoff capped at one second.
 """
@@ -34,6 +37,7 @@ from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
 from pathways_wire.corks import Together
 from pathways_wire.slice_token import call_metadata
+from pathways_wire.port_probe import accepts
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +147,7 @@ class WorkerLink:
         backoff = STARTING_RETRY_S
         seen = False
         while not self._stop.is_set():
-            if self._session():
+            if accepts(self.address) and self._session():
                 backoff, seen = STARTING_RETRY_S, True
             self._ready.clear()
             self._stop.wait(backoff)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Sequence
 from concurrent import futures
 
-from pathways_worker.lifecycle import configure_logging, exit_with_parent, wait_for_signal
+from pathways_worker.lifecycle import configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal
+from pathways_wire.port_probe import accepts
 from pathways_worker.settings import WorkerSettings, parse_worker_args
 
 log = logging.getLogger("pathways_worker.worker")
@@ -39,14 +39,9 @@ def _await_coordinator(address: str, within_s: float = COORDINATOR_WAIT_S) -> No
     reconnect backoff. A TCP probe every `COORDINATOR_POLL_S` joins as soon as the
     coordinator listens. After ``within_s`` it goes on, and JAX's own timeout decides.
     """
-    host, _, port = address.rpartition(":")
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                return
-        except OSError:
-            time.sleep(COORDINATOR_POLL_S)
+    while time.monotonic() < deadline and not accepts(address):
+        time.sleep(COORDINATOR_POLL_S)
 
 
 def _prepare_jax(settings: WorkerSettings) -> None:
@@ -57,6 +52,7 @@ def _prepare_jax(settings: WorkerSettings) -> None:
         + [device_flag]
     )
     os.environ["JAX_PLATFORMS"] = "cpu"
+    single_threaded_blas()
     import jax
 
     if settings.num_hosts > 1:
