@@ -31,7 +31,10 @@ the operator's admission, gang binding and the slice's own containers cost over 
 bare Kubernetes path on the same nodes. The target is the largest slice's apply →
 Ready against the 1-host slice's (≤ 2×): a gang's start-up must not grow with its
 hosts. What does grow with them on one machine is the hosts' own start, n processes
-importing jax on the same cores; `start_floor` measures that alone, in the same run.
+importing jax on the same cores; `start_floor` measures that alone, in the same run,
+and `gang_floor` a whole gang of n hosts (worker and sidecar processes) started by the
+embedded runtime's launcher, without Kubernetes, from which follows the least the
+target's ratio can be on these cores.
 
 Everything is bounded (a slice or pods not Ready within `READY_TIMEOUT_S` fails the
 experiment's cluster figures; start-up within the harness's own timeouts) and torn down
@@ -188,6 +191,7 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
     first: dict[int, list[float]] = {n: [] for n in hosts}
     failed: dict[int, list[str]] = {n: [] for n in hosts}
     floor: dict[int, list[float]] = {n: [] for n in hosts}
+    gangs: dict[int, list[float]] = {n: [] for n in hosts}
     pods: dict[int, list[float]] = {n: [] for n in hosts}
     with _bench_cluster() as bench:
         bench.slice_ready("warm-up", min(hosts))
@@ -200,6 +204,7 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
                 else:
                     first[n].append(computed)
                 floor[n].append(_start_jax(n))
+                gangs[n].append(_start_gang(n))
                 pods[n].append(bench.pods_ready(f"p{n}-{i}", n))
     out: list[Figure] = []
     for n in hosts:
@@ -229,7 +234,7 @@ def cluster_figures(repeats: int, hosts: Sequence[int] = (1, 2, 4)) -> list[Figu
                       note="each measured in this run; the floor below is what the hosts' own start costs")
         gang.met = gang.ratio is not None and gang.ratio <= GANG_TARGET
         out.append(gang)
-    return out + start_floor(floor)
+    return out + start_floor(floor) + gang_floor(gangs, slices)
 
 
 def start_floor(samples: dict[int, list[float]]) -> list[Figure]:
@@ -254,8 +259,63 @@ def start_floor(samples: dict[int, list[float]]) -> list[Figure]:
     return out
 
 
+def gang_floor(gangs: dict[int, list[float]], slices: dict[int, list[float]]) -> list[Figure]:
+    """A gang of n hosts started as local processes, beside one host; and the target's floor.
+
+    `pathways_operator.local_hosts.LocalHostLauncher` (the embedded runtime's) starts
+    every host's worker and sidecar at once, exactly the processes of a host pod, and
+    returns when every sidecar says its worker has joined the slice's JAX job: a gang's
+    start with nothing of Kubernetes around it. If Kubernetes added nothing for a
+    gang's extra hosts, the largest slice would take the 1-host slice's time plus what
+    the larger gang's own start takes beyond the 1-host gang's; over the 1-host slice,
+    that is the least the target's ratio can be on these cores.
+    """
+    counts = sorted(gangs)
+    low, high = min(counts), max(counts)
+    out = []
+    for n in counts:
+        out.append(figure(EXP, f"floor: a gang of {_hosts(n)} started as local processes", "s",
+                          gangs[n], baseline=f"a gang of {_hosts(low)}" if n != low else "",
+                          baseline_samples=gangs[low] if n != low else [],
+                          ratio=statistics.median(gangs[n]) / statistics.median(gangs[low])
+                          if n != low else None,
+                          note="each host's worker and sidecar started at once by the embedded "
+                               "runtime's launcher, until every worker has joined the JAX job"))
+    if high > low:
+        one = statistics.median(slices[low])
+        least = [one + g - statistics.median(gangs[low]) for g in gangs[high]]
+        out.append(figure(EXP, f"floor: kubectl apply → Ready, {_hosts(high)} vs {_hosts(low)}, if "
+                          f"Kubernetes added nothing for the extra hosts", "s", least,
+                          baseline=f"{_hosts(low)} slice", baseline_samples=slices[low],
+                          ratio=statistics.median(least) / one,
+                          note=f"the {_hosts(low)} slice's median, plus each {_hosts(high)} gang's start "
+                               f"beyond the median {_hosts(low)} gang's"))
+    return out
+
+
+def _start_gang(n: int) -> float:
+    from pathways_operator.controller.gangs import HostRequest
+    from pathways_operator.local_hosts import LocalHostLauncher
+
+    state = Path(tempfile.mkdtemp(prefix="kpw-bench-gang-"))
+    launcher = LocalHostLauncher(state, lambda host, why: None)
+    try:
+        requests = [HostRequest("bench-gang", f"gang-{os.getpid()}-{n}", i, n, DEVICES_PER_NODE,
+                                f"local-{i}", token="bench-gang-token") for i in range(n)]
+        start = time.monotonic()
+        hosts = launcher.launch(requests)
+        elapsed = time.monotonic() - start
+        launcher.stop(hosts)
+        return elapsed
+    finally:
+        launcher.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def _start_jax(n: int) -> float:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    # as a host's worker starts JAX (`pathways_worker.lifecycle.single_threaded_blas`)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "OPENBLAS_NUM_THREADS": "1"}
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", "import jax; jax.devices()"], env=env)
              for _ in range(n)]
