@@ -2001,12 +2001,20 @@ Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 class HealthRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WAIT_READY_S_FIELD_NUMBER: _builtins.int
+    wait_ready_s: _builtins.float
+    """Answer once the worker is ready, or after this many seconds, whichever is first
+    (the sidecar waits at most 10 s, and only for a few such callers at a time;
+    0: answer at once). A watch on a forming gang asks once where it would poll.
+    """
     def __init__(
         self,
+        *,
+        wait_ready_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_ready_s", b"wait_ready_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class _FormingSidecar(pb_grpc.DataflowServicer):
-    """Answers Health with worker_ready only from its ``ready_after``-th call on."""
+    """Answers Health with worker_ready only from its ``ready_after``-th call on, and at
+    once, as a sidecar that does not wait (``HealthRequest.wait_ready_s``) answers."""
 
     def __init__(self, ready_after: int) -> None:
         self.calls = 0
@@ -95,3 +96,39 @@ def test_a_forgotten_gang_is_not_asked_about_any_more(sidecars: list[tuple[str, 
 
     assert _wait_for(settled, timeout_s=5.0)
     assert woken == []
+
+
+class _WaitingSidecar(pb_grpc.DataflowServicer):
+    """Answers Health once its worker is ready (``ready``) or the call's ``wait_ready_s`` passed."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
+        with self._lock:
+            self.waits.append(request.wait_ready_s)
+        self.ready.wait(request.wait_ready_s)
+        return pb.HealthReply(host="stand-in", worker_ready=self.ready.is_set())
+
+
+def test_the_watch_asks_a_sidecar_that_waits_once_until_its_worker_is_ready() -> None:
+    servicer = _WaitingSidecar()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_DataflowServicer_to_server(servicer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        woken: list[str] = []
+        watch = FormingWatch(woken.append, poll_s=0.02, ask_s=30.0)
+        watch.watch("ns/gang", (address,))
+        assert _wait_for(lambda: servicer.waits)
+        time.sleep(0.5)  # 25 poll periods: a watch that polled would have asked again
+        assert servicer.waits == [30.0] and woken == []
+        servicer.ready.set()
+        assert _wait_for(lambda: woken)
+        assert woken == ["ns/gang"]
+        assert servicer.waits == [30.0], "one question, answered when the worker was ready"
+    finally:
+        server.stop(0)

@@ -49,6 +49,11 @@ DEFAULT_FETCH_TIMEOUT_S = 300.0
 COMPLETION_LINGER_S = 0.0
 """The worker batches completions already (and sends a call's last one at once);
 lingering here again only delays the end of every call."""
+HEALTH_WAIT_MAX_S = 10.0
+"""The longest a Health call waits for the worker to be ready (`HealthRequest.wait_ready_s`)."""
+HEALTH_WAITERS = 4
+"""Health calls that may wait at once. Health needs no token, so the waits are bounded:
+beyond these, a call is answered at once, and no caller can hold the server's threads."""
 
 
 class HostError(Exception):
@@ -103,6 +108,7 @@ class Dataflow:
         """The raw control port offered to the controller (`session_frames`); 0: none."""
         self.link = WorkerLink(settings.worker, self._on_worker_event, settings.slice_token,
                                frames_wanted=settings.session_frames)
+        self._health_waiters = threading.BoundedSemaphore(HEALTH_WAITERS)
         self.inbox = Inbox(
             self.shm,
             self.budget,
@@ -328,7 +334,16 @@ class Dataflow:
 
     # ------------------------------------------------------------ Health
 
-    def health(self) -> pb.HealthReply:
+    def health(self, wait_ready_s: float = 0.0) -> pb.HealthReply:
+        """The host's state; with ``wait_ready_s``, once the worker is ready or that many
+        seconds passed (at most `HEALTH_WAIT_MAX_S`, for `HEALTH_WAITERS` callers at once):
+        a forming gang's watch learns the moment the worker is ready, with one question
+        where it would ask every few tens of milliseconds."""
+        if wait_ready_s > 0 and not self.link.ready and self._health_waiters.acquire(blocking=False):
+            try:
+                self.link.wait_ready(min(wait_ready_s, HEALTH_WAIT_MAX_S))
+            finally:
+                self._health_waiters.release()
         return pb.HealthReply(
             host=self.host_name,
             worker_ready=self.link.ready,

@@ -83,7 +83,7 @@ class DataflowService(pb_grpc.DataflowServicer):
         yield from chunks
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
-        return self._core.health()
+        return self._core.health(request.wait_ready_s)
 
 
 class ControlFrames:
