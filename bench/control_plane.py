@@ -246,17 +246,20 @@ def start_floor(samples: dict[int, list[float]]) -> list[Figure]:
     right after each slice of the same size, with the cluster running, so it shares
     the machine as the slice did.
     """
-    counts = sorted(samples)
-    low = min(counts)
-    out = []
-    for n in counts:
-        out.append(figure(EXP, f"floor: {n} process{'es' if n > 1 else ''} starting JAX at once", "s",
-                          samples[n], baseline=f"{low} process" if n != low else "",
-                          baseline_samples=samples[low] if n != low else [],
-                          ratio=statistics.median(samples[n]) / statistics.median(samples[low])
-                          if n != low else None,
-                          note="python -c 'import jax; jax.devices()', until the last exits"))
-    return out
+    return _beside_smallest(
+        samples, lambda n: f"floor: {n} process{'es' if n > 1 else ''} starting JAX at once",
+        lambda n: f"{n} process", "python -c 'import jax; jax.devices()', until the last exits")
+
+
+def _beside_smallest(samples: dict[int, list[float]], name: Callable[[int], str], baseline: Callable[[int], str],
+                     note: str) -> list[Figure]:
+    """A figure in seconds per size, each larger one beside the smallest size's samples."""
+    low = min(samples)
+    return [figure(EXP, name(n), "s", samples[n], baseline=baseline(low) if n != low else "",
+                   baseline_samples=samples[low] if n != low else [],
+                   ratio=statistics.median(samples[n]) / statistics.median(samples[low]) if n != low else None,
+                   note=note)
+            for n in sorted(samples)]
 
 
 def gang_floor(gangs: dict[int, list[float]], slices: dict[int, list[float]]) -> list[Figure]:
@@ -270,17 +273,12 @@ def gang_floor(gangs: dict[int, list[float]], slices: dict[int, list[float]]) ->
     the larger gang's own start takes beyond the 1-host gang's; over the 1-host slice,
     that is the least the target's ratio can be on these cores.
     """
-    counts = sorted(gangs)
-    low, high = min(counts), max(counts)
-    out = []
-    for n in counts:
-        out.append(figure(EXP, f"floor: a gang of {_hosts(n)} started as local processes", "s",
-                          gangs[n], baseline=f"a gang of {_hosts(low)}" if n != low else "",
-                          baseline_samples=gangs[low] if n != low else [],
-                          ratio=statistics.median(gangs[n]) / statistics.median(gangs[low])
-                          if n != low else None,
-                          note="each host's worker and sidecar started at once by the embedded "
-                               "runtime's launcher, until every worker has joined the JAX job"))
+    low, high = min(gangs), max(gangs)
+    out = _beside_smallest(
+        gangs, lambda n: f"floor: a gang of {_hosts(n)} started as local processes",
+        lambda n: f"a gang of {_hosts(n)}",
+        "each host's worker and sidecar started at once by the embedded runtime's launcher, until "
+        "every worker has joined the JAX job")
     if high > low:
         one = statistics.median(slices[low])
         least = [one + g - statistics.median(gangs[low]) for g in gangs[high]]
