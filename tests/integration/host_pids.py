@@ -20,3 +20,12 @@ def host_pid(runtime: pw.Runtime, slice_info: pb.SliceInfo, index: int, role: st
         return int(pid_file.read_text())
     except (OSError, ValueError):
         return None
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped by a signal), or why there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError as err:
+        return f"unreadable ({err})"

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways as pw
 import pathways.runtime as pw_runtime
-from tests.integration.host_pids import host_pid
+from tests.integration.host_pids import host_pid, process_state
 
 LOOPS = int(os.environ.get("PATHWAYS_FAULT_LOOPS", "3"))
 RECOVERY_LIMIT_S = 90.0
@@ -37,19 +37,10 @@ RECOVERY_LIMIT_S = 90.0
 pytestmark = pytest.mark.timeout(120 + 60 * LOOPS)
 
 
-def _state(pid: int) -> str:
-    """The process's state letter from /proc (T: stopped), or why there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError as err:
-        return f"unreadable ({err})"
-
-
 def _stopped_within(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _state(pid) == "T":
+        if process_state(pid) == "T":
             return True
         time.sleep(0.01)
     return False
@@ -72,14 +63,14 @@ def test_a_hung_host_times_out_naming_it(runtime: pw.Runtime, monkeypatch: pytes
     monkeypatch.setattr(pw_runtime, "CALL_TIMEOUT_S", 4.0)
     os.kill(worker, signal.SIGSTOP)
     try:
-        assert _stopped_within(worker, 10.0), f"worker {worker} not stopped: state {_state(worker)}"
+        assert _stopped_within(worker, 10.0), f"worker {worker} not stopped: state {process_state(worker)}"
         try:
             got = frozen(x)
         except pw.ExecutionError as err:
             text = str(err)
         else:
             pytest.fail(f"the call returned {np.asarray(got)} while worker {worker} of "
-                        f"{info.name}/host-0 was stopped (state {_state(worker)} after the call)")
+                        f"{info.name}/host-0 was stopped (state {process_state(worker)} after the call)")
     finally:
         os.kill(worker, signal.SIGCONT)
     assert "did not finish within 4 s" in text and f"host {info.name}/host-0" in text, text

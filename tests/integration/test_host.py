@@ -67,14 +67,15 @@ class HostProcs:
     coordinator: HeldPort | None = None  # host 0's, held while it lives
 
 
-def _spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn_host_process(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A worker or sidecar process: its stdout piped (for its address line), its stderr to ``log``."""
     with open(log, "wb") as err:
         return subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True
         )
 
 
-def _listening(proc: subprocess.Popen[bytes], deadline: float, log: Path) -> str:
+def listening_address(proc: subprocess.Popen[bytes], deadline: float, log: Path) -> str:
     """The address a host process prints once it serves."""
     assert proc.stdout is not None
     while time.monotonic() < deadline:
@@ -109,7 +110,7 @@ def start_slice(
         for i, host in enumerate(hosts):
             log = log_dir / f"{slice_name}-{i}-worker.log"
             host.logs.append(log)
-            host.procs.append(_spawn([
+            host.procs.append(spawn_host_process([
                 sys.executable, "-m", "pathways_worker.worker",
                 "--listen", f"{host.ip}:0", "--host-index", str(i), "--num-hosts", str(len(ips)),
                 "--coordinator", coordinator, "--devices", str(devices),
@@ -118,17 +119,17 @@ def start_slice(
             ], log, wenv))
         deadline = time.monotonic() + START_TIMEOUT_S
         for host in hosts:
-            host.worker_address = _listening(host.procs[0], deadline, host.logs[0])
+            host.worker_address = listening_address(host.procs[0], deadline, host.logs[0])
         for i, host in enumerate(hosts):
             log = log_dir / f"{slice_name}-{i}-sidecar.log"
             host.logs.append(log)
-            host.procs.append(_spawn([
+            host.procs.append(spawn_host_process([
                 sys.executable, "-m", "pathways_worker.sidecar",
                 "--listen", f"{host.ip}:0", "--worker", host.worker_address,
                 "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{host.ip}"),
                 "--host-name", host.name, *unchecked, *sidecar_flags,
             ], log, env))
-            host.address = _listening(host.procs[1], deadline, log)
+            host.address = listening_address(host.procs[1], deadline, log)
         for host in hosts:
             with grpc.insecure_channel(host.address) as channel:
                 stub = pb_grpc.DataflowStub(channel)

@@ -22,6 +22,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import INSECURE_FLAG
 from pathways_worker.sidecar.dataflow import HEALTH_WAITERS
+from tests.integration.test_host import listening_address, spawn_host_process
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,19 +33,6 @@ started `ANSWERED_AT_ONCE_S` into it and must be ready within the rest."""
 ANSWERED_AT_ONCE_S = 2.0
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    with open(log, "wb") as out:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=out, env=env)
-
-
-def _address(proc: subprocess.Popen[bytes], log: Path) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    assert "listening on" in line, f"no address line; log:\n{log.read_text()[-2000:]}"
-    return line.split()[-1]
-
-
 def test_a_waiting_health_call_is_answered_once_the_worker_is_ready_and_only_a_few_wait(
     tmp_path: Path,
 ) -> None:
@@ -52,11 +40,12 @@ def test_a_waiting_health_call_is_answered_once_the_worker_is_ready_and_only_a_f
     held = HeldPort(ip, "worker")
     shm = tmp_path / "shm"
     common = ["--shm-dir", str(shm), "--host-name", "health/host-0", INSECURE_FLAG]
-    sidecar = _spawn([sys.executable, "-m", "pathways_worker.sidecar", "--listen", f"{ip}:0",
-                      "--worker", held.address, *common], tmp_path / "sidecar.log")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    sidecar = spawn_host_process([sys.executable, "-m", "pathways_worker.sidecar", "--listen", f"{ip}:0",
+                                  "--worker", held.address, *common], tmp_path / "sidecar.log", env)
     worker: subprocess.Popen[bytes] | None = None
     try:
-        address = _address(sidecar, tmp_path / "sidecar.log")
+        address = listening_address(sidecar, time.monotonic() + START_TIMEOUT_S, tmp_path / "sidecar.log")
         with grpc.insecure_channel(address) as channel, futures.ThreadPoolExecutor(2 * HEALTH_WAITERS) as pool:
             stub = pb_grpc.DataflowStub(channel)
             assert not stub.Health(pb.HealthRequest(), timeout=10).worker_ready  # nothing serves the port yet
@@ -67,8 +56,8 @@ def test_a_waiting_health_call_is_answered_once_the_worker_is_ready_and_only_a_f
                 f"{len(done)} of {len(asked)} answered at once; those beyond the {HEALTH_WAITERS} waiters "
                 "should be, and only they")
             assert not any(f.result().worker_ready for f in done)
-            worker = _spawn([sys.executable, "-m", "pathways_worker.worker", "--listen", held.address,
-                             "--devices", "1", *common], tmp_path / "worker.log")
+            worker = spawn_host_process([sys.executable, "-m", "pathways_worker.worker", "--listen",
+                                         held.address, "--devices", "1", *common], tmp_path / "worker.log", env)
             started = time.monotonic()
             answered = [f.result(timeout=START_TIMEOUT_S) for f in waiting]
             if not all(reply.worker_ready for reply in answered):
