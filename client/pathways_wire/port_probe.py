@@ -2,10 +2,10 @@
 
 A gang's processes start together and wait for each other: a worker for its
 slice's JAX coordinator (host 0, still importing jax), a sidecar for its own
-worker, the embedded launcher for every worker. Asking with a plain connect costs tens of microseconds of CPU when
-nobody listens; opening a gRPC channel and stream to find the same out costs
-about a millisecond and threads of its own, on cores the starting processes
-need.
+worker, the embedded launcher for every worker. Asking with a plain connect
+costs tens of microseconds of CPU when nobody listens; opening a gRPC channel
+and stream to find the same out costs about a millisecond and threads of its
+own, on cores the starting processes need.
 """
 
 from __future__ import annotations

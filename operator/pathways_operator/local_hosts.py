@@ -47,10 +47,10 @@ import grpc
 from pathways_wire import process_tree
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.port_probe import accepts
 from pathways_wire.slice_token import ENV_TOKEN, ENV_TOKEN_FILE
 from pathways_operator.controller import Host, HostRequest
 from pathways_operator.coordinator_port import HeldPort
-from pathways_wire.port_probe import accepts
 
 log = logging.getLogger(__name__)
 

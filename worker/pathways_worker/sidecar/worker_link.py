@@ -36,8 +36,8 @@ from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_wire.command_batches import batches
 from pathways_wire.corks import Together
-from pathways_wire.slice_token import call_metadata
 from pathways_wire.port_probe import accepts
+from pathways_wire.slice_token import call_metadata
 
 log = logging.getLogger(__name__)
 

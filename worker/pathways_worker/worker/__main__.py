@@ -19,8 +19,10 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 
-from pathways_worker.lifecycle import configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal
 from pathways_wire.port_probe import accepts
+from pathways_worker.lifecycle import (
+    configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal,
+)
 from pathways_worker.settings import WorkerSettings, parse_worker_args
 
 log = logging.getLogger("pathways_worker.worker")
