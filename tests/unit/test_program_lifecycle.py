@@ -200,8 +200,10 @@ POD = "train-driver"
         (DriverPodFact(exists=True, phase="Running", deleting=True), False, True, DriverState.STOPPING, None),
         (DriverPodFact(exists=True, phase="Succeeded", exit_code=0), True, True, DriverState.EXITED, 0),
         (DriverPodFact(exists=True, phase="Failed", exit_code=75), True, True, DriverState.EXITED, 75),
-        (DriverPodFact(exists=True, phase="Failed", exit_code=143, deleting=True), False, True,
+        (DriverPodFact(exists=True, phase="Failed", exit_code=143, deleting=True), True, True,
          DriverState.EXITED, 143),
+        (DriverPodFact(exists=True, phase="Failed", exit_code=143, deleting=True), False, False,
+         DriverState.STOPPING, None),
         (DriverPodFact(exists=False), True, False, DriverState.EXITED, None),
         (DriverPodFact(exists=False), False, False, DriverState.ABSENT, None),
     ],
@@ -217,8 +219,12 @@ def test_a_driver_pod_deleted_or_evicted_before_it_reported_is_lost_and_runs_aga
     deleted = driver_pod_state(DriverPodFact(exists=False), reported=False, started_here=True, pod_name=POD)
     evicted = driver_pod_state(DriverPodFact(exists=True, phase="Failed", reason="Evicted"), reported=False,
                                started_here=True, pod_name=POD)
-    assert deleted.state is evicted.state is DriverState.EXITED
-    assert deleted.lost == "its pod train-driver was deleted before it reported"
+    killed_by_deletion = driver_pod_state(
+        DriverPodFact(exists=True, phase="Failed", exit_code=143, deleting=True), reported=False,
+        started_here=True, pod_name=POD)
+    assert deleted.state is evicted.state is killed_by_deletion.state is DriverState.EXITED
+    assert deleted.lost == killed_by_deletion.lost == "its pod train-driver was deleted before it reported"
+    assert killed_by_deletion.exit_code is None
     assert evicted.lost == "its pod train-driver failed (Evicted)"
     decision = judge_exit(DriverExit(None, Reported.LOST, deleted.lost, retryable=True), slices_disturbed=False,
                           restarts=0, backoff_limit=6, steps_completed=5)

@@ -203,8 +203,11 @@ def driver_pod_state(pod: DriverPodFact, *, reported: bool, started_here: bool, 
 
     ``started_here``: this operator started (or saw running) the pod, so a pod that is gone
     without an outcome was deleted under the program, and the run is lost: it runs again
-    from its last snapshot, counted against ``spec.backoffLimit``. A restarted operator
-    that finds no pod and no outcome starts one.
+    from its last snapshot, counted against ``spec.backoffLimit``. So is a pod being deleted
+    whose driver ended without an outcome: the status its container ends with is the
+    deletion's signal (143), not the program's. A pod this operator is deleting itself
+    (``started_here`` is False then: a stop, a suspend, a run discarded) is waited out.
+    A restarted operator that finds no pod and no outcome starts one.
     """
     if not pod.exists:
         if reported:
@@ -212,6 +215,11 @@ def driver_pod_state(pod: DriverPodFact, *, reported: bool, started_here: bool, 
         if started_here:
             return DriverPodState(DriverState.EXITED, lost=f"its pod {pod_name} was deleted before it reported")
         return DriverPodState(DriverState.ABSENT)
+    if pod.deleting and not reported:
+        if not started_here:
+            return DriverPodState(DriverState.STOPPING)
+        if pod.exit_code is not None or pod.phase in ("Succeeded", "Failed"):
+            return DriverPodState(DriverState.EXITED, lost=f"its pod {pod_name} was deleted before it reported")
     if pod.exit_code is not None and pod.phase in ("Succeeded", "Failed"):
         return DriverPodState(DriverState.EXITED, pod.exit_code)
     if pod.phase == "Failed":

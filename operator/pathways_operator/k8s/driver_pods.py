@@ -87,9 +87,9 @@ log = logging.getLogger(__name__)
 RECONNECT_S = 300
 """How long a driver pod waits for its controller to come back (an operator restart) before it fails."""
 LOG_TAIL_LINES = 40
+"""Lines of a failed driver's log quoted in the program's message (when the kubelet serves them)."""
 RUN_STARTS_FILE = "run-starts.log"
 """In a program's work directory: each run's start line (``RunStart.line``), as its driver reported it."""
-"""Lines of a failed driver's log quoted in the program's message (when the kubelet serves them)."""
 CheckpointVolumes = Literal["claim", "host-path"]
 
 
