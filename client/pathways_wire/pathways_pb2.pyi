@@ -1998,6 +1998,47 @@ class FetchRequest(_message.Message):
 Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
 @_typing.final
+class CoordinatorRequest(_message.Message):
+    """A gang's pods are all created at once, before host 0's pod has the IP its coordination
+    service will serve on; the operator hands that address to every other host's sidecar,
+    which passes it to its worker (`pathways_worker.coordinator_file`). Only holders of the
+    slice's token may call it, like every method but Health.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """HOST:PORT of host 0's jax.distributed coordinator"""
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoordinatorRequest: _TypeAlias = CoordinatorRequest  # noqa: Y015
+
+@_typing.final
+class CoordinatorReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoordinatorReply: _TypeAlias = CoordinatorReply  # noqa: Y015
+
+@_typing.final
 class HealthRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

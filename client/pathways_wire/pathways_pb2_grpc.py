@@ -605,6 +605,11 @@ class DataflowStub:
                 request_serializer=pathways__wire_dot_pathways__pb2.HealthRequest.SerializeToString,
                 response_deserializer=pathways__wire_dot_pathways__pb2.HealthReply.FromString,
                 _registered_method=True)
+        self.Coordinator = channel.unary_unary(
+                '/pathways.v1alpha1.Dataflow/Coordinator',
+                request_serializer=pathways__wire_dot_pathways__pb2.CoordinatorRequest.SerializeToString,
+                response_deserializer=pathways__wire_dot_pathways__pb2.CoordinatorReply.FromString,
+                _registered_method=True)
 
 
 class DataflowServicer:
@@ -637,6 +642,13 @@ class DataflowServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Coordinator(self, request, context):
+        """Operator -> host: the slice's JAX coordinator address, for a worker started without one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataflowServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -659,6 +671,11 @@ def add_DataflowServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=pathways__wire_dot_pathways__pb2.HealthRequest.FromString,
                     response_serializer=pathways__wire_dot_pathways__pb2.HealthReply.SerializeToString,
+            ),
+            'Coordinator': grpc.unary_unary_rpc_method_handler(
+                    servicer.Coordinator,
+                    request_deserializer=pathways__wire_dot_pathways__pb2.CoordinatorRequest.FromString,
+                    response_serializer=pathways__wire_dot_pathways__pb2.CoordinatorReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -769,6 +786,33 @@ class Dataflow:
             '/pathways.v1alpha1.Dataflow/Health',
             pathways__wire_dot_pathways__pb2.HealthRequest.SerializeToString,
             pathways__wire_dot_pathways__pb2.HealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Coordinator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pathways.v1alpha1.Dataflow/Coordinator',
+            pathways__wire_dot_pathways__pb2.CoordinatorRequest.SerializeToString,
+            pathways__wire_dot_pathways__pb2.CoordinatorReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -193,6 +193,8 @@ class DataflowStub:
     Fetch: _grpc.UnaryStreamMultiCallable[_pathways_pb2.FetchRequest, _pathways_pb2.BufferChunk]
     """Client <- host: pieces of an output held here."""
     Health: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.HealthRequest, _pathways_pb2.HealthReply]
+    Coordinator: _grpc.UnaryUnaryMultiCallable[_pathways_pb2.CoordinatorRequest, _pathways_pb2.CoordinatorReply]
+    """Operator -> host: the slice's JAX coordinator address, for a worker started without one."""
 
 @_typing.type_check_only
 class DataflowAsyncStub(DataflowStub):
@@ -204,6 +206,8 @@ class DataflowAsyncStub(DataflowStub):
     Fetch: _aio.UnaryStreamMultiCallable[_pathways_pb2.FetchRequest, _pathways_pb2.BufferChunk]  # type: ignore[assignment]
     """Client <- host: pieces of an output held here."""
     Health: _aio.UnaryUnaryMultiCallable[_pathways_pb2.HealthRequest, _pathways_pb2.HealthReply]  # type: ignore[assignment]
+    Coordinator: _aio.UnaryUnaryMultiCallable[_pathways_pb2.CoordinatorRequest, _pathways_pb2.CoordinatorReply]  # type: ignore[assignment]
+    """Operator -> host: the slice's JAX coordinator address, for a worker started without one."""
 
 class DataflowServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -236,6 +240,14 @@ class DataflowServicer(metaclass=_abc_1.ABCMeta):
         request: _pathways_pb2.HealthRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pathways_pb2.HealthReply, _abc.Awaitable[_pathways_pb2.HealthReply]]: ...
+
+    @_abc_1.abstractmethod
+    def Coordinator(
+        self,
+        request: _pathways_pb2.CoordinatorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pathways_pb2.CoordinatorReply, _abc.Awaitable[_pathways_pb2.CoordinatorReply]]:
+        """Operator -> host: the slice's JAX coordinator address, for a worker started without one."""
 
 def add_DataflowServicer_to_server(servicer: DataflowServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -73,6 +73,14 @@ def test_slice_becomes_a_gang_of_pods_on_one_island(objects: Objects, operator: 
         assert {c.name for c in pod.spec.containers} == {"worker", "dataflow"}
     assert [h["index"] for h in status["hosts"]] == [0, 1]
     assert all(h["podIP"] and h["node"] and h["pod"] and h["devices"] == 4 for h in status["hosts"])
+    # both pods were created at once: host 1's before host 0's IP existed, so its worker
+    # learnt host 0's JAX coordinator address from its sidecar, which the operator told
+    workers = {p.metadata.name: next(c for c in p.spec.containers if c.name == "worker") for p in pods}
+    coordinator = {name: {e.name: e.value for e in c.env}.get("PATHWAYS_COORDINATOR") for name, c in workers.items()}
+    assert coordinator == {"gang-0": "$(POD_IP):8476", "gang-1": None}, coordinator
+    host0_ip = status["hosts"][0]["podIP"]
+    told = objects.cluster.container_log(objects.namespace, "gang-1", "worker").read_text()
+    assert f"JAX coordinator {host0_ip}:8476, from the sidecar" in told, told[-2000:]
     assert status["readyHosts"] == "2/2" and status["restarts"] == 0
     assert condition(ready, "Admitted")["status"] == "True"
     assert condition(ready, "Ready")["reason"] == "GangReady"

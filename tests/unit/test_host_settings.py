@@ -70,3 +70,13 @@ def test_hosts_keep_openblas_to_one_thread_unless_the_environment_says_otherwise
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
     single_threaded_blas()
     assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
+
+
+def test_only_hosts_after_zero_may_start_without_a_coordinator() -> None:
+    env = {ENV_TOKEN: "t0k"}
+    later = parse_worker_args([*WORKER, "--num-hosts", "2", "--host-index", "1"], env=env)
+    assert later.coordinator == "", "its sidecar is told the address (pathways_worker.coordinator_file)"
+    with pytest.raises(SystemExit, match="--coordinator: expected HOST:PORT, got ''"):
+        parse_worker_args([*WORKER, "--num-hosts", "2", "--host-index", "0"], env=env)
+    with pytest.raises(SystemExit, match="--coordinator: expected HOST:PORT, got 'nowhere'"):
+        parse_worker_args([*WORKER, "--num-hosts", "2", "--host-index", "1", "--coordinator", "nowhere"], env=env)

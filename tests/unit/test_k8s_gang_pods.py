@@ -39,7 +39,7 @@ def containers(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_host_pod_is_a_worker_and_a_dataflow_sidecar_bound_by_the_operator() -> None:
-    manifest = host_pod_manifest(SLICE, GANG, 1, generation=3, coordinator_ip="10.0.0.5", defaults=WorkerDefaults())
+    manifest = host_pod_manifest(SLICE, GANG, 1, generation=3, defaults=WorkerDefaults())
     meta, spec = manifest["metadata"], manifest["spec"]
     assert meta["name"] == "train-1" and meta["namespace"] == "ns"
     assert meta["labels"]["pathways.dev/slice"] == "train"
@@ -52,19 +52,20 @@ def test_host_pod_is_a_worker_and_a_dataflow_sidecar_bound_by_the_operator() -> 
     assert sorted(by_name) == ["dataflow", "worker"]
     worker = env(by_name["worker"])
     assert worker["PATHWAYS_HOST_INDEX"] == "1" and worker["PATHWAYS_NUM_HOSTS"] == "2"
-    assert worker["PATHWAYS_COORDINATOR"] == "10.0.0.5:8476"
+    assert "PATHWAYS_COORDINATOR" not in worker, "host 0's IP does not exist yet: the sidecar is told it"
+    assert worker["PATHWAYS_SHM_DIR"] == env(by_name["dataflow"])["PATHWAYS_SHM_DIR"]
     assert worker["PATHWAYS_DEVICES"] == "4"
     assert by_name["worker"]["resources"]["requests"][DEVICE_RESOURCE] == "4"
     assert requested_devices(manifest) == 4
 
 
 def test_host_zero_coordinates_on_its_own_ip() -> None:
-    manifest = host_pod_manifest(SLICE, GANG, 0, generation=1, coordinator_ip=None, defaults=WorkerDefaults())
+    manifest = host_pod_manifest(SLICE, GANG, 0, generation=1, defaults=WorkerDefaults())
     assert env(containers(manifest)["worker"])["PATHWAYS_COORDINATOR"] == "$(POD_IP):8476"
 
 
 def test_sidecar_exposes_its_metrics_port() -> None:
-    sidecar = containers(host_pod_manifest(SLICE, GANG, 0, 1, None, WorkerDefaults()))["dataflow"]
+    sidecar = containers(host_pod_manifest(SLICE, GANG, 0, 1, WorkerDefaults()))["dataflow"]
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert ports["metrics"] == int(env(sidecar)["PATHWAYS_SIDECAR_METRICS_PORT"])
     assert ports["dataflow"] == sidecar["readinessProbe"]["tcpSocket"]["port"]
@@ -75,11 +76,11 @@ def test_slice_image_and_resources_override_the_operator_defaults() -> None:
         virtual_slice("train", 8, image="me/worker:1", resources={"requests": {"cpu": "2"}})
     )
     defaults = WorkerDefaults(image="default:1", pull_policy="IfNotPresent", resources={"requests": {"cpu": "1"}})
-    by_name = containers(host_pod_manifest(custom, GANG, 0, 1, None, defaults))
+    by_name = containers(host_pod_manifest(custom, GANG, 0, 1, defaults))
     assert {c["image"] for c in by_name.values()} == {"me/worker:1"}
     assert {c["imagePullPolicy"] for c in by_name.values()} == {"IfNotPresent"}
     assert by_name["worker"]["resources"]["requests"] == {"cpu": "2", DEVICE_RESOURCE: "4"}
-    plain = containers(host_pod_manifest(SLICE, GANG, 0, 1, None, defaults))
+    plain = containers(host_pod_manifest(SLICE, GANG, 0, 1, defaults))
     assert plain["worker"]["image"] == "default:1"
     assert plain["worker"]["resources"]["requests"]["cpu"] == "1"
 
@@ -122,7 +123,7 @@ def test_host_resources_are_what_both_containers_of_the_pod_request() -> None:
     )
     needs = host_resources(custom, WorkerDefaults())
     assert needs == HostResources(cpu_millis=1500, memory_bytes=2 * GiB), "a limit alone is the request"
-    manifest = host_pod_manifest(custom, GANG, 0, 1, None, WorkerDefaults())
+    manifest = host_pod_manifest(custom, GANG, 0, 1, WorkerDefaults())
     assert requested_resources(manifest) == needs, "placement fits exactly what the pod requests"
 
 
@@ -191,12 +192,12 @@ def test_placement_json_carries_the_host_resources() -> None:
 def test_every_pod_of_the_gang_carries_the_slice_priority_class() -> None:
     urgent = VirtualSliceObject.from_manifest(virtual_slice("train", 8, priorityClassName="team-high"))
     for index in (0, 1):
-        assert host_pod_manifest(urgent, GANG, index, 1, "10.0.0.5", WorkerDefaults())["spec"][
+        assert host_pod_manifest(urgent, GANG, index, 1, WorkerDefaults())["spec"][
             "priorityClassName"] == "team-high"
-    assert "priorityClassName" not in host_pod_manifest(SLICE, GANG, 0, 1, None, WorkerDefaults())["spec"]
+    assert "priorityClassName" not in host_pod_manifest(SLICE, GANG, 0, 1, WorkerDefaults())["spec"]
 
 
 def test_host_pods_mount_no_service_account_token() -> None:
-    for index, coordinator in ((0, None), (1, "10.0.0.5")):
-        spec = host_pod_manifest(SLICE, GANG, index, 1, coordinator, WorkerDefaults())["spec"]
+    for index in (0, 1):
+        spec = host_pod_manifest(SLICE, GANG, index, 1, WorkerDefaults())["spec"]
         assert spec["automountServiceAccountToken"] is False

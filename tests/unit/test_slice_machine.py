@@ -106,12 +106,11 @@ def test_slice_whose_spec_can_never_be_placed_fails() -> None:
 # ------------------------------------------------------------------ launch
 
 
-def test_admitted_gang_launches_host_zero_first() -> None:
+def test_admitted_gang_launches_every_host_at_once() -> None:
     machine = SliceMachine(look())
     machine.start()
     machine.launch(placement())
-    steps, waiting = plan_pods(placement(), {})
-    assert steps == [CreateHostPod(0, None)] and waiting == ""
+    assert plan_pods(placement(), {}) == [CreateHostPod(0), CreateHostPod(1)]
     assert not machine.pods_created(placement(), {}, "pod train-0 created on m0")
     decision = machine.decision()
     assert decision.phase is SlicePhase.LAUNCHING
@@ -121,14 +120,11 @@ def test_admitted_gang_launches_host_zero_first() -> None:
     assert [e.reason for e in decision.events] == ["Admitted"]
 
 
-def test_other_hosts_wait_for_the_coordinator_address() -> None:
+def test_other_hosts_are_created_before_host_zero_has_an_ip() -> None:
     unbound = {0: Pod("train-0")}
-    assert plan_pods(placement(), unbound) == (
-        [BindHostPod("train-0", "m0")],
-        "waiting for host 0 (pod train-0) to get an IP: the JAX coordinator address",
-    )
-    with_ip = {0: serving(0)}
-    assert plan_pods(placement(), with_ip) == ([CreateHostPod(1, "10.0.0.1")], "")
+    assert plan_pods(placement(), unbound) == [BindHostPod("train-0", "m0"), CreateHostPod(1)]
+    assert plan_pods(placement(), {0: serving(0), 1: Pod("train-1")}) == [BindHostPod("train-1", "m1")]
+    assert plan_pods(placement(), {0: serving(0), 1: serving(1)}) == []
 
 
 def test_whole_serving_gang_becomes_ready_once() -> None:

@@ -111,7 +111,8 @@ def parse_worker_args(
     env_option(p, "--num-hosts", variable=host_env.NUM_HOSTS, env=env, type=int, default=1,
                help="hosts in the slice (PATHWAYS_NUM_HOSTS)")
     env_option(p, "--coordinator", variable=host_env.COORDINATOR, env=env, default="",
-               help="host 0's HOST:PORT for jax.distributed (PATHWAYS_COORDINATOR)")
+               help="host 0's HOST:PORT for jax.distributed (PATHWAYS_COORDINATOR); hosts after 0 "
+                    "started without it are told by their sidecar")
     env_option(p, "--devices", variable=host_env.DEVICES, env=env, type=int, default=1,
                help="JAX CPU devices on this host (PATHWAYS_DEVICES)")
     _host_flags(p, env, "sidecar", ("PATHWAYS_STORE_LIMIT_BYTES", DEFAULT_WORKER_STORE_LIMIT, "object store bound"))
@@ -123,7 +124,7 @@ def parse_worker_args(
     _split_address("--listen", a.listen)
     if a.num_hosts < 1 or not 0 <= a.host_index < a.num_hosts:
         raise SystemExit(f"--host-index {a.host_index} is not in [0, --num-hosts {a.num_hosts})")
-    if a.num_hosts > 1:
+    if a.num_hosts > 1 and (a.host_index == 0 or a.coordinator):
         _split_address("--coordinator", a.coordinator)
     if a.devices < 1:
         raise SystemExit(f"--devices must be >= 1, got {a.devices}")

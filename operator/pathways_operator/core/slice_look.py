@@ -141,10 +141,10 @@ class ClearBackOff:
 
 @dataclasses.dataclass(frozen=True)
 class CreateHostPod:
-    """Create and bind the pod of host ``index``; hosts after 0 get host 0's IP as JAX coordinator."""
+    """Create and bind the pod of host ``index``. Host 0 serves the JAX coordinator on its own
+    pod IP; the others are told that address through their sidecars once it exists."""
 
     index: int
-    coordinator_ip: str | None
 
 
 @dataclasses.dataclass(frozen=True)

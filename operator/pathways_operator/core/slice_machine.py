@@ -77,27 +77,22 @@ _S = SlicePhase
 _C = SliceConditionType
 
 
-def plan_pods(placement: Placement, current: Mapping[int, GangPod]) -> tuple[list[PodStep], str]:
-    """The pods to create or bind now, host 0 first, and what the gang waits for meanwhile.
+def plan_pods(placement: Placement, current: Mapping[int, GangPod]) -> list[PodStep]:
+    """The pods to create or bind now: every host's at once, in host order.
 
-    Hosts after 0 need host 0's pod IP (the JAX coordinator address), so they are
-    created only once it has one.
+    Hosts after 0 need host 0's pod IP (the JAX coordinator address), which exists
+    only once that pod starts; they are not held back for it, but told it through
+    their sidecars when the gang is registered (``gang_registration``), so the
+    whole gang starts together.
     """
-    host0 = current.get(0)
-    if host0 is None:
-        return [CreateHostPod(0, None)], ""
     steps: list[PodStep] = []
-    if not host0.node:
-        steps.append(BindHostPod(host0.name, placement.hosts[0].machine))
-    if not host0.ip:
-        return steps, f"waiting for host 0 (pod {host0.name}) to get an IP: the JAX coordinator address"
-    for host in placement.hosts[1:]:
+    for host in placement.hosts:
         pod = current.get(host.index)
         if pod is None:
-            steps.append(CreateHostPod(host.index, host0.ip))
+            steps.append(CreateHostPod(host.index))
         elif not pod.node:
             steps.append(BindHostPod(pod.name, host.machine))
-    return steps, ""
+    return steps
 
 
 def refused_name(

@@ -114,7 +114,7 @@ def _create(
 ) -> str:
     host = reservation.placement.hosts[step.index]
     manifest = host_pod_manifest(
-        vslice, reservation.placement, host.index, reservation.generation, step.coordinator_ip, defaults,
+        vslice, reservation.placement, host.index, reservation.generation, defaults,
     )
     name = manifest["metadata"]["name"]
     try:

@@ -7,7 +7,8 @@ Each host of a VirtualSlice is one pod with two containers, the contract with
     ``python -m pathways_worker.worker``: owns the host's JAX devices
     (``PATHWAYS_DEVICES``) and joins the slice's multi-process JAX job as
     process ``PATHWAYS_HOST_INDEX`` of ``PATHWAYS_NUM_HOSTS``, with host 0's
-    pod IP as coordinator. It requests (and is limited to) ``devicesPerHost`` of
+    pod IP as coordinator (the other hosts' workers learn that address from their
+    sidecars, since every pod is created at once). It requests (and is limited to) ``devicesPerHost`` of
     the ``pathways.dev/device`` extended resource, so the devices a gang holds
     are visible to everything that counts requests.
 ``dataflow``
@@ -266,14 +267,14 @@ def host_pod_manifest(
     placement: Placement,
     index: int,
     generation: int,
-    coordinator_ip: str | None,
     defaults: WorkerDefaults,
 ) -> Json:
-    """The pod for host ``index`` of the gang; host 0 passes ``coordinator_ip=None`` (it is the coordinator)."""
+    """The pod for host ``index`` of the gang. Host 0's worker serves the JAX coordinator on
+    its own pod IP; the others get no address here (it does not exist yet) and wait for
+    the one their sidecar is told (``pathways_worker.coordinator_file``)."""
     host = placement.hosts[index]
     image = vslice.spec.image or defaults.image
     hostname = host_name(vslice.name, index)
-    coordinator = f"{coordinator_ip}:{COORDINATOR_PORT}" if coordinator_ip else f"$(POD_IP):{COORDINATOR_PORT}"
     pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     shm_mount = [
         {"name": "shm", "mountPath": "/dev/shm"},
@@ -296,7 +297,7 @@ def host_pod_manifest(
             _env(host_env.WORKER_LISTEN, f"$(POD_IP):{WORKER_PORT}"),
             _env(host_env.HOST_INDEX, str(index)),
             _env(host_env.NUM_HOSTS, str(len(placement.hosts))),
-            _env(host_env.COORDINATOR, coordinator),
+            *([_env(host_env.COORDINATOR, f"$(POD_IP):{COORDINATOR_PORT}")] if index == 0 else []),
             _env(host_env.DEVICES, str(host.devices)),
             *common,
         ],

@@ -52,7 +52,7 @@ from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults
 from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegistry
 from pathways_operator.k8s.inventory import Reservation, unreachable
 from pathways_operator.k8s.metrics import OperatorMetrics
-from pathways_wire.kube_names import SIDECAR_PORT, SLICE_KIND, SLICE_LABEL
+from pathways_wire.kube_names import COORDINATOR_PORT, SIDECAR_PORT, SLICE_KIND, SLICE_LABEL
 from pathways_operator.k8s.status_writer import StatusWriter
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
 
@@ -225,7 +225,7 @@ class SliceReconciler:
             machine.in_the_way(secret)
             self._carry_out(vslice, reservation, machine.take_actions())
             return
-        steps, waiting = plan_pods(placement, current)
+        steps = plan_pods(placement, current)
         try:
             reports = gang_actions.carry_out_pod_plan(self._api, vslice, reservation, steps, self._defaults)
         except PodRefused as refused:
@@ -238,12 +238,12 @@ class SliceReconciler:
             machine.in_the_way(err.why)
             self._carry_out(vslice, reservation, machine.take_actions())
             return
-        if not machine.pods_created(placement, current, "; ".join([*reports, waiting] if waiting else reports)):
+        if not machine.pods_created(placement, current, "; ".join(reports)):
             return
         addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in placement.hosts)
         problem = self._gangs.ensure(
             vslice.key, vslice.name, vslice.spec.devices, reservation.generation, placement, addresses,
-            secret.token,
+            secret.token, coordinator=f"{current[0].ip}:{COORDINATOR_PORT}",
         )
         if problem:
             machine.not_ready(problem)

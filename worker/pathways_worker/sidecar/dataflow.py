@@ -32,6 +32,7 @@ import grpc
 from pathways_wire.command_batches import each_alone
 from pathways_wire.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
 from pathways_wire import pathways_pb2 as pb
+from pathways_worker import coordinator_file
 from pathways_worker.batch_queue import BatchQueue
 from pathways_worker.settings import SidecarSettings
 from pathways_worker.shared_memory import ShmDir, exported_chunks, remove_pieces
@@ -128,7 +129,19 @@ class Dataflow:
         self.data_server.close()
         self.link.stop()
         self.pusher.close()
+        coordinator_file.remove(self.shm.path)
         self.shm.cleanup()
+
+    def tell_coordinator(self, address: str) -> None:
+        """The slice's JAX coordinator address, for a worker started without one
+        (`pathways_worker.coordinator_file`); the same address again is a no-op."""
+        try:
+            if coordinator_file.write(self.shm.path, address):
+                log.info("%s: JAX coordinator %s passed to the worker", self.host_name, address)
+        except ValueError as err:
+            raise HostError(grpc.StatusCode.INVALID_ARGUMENT, f"host {self.host_name}: {err}") from None
+        except coordinator_file.CoordinatorConflict as err:
+            raise HostError(grpc.StatusCode.FAILED_PRECONDITION, f"host {self.host_name}: {err}") from None
 
     # ------------------------------------------------------------ control stream
 

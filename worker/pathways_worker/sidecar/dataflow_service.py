@@ -85,6 +85,13 @@ class DataflowService(pb_grpc.DataflowServicer):
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return self._core.health(request.wait_ready_s)
 
+    def Coordinator(self, request: pb.CoordinatorRequest, context: grpc.ServicerContext) -> pb.CoordinatorReply:
+        try:
+            self._core.tell_coordinator(request.address)
+        except HostError as err:
+            context.abort(err.code, str(err))
+        return pb.CoordinatorReply()
+
 
 class ControlFrames:
     """The controller's stream on the sidecar's control port (`session_frames.SessionPort`):

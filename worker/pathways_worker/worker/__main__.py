@@ -19,7 +19,9 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 
+from pathways_wire import host_env
 from pathways_wire.port_probe import accepts
+from pathways_worker import coordinator_file
 from pathways_worker.lifecycle import (
     configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal,
 )
@@ -46,6 +48,20 @@ def _await_coordinator(address: str, within_s: float = COORDINATOR_WAIT_S) -> No
         time.sleep(COORDINATOR_POLL_S)
 
 
+def _coordinator_from_sidecar(settings: WorkerSettings, within_s: float = COORDINATOR_WAIT_S) -> str:
+    """Host 0's coordinator address, for a host started without one: its sidecar writes it
+    once the operator has told it (`pathways_worker.coordinator_file`)."""
+    address = coordinator_file.wait_for(settings.shm_dir, within_s)
+    if address is None:
+        raise SystemExit(
+            f"host {settings.host_name}: started without --coordinator ({host_env.COORDINATOR}), and its "
+            f"sidecar was not given the slice's JAX coordinator address within {within_s:g} s "
+            f"(it writes it to {coordinator_file.path_in(settings.shm_dir)})"
+        )
+    log.info("host %s: JAX coordinator %s, from the sidecar", settings.host_name, address)
+    return address
+
+
 def _prepare_jax(settings: WorkerSettings) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     device_flag = f"--xla_force_host_platform_device_count={settings.devices}"
@@ -58,16 +74,18 @@ def _prepare_jax(settings: WorkerSettings) -> None:
     import jax
 
     if settings.num_hosts > 1:
+        coordinator = settings.coordinator
         if settings.host_index > 0:
-            _await_coordinator(settings.coordinator)
+            coordinator = coordinator or _coordinator_from_sidecar(settings)
+            _await_coordinator(coordinator)
         jax.distributed.initialize(
-            coordinator_address=settings.coordinator,
+            coordinator_address=coordinator,
             num_processes=settings.num_hosts,
             process_id=settings.host_index,
             # Host 0 serves the job's coordination service on its own address only: on
             # [::] (the default) a terminating gang's host 0 and its replacement would
             # share the port (SO_REUSEPORT) and a host could join the wrong job.
-            coordinator_bind_address=settings.coordinator if settings.host_index == 0 else None,
+            coordinator_bind_address=coordinator if settings.host_index == 0 else None,
             # Every parameter is given, but in a pod (KUBERNETES_SERVICE_HOST set) JAX would
             # still probe its Kubernetes cluster environment: import the whole kubernetes
             # client (about 0.65 s of CPU per host, before host 0 even starts the service)

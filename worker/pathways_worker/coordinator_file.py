@@ -1,0 +1,83 @@
+"""The slice's JAX coordinator address, handed from a host's sidecar to its worker.
+
+Host 0's worker serves the slice's ``jax.distributed`` coordination service on its own
+pod IP, which exists only once that pod has started. The operator creates every pod
+of a gang at once rather than waiting for that IP, so the other hosts start without
+the address: the operator tells each of their sidecars (``Dataflow.Coordinator``,
+which only holders of the slice's token may call) as soon as host 0 has its IP, the
+sidecar writes it into the shared-memory directory the two containers share, and
+the worker, once it has imported jax, waits for it there (:func:`wait_for`).
+
+The file is written once, whole (a rename), and never changed: a second address for
+the same host is refused, since a worker may already have joined the first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+FILE_NAME = "jax-coordinator"
+"""In the host's shared-memory directory."""
+POLL_S = 0.02
+
+
+class CoordinatorConflict(Exception):
+    """This host was already given another address."""
+
+
+def path_in(shm_dir: str) -> str:
+    return os.path.join(shm_dir, FILE_NAME)
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is HOST:PORT with a port in 1..65535; ValueError naming it otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"coordinator address {address!r} is not HOST:PORT with a port in 1..65535")
+    return address
+
+
+def write(shm_dir: str, address: str) -> bool:
+    """Writes the address for the worker; False when it was written before (the same
+    address). Raises CoordinatorConflict for another address, ValueError for a malformed one."""
+    check_address(address)
+    path = path_in(shm_dir)
+    found = read(shm_dir)
+    if found is not None:
+        if found != address:
+            raise CoordinatorConflict(f"this host was already given coordinator {found}, not {address}")
+        return False
+    os.makedirs(shm_dir, exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w", encoding="ascii") as f:
+        f.write(address)
+    os.replace(partial, path)
+    return True
+
+
+def read(shm_dir: str) -> str | None:
+    try:
+        with open(path_in(shm_dir), encoding="ascii") as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def wait_for(shm_dir: str, within_s: float, poll_s: float = POLL_S) -> str | None:
+    """The address once the sidecar has written it; None if ``within_s`` passed first."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = read(shm_dir)
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
+
+
+def remove(shm_dir: str) -> None:
+    try:
+        os.unlink(path_in(shm_dir))
+    except FileNotFoundError:
+        pass
