@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from pathways_operator.coordinator_port import HeldPort
+from pathways_operator.k8s.coordinator_handoff import CoordinatorTeller
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import ENV_TOKEN, METADATA_KEY
@@ -99,3 +100,48 @@ def test_a_host_without_the_coordinator_joins_once_its_sidecar_is_told_and_only_
                 proc.stdout.close()
         coordinator.release()
         worker_port.release()
+
+
+def test_a_sidecar_that_listens_only_after_the_operator_asked_is_told_as_soon_as_it_does(tmp_path: Path) -> None:
+    """The slice's reconciler asks as soon as a pod has an IP, before its sidecar listens;
+    the teller keeps trying that host until it is told, and the worker joins."""
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, ENV_TOKEN: TOKEN}
+    coordinator = HeldPort(IPS[0])
+    worker_port, sidecar_port = HeldPort(IPS[1], "worker"), HeldPort(IPS[1], "sidecar")
+    teller = CoordinatorTeller()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(i: int, role: str, *flags: str) -> subprocess.Popen[bytes]:
+        proc = spawn_host_process(
+            [sys.executable, "-m", f"pathways_worker.{role}", "--shm-dir", str(tmp_path / f"shm-{i}"),
+             "--host-name", f"late/host-{i}", *flags],
+            tmp_path / f"{role}-{i}.log", env,
+        )
+        procs.append(proc)
+        return proc
+
+    try:
+        teller.tell("ns/late", 0, coordinator.address, TOKEN, [sidecar_port.address])
+        assert teller.tell_now("ns/late", 0, coordinator.address, TOKEN, [sidecar_port.address]), (
+            "nothing listens there yet: telling it at once fails, saying so")
+        workers = [
+            start(0, "worker", "--listen", f"{IPS[0]}:0", "--host-index", "0", "--num-hosts", "2",
+                  "--coordinator", coordinator.address, "--devices", "1"),
+            start(1, "worker", "--listen", worker_port.address, "--host-index", "1", "--num-hosts", "2",
+                  "--devices", "1"),
+        ]
+        start(1, "sidecar", "--listen", sidecar_port.address, "--worker", worker_port.address)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for i, worker in enumerate(workers):
+            listening_address(worker, deadline, tmp_path / f"worker-{i}.log")
+        assert teller.tell_now("ns/late", 0, coordinator.address, TOKEN, [sidecar_port.address]) == [], (
+            "told once, by the background tries")
+    finally:
+        teller.forget("ns/late")
+        for proc in procs:
+            proc.kill()
+            proc.wait(30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for port in (coordinator, worker_port, sidecar_port):
+            port.release()

@@ -23,7 +23,8 @@ from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_operator.core.placement import Placement
 from pathways_operator.k8s.gang_pods import host_name
-from pathways_operator.k8s.sidecar_health import FormingWatch, tell_coordinator, unready_hosts
+from pathways_operator.k8s.coordinator_handoff import CoordinatorTeller
+from pathways_operator.k8s.sidecar_health import FormingWatch, unready_hosts
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,7 @@ class GangRegistrations:
         self._forming = FormingWatch(wake)
         self._lock = threading.Lock()
         self._registered: dict[str, tuple[int, tuple[str, ...]]] = {}
-        self._told: dict[str, tuple[int, tuple[str, ...], str]] = {}
-        """Gangs whose hosts after 0 were told the coordinator: generation, addresses, coordinator."""
+        self._teller = CoordinatorTeller()
 
     def generation(self, key: str) -> int | None:
         with self._lock:
@@ -72,7 +72,7 @@ class GangRegistrations:
         self._forming.forget(key)
         with self._lock:
             had = self._registered.pop(key, None) is not None
-            self._told.pop(key, None)
+        self._teller.forget(key)
         if had or always_tell:
             self._registry.gang_lost(key, why)
 
@@ -82,7 +82,15 @@ class GangRegistrations:
         self._registry.unregister_gang(key)
         with self._lock:
             self._registered.pop(key, None)
-            self._told.pop(key, None)
+        self._teller.forget(key)
+
+    def tell_coordinator(
+        self, key: str, generation: int, coordinator: str, token: str, addresses: Sequence[str]
+    ) -> None:
+        """Tell these hosts after 0 host 0's JAX coordinator address as soon as each sidecar
+        listens, in the background (``coordinator_handoff``): a pod's sidecar listens well
+        before the pod is Ready, and its worker waits for the address."""
+        self._teller.tell(key, generation, coordinator, token, addresses)
 
     def ensure(
         self, key: str, name: str, devices: int, generation: int, placement: Placement,
@@ -90,8 +98,8 @@ class GangRegistrations:
     ) -> str:
         """Register the serving gang unless the controller has it already; returns why not, or "".
 
-        ``coordinator``: host 0's JAX coordinator address, which every other host's sidecar
-        is told (once per generation) before their workers can join the job."""
+        ``coordinator``: host 0's JAX coordinator address; any host after 0 not yet told it
+        (`tell_coordinator`) is told now, before its Health is asked."""
         with self._lock:
             known = self._registered.get(key) == (generation, addresses)
         if known and not self._controller_has(addresses):
@@ -101,15 +109,10 @@ class GangRegistrations:
                 self._registered.pop(key, None)
         if known:
             return ""
-        told = (generation, addresses, coordinator)
-        with self._lock:
-            told_before = self._told.get(key) == told
-        if coordinator and not told_before:
-            not_told = tell_coordinator(addresses[1:], coordinator, token)
+        if coordinator:
+            not_told = self._teller.tell_now(key, generation, coordinator, token, addresses[1:])
             if not_told:
                 return "; ".join(not_told)
-            with self._lock:
-                self._told[key] = told
         problems = unready_hosts(addresses)
         if problems:
             self._forming.watch(key, addresses)

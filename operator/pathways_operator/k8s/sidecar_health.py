@@ -17,11 +17,6 @@ to answer once its worker is ready or `FORMING_ASK_S` passed
 sidecars one call per host every second, not one every `FORMING_POLL_S`: about
 20 ms of CPU a second each, on the cores the starting hosts need. A sidecar that
 answers at once (one that does not wait) is asked again after `FORMING_POLL_S`.
-
-Every pod of a gang is created at once, before host 0's pod has the IP its worker
-serves the JAX coordinator on, so the other hosts' workers start without it:
-:func:`tell_coordinator` hands it to their sidecars, with the slice's token, before
-their Health is first asked.
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ import grpc
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
-from pathways_wire.slice_token import METADATA_KEY
 
 log = logging.getLogger(__name__)
 
@@ -59,32 +53,6 @@ def _ask(channel: grpc.Channel, address: str, timeout_s: float, wait_ready_s: fl
     if not reply.worker_ready:
         return f"sidecar {address} answers but its worker is not ready yet"
     return ""
-
-
-def _tell(address: str, coordinator: str, token: str, timeout_s: float) -> str:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            pb_grpc.DataflowStub(channel).Coordinator(
-                pb.CoordinatorRequest(address=coordinator), timeout=timeout_s,
-                metadata=((METADATA_KEY, token),),
-            )
-        except grpc.RpcError as err:
-            code = err.code().name if hasattr(err, "code") else "ERROR"
-            details = err.details() if hasattr(err, "details") else ""
-            return f"sidecar {address} was not told the JAX coordinator address ({code}: {details})"
-    return ""
-
-
-def tell_coordinator(
-    addresses: Sequence[str], coordinator: str, token: str, timeout_s: float = HEALTH_TIMEOUT_S
-) -> list[str]:
-    """Tell each sidecar the slice's JAX coordinator address (host 0's), in parallel, with the
-    slice's token; one sentence per sidecar that was not told."""
-    if not addresses:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
-        problems = list(pool.map(lambda a: _tell(a, coordinator, token, timeout_s), addresses))
-    return [p for p in problems if p]
 
 
 def _probe(address: str, timeout_s: float) -> str:

@@ -238,6 +238,13 @@ class SliceReconciler:
             machine.in_the_way(err.why)
             self._carry_out(vslice, reservation, machine.take_actions())
             return
+        host0 = current.get(0)
+        if host0 is not None and host0.ip and not host0.deleting:
+            self._gangs.tell_coordinator(
+                vslice.key, reservation.generation, f"{host0.ip}:{COORDINATOR_PORT}", secret.token,
+                [f"{pod.ip}:{SIDECAR_PORT}" for i, pod in sorted(current.items()) if i > 0 and pod.ip
+                 and not pod.deleting],
+            )
         if not machine.pods_created(placement, current, "; ".join(reports)):
             return
         addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in placement.hosts)
