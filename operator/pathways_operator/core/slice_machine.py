@@ -82,7 +82,7 @@ def plan_pods(placement: Placement, current: Mapping[int, GangPod]) -> list[PodS
 
     Hosts after 0 need host 0's pod IP (the JAX coordinator address), which exists
     only once that pod starts; they are not held back for it, but told it through
-    their sidecars when the gang is registered (``gang_registration``), so the
+    their sidecars as soon as each listens (``k8s.coordinator_handoff``), so the
     whole gang starts together.
     """
     steps: list[PodStep] = []

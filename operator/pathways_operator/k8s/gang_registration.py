@@ -94,7 +94,7 @@ class GangRegistrations:
 
     def ensure(
         self, key: str, name: str, devices: int, generation: int, placement: Placement,
-        addresses: tuple[str, ...], token: str, coordinator: str = "",
+        addresses: tuple[str, ...], token: str, coordinator: str,
     ) -> str:
         """Register the serving gang unless the controller has it already; returns why not, or "".
 
@@ -109,10 +109,9 @@ class GangRegistrations:
                 self._registered.pop(key, None)
         if known:
             return ""
-        if coordinator:
-            not_told = self._teller.tell_now(key, generation, coordinator, token, addresses[1:])
-            if not_told:
-                return "; ".join(not_told)
+        not_told = self._teller.tell_now(key, generation, coordinator, token, addresses[1:])
+        if not_told:
+            return "; ".join(not_told)
         problems = unready_hosts(addresses)
         if problems:
             self._forming.watch(key, addresses)

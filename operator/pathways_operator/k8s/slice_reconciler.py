@@ -239,9 +239,10 @@ class SliceReconciler:
             self._carry_out(vslice, reservation, machine.take_actions())
             return
         host0 = current.get(0)
-        if host0 is not None and host0.ip and not host0.deleting:
+        coordinator = f"{host0.ip}:{COORDINATOR_PORT}" if host0 is not None and host0.ip else ""
+        if host0 is not None and coordinator and not host0.deleting:
             self._gangs.tell_coordinator(
-                vslice.key, reservation.generation, f"{host0.ip}:{COORDINATOR_PORT}", secret.token,
+                vslice.key, reservation.generation, coordinator, secret.token,
                 [f"{pod.ip}:{SIDECAR_PORT}" for i, pod in sorted(current.items()) if i > 0 and pod.ip
                  and not pod.deleting],
             )
@@ -250,7 +251,7 @@ class SliceReconciler:
         addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in placement.hosts)
         problem = self._gangs.ensure(
             vslice.key, vslice.name, vslice.spec.devices, reservation.generation, placement, addresses,
-            secret.token, coordinator=f"{current[0].ip}:{COORDINATOR_PORT}",
+            secret.token, coordinator,
         )
         if problem:
             machine.not_ready(problem)
