@@ -335,6 +335,21 @@ def test_a_run_settles_only_what_leaves_it_and_frees_the_values_it_passed_along(
     assert kept.value == "c1-out2"
 
 
+def test_a_value_of_a_run_asked_for_while_the_run_is_out_is_exported_not_passed_along() -> None:
+    state = host(run_limit=RUN_LIMIT)
+    state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))
+    (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
+    assert only(Export, state.handle(fetch("c1", (1, 0)))) == [], "node 1's output does not exist yet"
+
+    said = ran(state, run)
+
+    (exported,) = only(Export, said)
+    assert (exported.oid.ref, exported.value, exported.error) == ((1, 0), "c1-out1", "")
+    (batch,) = only(FinishBatch, said)
+    assert [f.ends_call for f in batch.grants] == [False, False, True]
+    assert state.store.used == OUT_BYTES, "the exported value went with its request; the output stays"
+
+
 def test_a_run_ends_at_another_calls_grant_and_at_the_run_limit() -> None:
     chain = program([INPUT], *([(i, 0)] for i in range(4)))
     state = host(1 << 20, False, chain, run_limit=3)

@@ -45,7 +45,7 @@ from pathways_worker.shared_memory import ShmDir
 from pathways_worker.value_ref import Ref, ref_name, ref_of
 from pathways_worker.worker import stimuli
 from pathways_worker.worker.alarm_clock import AlarmClock
-from pathways_worker.worker.call_plan import layout_program
+from pathways_worker.worker.call_plan import LocalComputation, layout_program
 from pathways_worker.worker.executables import Executable, ExecutableCache, LoadError
 from pathways_worker.worker.finisher import Finisher, is_ready
 from pathways_worker.worker.host_state import HostState
@@ -266,13 +266,31 @@ class Executor:
 
     def _dispatch_run(self, run: DispatchRun) -> RunDispatched:
         """The run's grants in order, each reading what those before it made; stops at
-        the first JAX refuses."""
+        the first JAX refuses.
+
+        The grants after the first are of the same program and wait for nothing
+        (`host_state._gather_run`), so each costs its executable's call and little
+        else: its arguments, the sharding check, one clock reading."""
         made: dict[Ref, Any] = {}
-        results = [self._dispatch(run.first, made)]
+        first = self._dispatch(run.first, made)
+        results = [first]
+        if first.error or not run.rest:
+            return RunDispatched(tuple(results))
+        executables = self._executables[run.first.program_id]
+        clock = time.perf_counter
+        started = clock()
         for dispatch in run.rest:
-            if results[-1].error:
+            comp = dispatch.comp
+            try:
+                args = [made[v.ref] if type(v) is RunValue else v for v in dispatch.inputs]
+                outputs = self._call(executables[comp.index], comp, args, ())
+                made.update(zip(comp.outputs, outputs))
+            except Exception as err:
+                results.append(self._refused(dispatch, err, clock() - started))
                 break
-            results.append(self._dispatch(dispatch, made))
+            now = clock()
+            results.append(ComputationDispatched(dispatch.grant, outputs, "", now - started))
+            started = now
         return RunDispatched(tuple(results))
 
     def _dispatch(self, dispatch: Dispatch, made: dict[Ref, Any] | None = None) -> ComputationDispatched:
@@ -284,29 +302,36 @@ class Executor:
         try:
             if dispatch.wait_for and not all(is_ready(x) for x in dispatch.wait_for):
                 jax.block_until_ready(dispatch.wait_for)
-            exe = self._executables[dispatch.program_id][comp.index]
             args = (
                 list(dispatch.inputs) if made is None
                 else [made[v.ref] if type(v) is RunValue else v for v in dispatch.inputs]
             )
-            accepted = exe.accepted
-            for i, value in enumerate(args):
-                if getattr(value, "sharding", None) is not accepted[i]:
-                    args[i] = self._as_input(value, exe, i, dispatch.in_flight)
             if dispatch.in_flight:
                 overlapped = not all(is_ready(x) for x in dispatch.in_flight)
-            outputs = exe.fn(*args)
-            if len(outputs) != comp.num_outputs:
-                raise RuntimeError(
-                    f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}"
-                )
+            outputs = self._call(self._executables[dispatch.program_id][comp.index], comp, args, dispatch.in_flight)
             if made is not None:
                 made.update(zip(comp.outputs, outputs))
         except Exception as err:
-            where = comp.where(dispatch.grant.call_id, self.host_name)
-            error = f"{where} failed: {type(err).__name__}: {err}"
-            return ComputationDispatched(dispatch.grant, (), error, time.perf_counter() - started)
+            return self._refused(dispatch, err, time.perf_counter() - started)
         return ComputationDispatched(dispatch.grant, outputs, "", time.perf_counter() - started, overlapped)
+
+    def _call(
+        self, exe: Executable, comp: LocalComputation, args: list[Any], in_flight: tuple[object, ...]
+    ) -> tuple[Any, ...]:
+        """The computation's outputs, each argument given the input's sharding first."""
+        accepted = exe.accepted
+        for i, value in enumerate(args):
+            if getattr(value, "sharding", None) is not accepted[i]:
+                args[i] = self._as_input(value, exe, i, in_flight)
+        outputs = exe.fn(*args)
+        if len(outputs) != comp.num_outputs:
+            raise RuntimeError(f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}")
+        return outputs
+
+    def _refused(self, dispatch: Dispatch, err: Exception, busy_s: float) -> ComputationDispatched:
+        """JAX would not take the grant's computation: the result that says why."""
+        where = dispatch.comp.where(dispatch.grant.call_id, self.host_name)
+        return ComputationDispatched(dispatch.grant, (), f"{where} failed: {type(err).__name__}: {err}", busy_s)
 
     def _as_input(self, value: Any, exe: Executable, i: int, in_flight: tuple[object, ...]) -> Any:
         """A stored value as argument `i` of `exe`, with the input's sharding.

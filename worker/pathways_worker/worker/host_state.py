@@ -184,6 +184,8 @@ class HostState:
         """The grants dispatched in one run behind the head, all `running` (see Runs)."""
         self._run_reads: dict[Ref, int] = {}
         """How many of the run's grants read each value an earlier one of them makes."""
+        self._run_values: dict[Ref, RunValue] = {}
+        """One `RunValue` per name, made once: a value's name is all it holds."""
         self._batch: list[Finished] = []
         self._batch_bytes = 0
         self._chain: deque[tuple[GrantId, tuple[object, ...]]] = deque()
@@ -319,23 +321,60 @@ class HostState:
 
     def _run_dispatched(self, done: RunDispatched, out: list[Instruction]) -> None:
         """Each grant of the run that JAX took, as if it had run alone; those after one it
-        refused go back to the front of the queue, their store room given back."""
+        refused go back to the front of the queue, their store room given back. A grant
+        whose every output the run passed along (`_transient`) is taken the short way
+        (`_passed_along`): none of them reaches the store."""
         records = [self._head, *self._run]
         self._run = []
-        transient = self._transient(records, done)
+        transient, slotted = self._transient(records, done)
         for record, result in zip(records, done.results):
+            if transient and record is not None and record.comp and transient.issuperset(record.comp.outputs):
+                self._passed_along(record, result, transient, slotted, out)
+                continue
             self._head = record
             self._computation_dispatched(result, out, transient)
+        self._head = None
         for record in reversed(records[len(done.results):]):
             if record is not None:
                 self.store.unreserve(record.reserved)
                 self._queue.appendleft(record.grant)
 
-    def _transient(self, records: list[GrantRecord | None], done: RunDispatched) -> frozenset[Ref]:
+    def _passed_along(
+        self, record: GrantRecord, done: ComputationDispatched, transient: frozenset[Ref],
+        slotted: frozenset[Ref], out: list[Instruction],
+    ) -> None:
+        """`_computation_dispatched` for a grant of a run that JAX took whole, whose
+        outputs only the run's own grants read: the call is as the run found it, its
+        outputs are neither the call's nor routed, nothing waits to export them, so
+        they give their room back and are freed without settling in the store."""
+        call, comp = record.call, record.comp
+        assert call is not None and comp is not None and call.plan is not None
+        self._move(record, "dispatched")
+        reserved = record.reserved
+        if done.outputs and reserved:
+            self._ahead.append((done.outputs, reserved))
+            self._ahead_bytes += reserved
+        self.store.unreserve(reserved)
+        call.freed.update(comp.outputs)
+        for ref in comp.outputs:
+            if ref in slotted:
+                self.store.drop(ObjectId(call.call_id, ref))
+        self.calls.release_inputs(call, comp, transient)
+        call.computations += 1
+        call.overlapped += done.overlapped
+        call.busy_s += done.busy_s
+        self._batch_bytes += reserved
+        ends_call = call.computations >= len(call.plan.computations)
+        self._finished(Finished(done.grant, done.outputs, "", (), (), ends_call), out)
+
+    def _transient(
+        self, records: list[GrantRecord | None], done: RunDispatched
+    ) -> tuple[frozenset[Ref], frozenset[Ref]]:
         """The values of a run that JAX took whole which no one but the run's own grants
         reads: not an output of the call, not routed elsewhere, no fetch waiting, and
         every local reader in the run. The run passed them from grant to grant, so the
-        store never needs them (nor their bytes, nor the drop after their last read)."""
+        store never needs them (nor their bytes, nor the drop after their last read).
+        Second, those of them the store has a slot for (asked for, nothing waiting), to drop."""
         reads, self._run_reads = self._run_reads, {}
         first = records[0]
         call = first.call if first is not None else None
@@ -343,16 +382,20 @@ class HostState:
             call is None or call.plan is None or call.failed or self.calls.get(call.call_id) is not call
             or len(done.results) < len(records) or any(result.error for result in done.results)
         ):
-            return frozenset()
+            return frozenset(), frozenset()
         plan, readers, call_id = call.plan, call.readers, call.call_id
         transient: set[Ref] = set()
+        slotted: set[Ref] = set()
         for ref, count in reads.items():
             if readers.get(ref) != count or ref in plan.outputs or ref in plan.routes:
                 continue
             slot = self.store.get(ObjectId(call_id, ref))
-            if slot is None or not slot.waiting_exports:  # no slot: no one asked for it
+            if slot is None:  # no slot: no one asked for it
                 transient.add(ref)
-        return frozenset(transient)
+            elif not slot.waiting_exports:
+                transient.add(ref)
+                slotted.add(ref)
+        return frozenset(transient), frozenset(slotted)
 
     def _batch_finished(self, finished: BatchFinished, out: list[Instruction]) -> None:
         """The chain runs in order: a computation seen finished ended those before it too."""
@@ -464,29 +507,33 @@ class HostState:
         made = set(first.outputs)
         reads: dict[Ref, int] = {}
         total = need
+        free = self.store.free  # the head's room is already reserved
         rest: list[Dispatch] = []
+        run, call_id, program_id = self._run, call.call_id, plan.program_id
         computations, prepared_of = plan.computations, self.calls.prepared_of(plan)
         for grant in self._queue:
-            if len(rest) + 1 >= self.run_limit or grant.call_id != call.call_id:
+            if len(rest) + 1 >= self.run_limit or grant.call_id != call_id:
                 break
             comp = computations.get(grant.node)
             prepared = prepared_of.get(grant.node)
             if comp is None or prepared is None or prepared.load_error:
                 break  # the head's path says why it cannot run
-            if prepared.need > self.store.free or total + prepared.need > DISPATCH_AHEAD_BYTES:
+            grant_need = prepared.need
+            if grant_need > free or total + grant_need > DISPATCH_AHEAD_BYTES:
                 break
-            inputs = self._run_inputs(call.call_id, comp, made)
+            inputs = self._run_inputs(call_id, comp, made)
             if inputs is None:
                 break
             for ref in comp.distinct_inputs:
                 if ref in made:
                     reads[ref] = reads.get(ref, 0) + 1
             made.update(comp.outputs)
-            total += prepared.need
-            self.store.reserve(prepared.need)
+            total += grant_need
+            free -= grant_need
             # made `running` at once: queued -> running, as `_move` would allow
-            self._run.append(GrantRecord(grant, "running", 0, False, prepared.need, call, comp, prepared))
-            rest.append(Dispatch(grant, plan.program_id, comp, inputs))
+            run.append(GrantRecord(grant, "running", 0, False, grant_need, call, comp, prepared))
+            rest.append(Dispatch(grant, program_id, comp, inputs))
+        self.store.reserve(total - need)
         for _ in rest:
             self._queue.popleft()
         self._run_reads = reads
@@ -498,7 +545,10 @@ class HostState:
         inputs: list[object] = []
         for ref in comp.inputs:
             if ref in made:
-                inputs.append(RunValue(ref))
+                passed = self._run_values.get(ref)
+                if passed is None:
+                    passed = self._run_values[ref] = RunValue(ref)
+                inputs.append(passed)
                 continue
             slot = self.store.get(ObjectId(call_id, ref))
             if slot is None or slot.state != "ready":
