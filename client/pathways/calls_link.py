@@ -29,6 +29,7 @@ import grpc
 from google.protobuf.message import Message
 
 from pathways_wire import calls_frames
+from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import session_frames as frames
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA
@@ -76,7 +77,7 @@ class CallsLink:
     """The connection to `host`:`port`, presenting `token` and `program` (see the module)."""
 
     def __init__(self, host: str, port: int, token: str, program: str) -> None:
-        self.address = f"{host}:{port}"
+        self.address = host_port.join(host, port)
         self._host, self._port = host, port
         self._token, self._program = token, program
         self._ids = itertools.count(1)

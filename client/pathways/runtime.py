@@ -77,7 +77,7 @@ import grpc
 import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from pathways_wire import host_blocks, ir, transfer
+from pathways_wire import host_blocks, host_port, ir, transfer
 from pathways_wire.data_frames import DataChannelError
 from pathways_wire.host_blocks import Block
 from pathways import interruptible
@@ -375,7 +375,7 @@ class Runtime:
         chosen = self.controller
         if port:
             token, program = credentials_of(self._credentials)
-            link = CallsLink(self.address.rpartition(":")[0], port, token, program)
+            link = CallsLink(host_port.split(self.address)[0], port, token, program)
             try:
                 link.connect()
                 chosen = link

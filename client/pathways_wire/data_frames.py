@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from google.protobuf.message import DecodeError, Message
 
+from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import FetchTarget, TransferError, receive_piece
 
@@ -80,10 +81,10 @@ class DataConnection:
     """One open connection to a host's data channel, used by one sender at a time."""
 
     def __init__(self, address: str, sender: str, token: str, timeout_s: float) -> None:
-        host, _, port = address.rpartition(":")
         self.address = address
         self.sender = sender
-        self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
+        self.sock = socket.create_connection(host_port.split(address, "data channel address"),
+                                             timeout=CONNECT_TIMEOUT_S)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(timeout_s)
         send_frame(self.sock, HELLO, pb.DataHello(sender=sender, token=token))

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import socket
 
+from pathways_wire import host_port
+
 PROBE_TIMEOUT_S = 1.0
 
 
 def accepts(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether ``address`` (``HOST:PORT``; an IPv6 host may be in brackets) accepts a TCP connection."""
-    host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+        with socket.create_connection(host_port.split(address), timeout=timeout_s):
             return True
     except (OSError, ValueError):
         return False

@@ -34,6 +34,7 @@ from typing import BinaryIO, cast
 
 from google.protobuf.message import DecodeError, Message
 
+from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import TransferError
 
@@ -137,7 +138,8 @@ class SessionPort:
         self._token = token.encode()
         self._serve = serve
         self._admit_hello = admit
-        self._listener = socket.create_server((bind_host.strip("[]"), 0))
+        host = bind_host.strip("[]")
+        self._listener = socket.create_server((host, 0), family=host_port.family(host))
         self.port: int = self._listener.getsockname()[1]
         self._closed = False
         threading.Thread(target=self._accept, name=f"{name}-port", daemon=True).start()
@@ -152,7 +154,7 @@ class SessionPort:
                 conn, peer = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._admit, args=(tuned(conn), f"{peer[0]}:{peer[1]}"),
+            threading.Thread(target=self._admit, args=(tuned(conn), host_port.join(peer[0], peer[1])),
                              name=f"{self._name}-session", daemon=True).start()
 
     def _admit(self, conn: socket.socket, peer: str) -> None:

@@ -31,6 +31,7 @@ import kopf
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
+from pathways_wire import host_port
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.env_flags import env_option
 from pathways_operator.controller import Controller, controller_server
@@ -177,7 +178,7 @@ def _local_address(listen: str, port: int) -> str:
     host = listen.rsplit(":", 1)[0].strip("[]")
     if host in ("", "0.0.0.0", "::", "*"):
         host = "127.0.0.1"
-    return f"{host}:{port}"
+    return host_port.join(host, port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import socket
 
+from pathways_wire import host_port
+
 
 class HeldPort:
     """A port on ``ip`` that stays this process's until `release`."""
 
     def __init__(self, ip: str, what: str = "coordinator") -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock = socket.socket(host_port.family(ip), socket.SOCK_STREAM)
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             self._sock.bind((ip, 0))
@@ -36,7 +38,7 @@ class HeldPort:
 
     @property
     def address(self) -> str:
-        return f"{self.ip}:{self.port}"
+        return host_port.join(self.ip, self.port)
 
     def release(self) -> None:
         self._sock.close()

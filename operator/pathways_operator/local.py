@@ -19,7 +19,7 @@ import signal
 import threading
 from pathlib import Path
 
-from pathways_wire import process_tree
+from pathways_wire import host_port, process_tree
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
 from pathways_wire.slice_token import new_token
 from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     service = ControllerService(controller)
     pb_grpc.add_ControllerServicer_to_server(service, server)
     port = server.add_insecure_port(args.listen)
-    host = args.listen.rsplit(":", 1)[0]
+    host = host_port.split(args.listen, "--listen")[0]
     if calls_port:
         service.calls_port = CallsPort(service, gate, host).port
     server.start()
-    address = f"{host}:{port}"
+    address = host_port.join(host, port)
     if args.ready_file:
         tmp = args.ready_file.with_suffix(".tmp")
         tmp.write_text(address)

@@ -114,7 +114,7 @@ def start_slice(
                 sys.executable, "-m", "pathways_worker.worker",
                 "--listen", f"{host.ip}:0", "--host-index", str(i), "--num-hosts", str(len(ips)),
                 "--coordinator", coordinator, "--devices", str(devices),
-                "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{host.ip}"),
+                "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{slice_name}-{i}"),
                 "--host-name", host.name, *unchecked,
             ], log, wenv))
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -126,7 +126,7 @@ def start_slice(
             host.procs.append(spawn_host_process([
                 sys.executable, "-m", "pathways_worker.sidecar",
                 "--listen", f"{host.ip}:0", "--worker", host.worker_address,
-                "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{host.ip}"),
+                "--shm-dir", str(shm / f"pathways-test-{os.getpid()}-{slice_name}-{i}"),
                 "--host-name", host.name, *unchecked, *sidecar_flags,
             ], log, env))
             host.address = listening_address(host.procs[1], deadline, log)

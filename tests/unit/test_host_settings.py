@@ -76,7 +76,28 @@ def test_only_hosts_after_zero_may_start_without_a_coordinator() -> None:
     env = {ENV_TOKEN: "t0k"}
     later = parse_worker_args([*WORKER, "--num-hosts", "2", "--host-index", "1"], env=env)
     assert later.coordinator == "", "its sidecar is told the address (pathways_worker.coordinator_file)"
-    with pytest.raises(SystemExit, match="--coordinator: expected HOST:PORT, got ''"):
+    with pytest.raises(SystemExit, match="--coordinator '' is not HOST:PORT"):
         parse_worker_args([*WORKER, "--num-hosts", "2", "--host-index", "0"], env=env)
-    with pytest.raises(SystemExit, match="--coordinator: expected HOST:PORT, got 'nowhere'"):
+    with pytest.raises(SystemExit, match="--coordinator 'nowhere' is not HOST:PORT"):
         parse_worker_args([*WORKER, "--num-hosts", "2", "--host-index", "1", "--coordinator", "nowhere"], env=env)
+
+
+def test_a_pods_bare_ipv6_addresses_are_read_and_written_in_brackets() -> None:
+    """A pod's ``$(POD_IP):PORT`` leaves an IPv6 address bare; gRPC and JAX want brackets."""
+    env = {ENV_TOKEN: "t0k"}
+    worker = parse_worker_args(
+        ["--listen", "fd00::5:8477", "--num-hosts", "2", "--host-index", "0", "--coordinator", "fd00::5:8476"],
+        env=env,
+    )
+    assert (worker.listen, worker.coordinator) == ("[fd00::5]:8477", "[fd00::5]:8476")
+    sidecar = parse_sidecar_args(["--listen", "[fd00::5]:8478", "--worker", "fd00::5:8477"], env=env)
+    assert (sidecar.listen, sidecar.worker) == ("[fd00::5]:8478", "[fd00::5]:8477")
+    ipv4 = parse_worker_args(["--listen", "10.0.0.7:8477"], env=env)
+    assert ipv4.listen == "10.0.0.7:8477"
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--worker"])
+def test_a_sidecar_address_without_a_port_is_refused_naming_its_flag(flag: str) -> None:
+    argv = {"--listen": "127.0.0.1:0", "--worker": "127.0.0.1:1", flag: "[fd00::5]"}
+    with pytest.raises(SystemExit, match=rf"{flag} '\[fd00::5\]' is not HOST:PORT"):
+        parse_sidecar_args([a for kv in argv.items() for a in kv], env={ENV_TOKEN: "t0k"})

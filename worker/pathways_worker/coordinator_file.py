@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 
+from pathways_wire import host_port
+
 FILE_NAME = "jax-coordinator"
 """In the host's shared-memory directory."""
 POLL_S = 0.02
@@ -31,17 +33,22 @@ def path_in(shm_dir: str) -> str:
 
 
 def check_address(address: str) -> str:
-    """``address`` if it is HOST:PORT with a port in 1..65535; ValueError naming it otherwise."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"coordinator address {address!r} is not HOST:PORT with a port in 1..65535")
-    return address
+    """``address`` as `host_port.join` writes it (an IPv6 host in brackets) if it is
+    HOST:PORT with a port in 1..65535; ValueError naming it otherwise."""
+    try:
+        host, port = host_port.split(address)
+    except ValueError:
+        host, port = "", 0
+    if port == 0:
+        raise ValueError(f"coordinator address {address!r} is not HOST:PORT with a port in 1..65535 "
+                         "(an IPv6 host in brackets: [fd00::5]:8476)")
+    return host_port.join(host, port)
 
 
 def write(shm_dir: str, address: str) -> bool:
     """Writes the address for the worker; False when it was written before (the same
     address). Raises CoordinatorConflict for another address, ValueError for a malformed one."""
-    check_address(address)
+    address = check_address(address)
     path = path_in(shm_dir)
     found = read(shm_dir)
     if found is not None:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pathways_wire import host_env
+from pathways_wire import host_env, host_port
 from pathways_wire.env_flags import env_option
 from pathways_wire.slice_token import ENV_INSECURE, INSECURE_FLAG, insecure_allowed, read_token
 
@@ -65,11 +65,14 @@ def _default_shm_dir() -> str:
     return f"/dev/shm/pathways-{os.getpid()}"
 
 
-def _split_address(flag: str, address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise SystemExit(f"{flag}: expected HOST:PORT, got {address!r}")
-    return host, int(port)
+def _address(flag: str, address: str) -> str:
+    """``address`` written as every process writes one (`host_port.join`: an IPv6 host in
+    brackets, as a pod's ``$(POD_IP):PORT`` leaves it bare); exits naming the flag when it
+    is not HOST:PORT."""
+    try:
+        return host_port.normalized(address, flag)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def _host_flags(
@@ -121,11 +124,11 @@ def parse_worker_args(
                help="longest wait for a computation's inputs or store space (PATHWAYS_INPUT_TIMEOUT_S)")
     _token_flags(p)
     a = p.parse_args(argv)
-    _split_address("--listen", a.listen)
+    a.listen = _address("--listen", a.listen)
     if a.num_hosts < 1 or not 0 <= a.host_index < a.num_hosts:
         raise SystemExit(f"--host-index {a.host_index} is not in [0, --num-hosts {a.num_hosts})")
     if a.num_hosts > 1 and (a.host_index == 0 or a.coordinator):
-        _split_address("--coordinator", a.coordinator)
+        a.coordinator = _address("--coordinator", a.coordinator)
     if a.devices < 1:
         raise SystemExit(f"--devices must be >= 1, got {a.devices}")
     host_name = a.host_name or f"host-{a.host_index} ({a.listen})"
@@ -189,8 +192,8 @@ def parse_sidecar_args(
                help="serve Prometheus /metrics on this port of the listen address "
                     "(PATHWAYS_SIDECAR_METRICS_PORT); 0 picks one; empty: no metrics")
     a = p.parse_args(argv)
-    _split_address("--listen", a.listen)
-    _split_address("--worker", a.worker)
+    a.listen = _address("--listen", a.listen)
+    a.worker = _address("--worker", a.worker)
     metrics_port = None
     if str(a.metrics_port).strip():
         if not str(a.metrics_port).strip().isdigit() or not 0 <= int(a.metrics_port) < 65536:
@@ -213,7 +216,7 @@ def parse_sidecar_args(
         host_name=host_name,
         store_limit_bytes=a.store_limit_bytes,
         put_wait_s=a.put_wait_s,
-        advertise=a.advertise,
+        advertise=_address("--advertise", a.advertise) if a.advertise else "",
         data_port=a.data_port,
         data_token=a.data_token or token,
         data_channel=a.data_channel == "on",

@@ -34,6 +34,7 @@ from typing import BinaryIO
 
 import grpc
 
+from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
@@ -254,12 +255,13 @@ class HostLink:
         yield from self._commands()
 
     def _connect_frames(self, port: int) -> tuple[socket.socket, BinaryIO, pb.HostEvent] | None:
-        host = self.address.rpartition(":")[0]
+        host = host_port.split(self.address)[0]
         first = pb.HostEvent()
         try:
             sock, stream = frames.connect(host, port, self._token, first)
         except (OSError, ValueError) as err:
-            log.warning("host %s: control port %s:%d not usable (%s); staying on gRPC", self.name, host, port, err)
+            log.warning("host %s: control port %s not usable (%s); staying on gRPC", self.name,
+                        host_port.join(host, port), err)
             return None
         self._sock, self.on_frames = sock, True
         return sock, stream, first

@@ -52,6 +52,7 @@ from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults
 from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegistry
 from pathways_operator.k8s.inventory import Reservation, unreachable
 from pathways_operator.k8s.metrics import OperatorMetrics
+from pathways_wire import host_port
 from pathways_wire.kube_names import COORDINATOR_PORT, SIDECAR_PORT, SLICE_KIND, SLICE_LABEL
 from pathways_operator.k8s.status_writer import StatusWriter
 from pathways_operator.k8s.virtual_slice import HostRecord, SliceStatus, VirtualSliceObject
@@ -239,16 +240,16 @@ class SliceReconciler:
             self._carry_out(vslice, reservation, machine.take_actions())
             return
         host0 = current.get(0)
-        coordinator = f"{host0.ip}:{COORDINATOR_PORT}" if host0 is not None and host0.ip else ""
+        coordinator = host_port.join(host0.ip, COORDINATOR_PORT) if host0 is not None and host0.ip else ""
         if host0 is not None and coordinator and not host0.deleting:
             self._gangs.tell_coordinator(
                 vslice.key, reservation.generation, coordinator, secret.token,
-                [f"{pod.ip}:{SIDECAR_PORT}" for i, pod in sorted(current.items()) if i > 0 and pod.ip
+                [host_port.join(pod.ip, SIDECAR_PORT) for i, pod in sorted(current.items()) if i > 0 and pod.ip
                  and not pod.deleting],
             )
         if not machine.pods_created(placement, current, "; ".join(reports)):
             return
-        addresses = tuple(f"{current[h.index].ip}:{SIDECAR_PORT}" for h in placement.hosts)
+        addresses = tuple(host_port.join(current[h.index].ip, SIDECAR_PORT) for h in placement.hosts)
         problem = self._gangs.ensure(
             vslice.key, vslice.name, vslice.spec.devices, reservation.generation, placement, addresses,
             secret.token, coordinator,

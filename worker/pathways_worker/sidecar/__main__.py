@@ -36,6 +36,7 @@ def serve(settings: SidecarSettings) -> None:
     import grpc
     import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for dtype checks)
 
+    from pathways_wire import host_port
     from pathways_wire import pathways_pb2_grpc as pb_grpc
     from pathways_wire.session_frames import SessionPort
     from pathways_wire.transfer import MAX_MESSAGE_BYTES
@@ -60,10 +61,11 @@ def serve(settings: SidecarSettings) -> None:
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise SystemExit(f"host {settings.host_name}: cannot listen on {settings.listen}")
-    bound = f"{settings.listen.rpartition(':')[0]}:{port}"
+    listen_host = host_port.split(settings.listen)[0]
+    bound = host_port.join(listen_host, port)
     core = Dataflow(settings)
     core.advertise = settings.advertise or bound
-    control_port = SessionPort(f"sidecar {settings.host_name}", settings.listen.rpartition(":")[0],
+    control_port = SessionPort(f"sidecar {settings.host_name}", listen_host,
                                settings.slice_token, ControlFrames(core).serve,
                                insecure=settings.insecure_no_token)
     core.control_port = control_port.port
@@ -74,11 +76,10 @@ def serve(settings: SidecarSettings) -> None:
         metrics = SidecarMetrics(
             settings.host_name, core.transfers, core.budget, lambda: core.link.store_bytes
         )
-        metrics_host = settings.listen.rpartition(":")[0].strip("[]")
-        metrics_port = metrics.serve(settings.metrics_port, metrics_host)
+        metrics_port = metrics.serve(settings.metrics_port, listen_host)
     print(f"pathways-sidecar listening on {bound}", flush=True)  # the first line: launchers read it
     if metrics_port is not None:
-        log.info("sidecar %s metrics on http://%s:%d/metrics", settings.host_name, metrics_host, metrics_port)
+        log.info("sidecar %s metrics on http://%s/metrics", settings.host_name, host_port.join(listen_host, metrics_port))
     log.info("sidecar %s serving on %s, worker %s", settings.host_name, bound, settings.worker)
     wait_for_signal()
     server.stop(grace=1).wait(3)

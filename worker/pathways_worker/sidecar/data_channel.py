@@ -56,6 +56,7 @@ from pathways_wire.data_frames import (
     read_frame,
     send_frame,
 )
+from pathways_wire import host_port
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.shared_memory import KeptMaps, remove_pieces
@@ -117,7 +118,7 @@ class DataChannelServer:
         self._transfers = transfers or TransferStats()
         self._host_name = host_name
         self._token = token
-        self._listener = socket.create_server((host, port), backlog=64)
+        self._listener = socket.create_server((host, port), family=host_port.family(host), backlog=64)
         self._closed = threading.Event()
         self.port = int(self._listener.getsockname()[1])
         threading.Thread(target=self._accept, name="data-accept", daemon=True).start()
@@ -138,7 +139,7 @@ class DataChannelServer:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(
-                target=self._serve, args=(conn, f"{peer[0]}:{peer[1]}"), name="data-conn", daemon=True
+                target=self._serve, args=(conn, host_port.join(peer[0], peer[1])), name="data-conn", daemon=True
             ).start()
 
     def _serve(self, conn: socket.socket, peer: str) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from pathways_wire import host_port
 from pathways_wire.command_batches import each_alone
 from pathways_wire.transfer import MAX_CHUNK_BYTES, TransferError, check_header, value_name
 from pathways_wire import pathways_pb2 as pb
@@ -120,7 +121,7 @@ class Dataflow:
         self._node = boot_id()
         self._shm_device = os.stat(self.shm.path).st_dev
         self.data_server = DataChannelServer(
-            settings.listen.rpartition(":")[0].strip("[]"), settings.data_port, self.inbox,
+            host_port.split(settings.listen)[0], settings.data_port, self.inbox,
             settings.host_name, settings.data_token, self.transfers,
             insecure=settings.insecure_no_token, fetch=self.fetched,
         )
@@ -364,7 +365,7 @@ class Dataflow:
             store_limit=self.budget.limit,
             worker_store_bytes=self.link.store_bytes,
             worker_store_limit=self.link.store_limit,
-            data_address=f"{self.advertise.rpartition(':')[0]}:{self.data_server.port}",
+            data_address=host_port.join(host_port.split(self.advertise)[0], self.data_server.port),
             node=self._node,
             shm_device=self._shm_device,
         )

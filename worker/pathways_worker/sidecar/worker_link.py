@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 import grpc
 
+from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
@@ -200,7 +201,7 @@ class WorkerLink:
         None (the link stays on gRPC) when it is not wanted or cannot be had."""
         if not self._frames_wanted:
             return None
-        host = self.address.rpartition(":")[0]
+        host = host_port.split(self.address)[0]
         ready = pb.WorkerEvent()
         try:
             sock, stream = frames.connect(host, port, self._token, ready)

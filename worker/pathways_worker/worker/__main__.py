@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 
-from pathways_wire import host_env
+from pathways_wire import host_env, host_port
 from pathways_wire.port_probe import accepts
 from pathways_worker import coordinator_file
 from pathways_worker.lifecycle import (
@@ -138,12 +138,12 @@ def serve(settings: WorkerSettings) -> None:
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise SystemExit(f"host {settings.host_name}: cannot listen on {settings.listen}")
-    bind_host = settings.listen.rpartition(":")[0]
+    bind_host = host_port.split(settings.listen)[0]
     session_port = SessionPort(f"worker {settings.host_name}", bind_host, settings.slice_token,
                                SessionFrames(service).serve, insecure=settings.insecure_no_token)
     service.session_port = session_port.port
     server.start()
-    print(f"pathways-worker listening on {bind_host}:{port}", flush=True)
+    print(f"pathways-worker listening on {host_port.join(bind_host, port)}", flush=True)
     log.info("worker %s ready with %s", settings.host_name, settings)
     wait_for_signal()
     server.stop(grace=1).wait(3)
