@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -22,6 +21,8 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.port_probe import accepts
 from pathways_wire.slice_token import METADATA_KEY
+
+from pathways_operator.k8s.sidecar_health import each_sidecar, rpc_failure
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +42,13 @@ def _tell(address: str, coordinator: str, token: str, timeout_s: float = TELL_TI
                 metadata=((METADATA_KEY, token),),
             )
         except grpc.RpcError as err:
-            code = err.code().name if hasattr(err, "code") else "ERROR"
-            details = err.details() if hasattr(err, "details") else ""
-            return f"sidecar {address} was not told the JAX coordinator address ({code}: {details})"
+            return f"sidecar {address} was not told the JAX coordinator address ({rpc_failure(err)})"
     return ""
 
 
 def _tell_each(addresses: Sequence[str], coordinator: str, token: str) -> list[str]:
     """`_tell` for each of ``addresses`` in parallel, in their order."""
-    if not addresses:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
-        return list(pool.map(lambda a: _tell(a, coordinator, token), addresses))
+    return each_sidecar(lambda a: _tell(a, coordinator, token), addresses)
 
 
 @dataclasses.dataclass(eq=False)

@@ -42,14 +42,28 @@ FORMING_WATCH_S = 120.0
 """How long a watch asks before it leaves the gang to the slice's periodic looks."""
 
 
+def rpc_failure(err: grpc.RpcError) -> str:
+    """``CODE: details`` of a failed call, as the operator's messages quote it."""
+    code = err.code().name if hasattr(err, "code") else "ERROR"
+    details = err.details() if hasattr(err, "details") else ""
+    return f"{code}: {details}" if details else code
+
+
+def each_sidecar(ask: Callable[[str], str], addresses: Sequence[str]) -> list[str]:
+    """``ask`` of each sidecar at once (a thread each, at most 16), its answers in order."""
+    if not addresses:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
+        return list(pool.map(ask, addresses))
+
+
 def _ask(channel: grpc.Channel, address: str, timeout_s: float, wait_ready_s: float = 0.0) -> str:
     try:
         reply = pb_grpc.DataflowStub(channel).Health(
             pb.HealthRequest(wait_ready_s=wait_ready_s), timeout=timeout_s + wait_ready_s
         )
     except grpc.RpcError as err:
-        code = err.code().name if hasattr(err, "code") else "ERROR"
-        return f"sidecar {address} did not answer Health ({code})"
+        return f"sidecar {address} did not answer Health ({rpc_failure(err)})"
     if not reply.worker_ready:
         return f"sidecar {address} answers but its worker is not ready yet"
     return ""
@@ -62,11 +76,7 @@ def _probe(address: str, timeout_s: float) -> str:
 
 def unready_hosts(addresses: Sequence[str], timeout_s: float = HEALTH_TIMEOUT_S) -> list[str]:
     """One sentence per sidecar that is not ready; empty when every host is."""
-    if not addresses:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
-        problems = list(pool.map(lambda a: _probe(a, timeout_s), addresses))
-    return [p for p in problems if p]
+    return [p for p in each_sidecar(lambda a: _probe(a, timeout_s), addresses) if p]
 
 
 class FormingWatch:
