@@ -306,9 +306,11 @@ class Executor:
                 list(dispatch.inputs) if made is None
                 else [made[v.ref] if type(v) is RunValue else v for v in dispatch.inputs]
             )
+            exe = self._executables[dispatch.program_id][comp.index]
+            self._accept(exe, args, dispatch.in_flight)  # a reshard waits for the one in flight
             if dispatch.in_flight:
                 overlapped = not all(is_ready(x) for x in dispatch.in_flight)
-            outputs = self._call(self._executables[dispatch.program_id][comp.index], comp, args, dispatch.in_flight)
+            outputs = self._call(exe, comp, args, dispatch.in_flight)
             if made is not None:
                 made.update(zip(comp.outputs, outputs))
         except Exception as err:
@@ -319,14 +321,18 @@ class Executor:
         self, exe: Executable, comp: LocalComputation, args: list[Any], in_flight: tuple[object, ...]
     ) -> tuple[Any, ...]:
         """The computation's outputs, each argument given the input's sharding first."""
-        accepted = exe.accepted
-        for i, value in enumerate(args):
-            if getattr(value, "sharding", None) is not accepted[i]:
-                args[i] = self._as_input(value, exe, i, in_flight)
+        self._accept(exe, args, in_flight)
         outputs = exe.fn(*args)
         if len(outputs) != comp.num_outputs:
             raise RuntimeError(f"returned {len(outputs)} outputs, the program expects {comp.num_outputs}")
         return outputs
+
+    def _accept(self, exe: Executable, args: list[Any], in_flight: tuple[object, ...]) -> None:
+        """Each argument in place with the input's sharding (`_as_input`), unless it has it."""
+        accepted = exe.accepted
+        for i, value in enumerate(args):
+            if getattr(value, "sharding", None) is not accepted[i]:
+                args[i] = self._as_input(value, exe, i, in_flight)
 
     def _refused(self, dispatch: Dispatch, err: Exception, busy_s: float) -> ComputationDispatched:
         """JAX would not take the grant's computation: the result that says why."""
