@@ -309,15 +309,10 @@ class HostState:
         for ref in comp.outputs:
             if ref not in transient:
                 self.calls.maybe_free(call, ref)
-        call.computations += 1
-        call.overlapped += done.overlapped
-        call.busy_s += done.busy_s
-        if not error:
-            self._batch_bytes += sum(out_bytes)
-        ends_call = call.computations >= len(plan.computations)
-        self._finished(Finished(
-            done.grant, done.outputs, error, tuple(routed) if routed else (), tuple(inline) if inline else (), ends_call,
-        ), out)
+        self._count_done(
+            call, plan, done, error, 0 if error else sum(out_bytes),
+            tuple(routed) if routed else (), tuple(inline) if inline else (), out,
+        )
 
     def _run_dispatched(self, done: RunDispatched, out: list[Instruction]) -> None:
         """Each grant of the run that JAX took, as if it had run alone; those after one it
@@ -360,12 +355,20 @@ class HostState:
             if ref in slotted:
                 self.store.drop(ObjectId(call.call_id, ref))
         self.calls.release_inputs(call, comp, transient)
+        self._count_done(call, call.plan, done, "", reserved, (), (), out)
+
+    def _count_done(
+        self, call: CallState, plan: CallPlan, done: ComputationDispatched, error: str, nbytes: int,
+        routed: tuple[RoutedValue, ...], inline: tuple[int, ...], out: list[Instruction],
+    ) -> None:
+        """The grant counts as done for its call (``nbytes`` of outputs held back by the
+        batch), and its completion joins the batch."""
         call.computations += 1
         call.overlapped += done.overlapped
         call.busy_s += done.busy_s
-        self._batch_bytes += reserved
-        ends_call = call.computations >= len(call.plan.computations)
-        self._finished(Finished(done.grant, done.outputs, "", (), (), ends_call), out)
+        self._batch_bytes += nbytes
+        ends_call = call.computations >= len(plan.computations)
+        self._finished(Finished(done.grant, done.outputs, error, routed, inline, ends_call), out)
 
     def _transient(
         self, records: list[GrantRecord | None], done: RunDispatched
