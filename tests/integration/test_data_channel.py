@@ -344,3 +344,95 @@ def test_a_host_that_serves_no_fetches_says_so(receiver: Receiver) -> None:
         conn.fetch(fetch_request(), transfer.FetchTarget("v"), "receiver")
     assert refused.value.code == "UNIMPLEMENTED"
     conn.close()
+
+
+def handed_over(receiver: Receiver, path: str, nbytes: int, movable: bool = True) -> pb.PutReply:
+    """Sends a header naming `path` as the value's whole piece, with the device and inode
+    the file has, as a holder of the slice's token could; the receiver's answer."""
+    st = os.stat(path)
+    header = transfer.piece_header("call-1", pb.ValueRef(node=3, index=0), transfer.spec_of(VALUE), None, "sender", True)
+    header.start[:] = [0, 0]
+    header.stop[:] = list(VALUE.shape)
+    header.nbytes = nbytes
+    header.path, header.file_device, header.file_inode, header.movable = path, st.st_dev, st.st_ino, movable
+    sock = raw_connection(receiver)
+    try:
+        send_frame(sock, PIECE, header)
+        reply = pb.PutReply()
+        read_frame(sock, REPLY, reply)
+        return reply
+    finally:
+        sock.close()
+
+
+def secret_file(directory: Path, name: str = "secret.bin") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_bytes(b"not a value: a file of this machine's " + bytes(VALUE.nbytes))
+    return path
+
+
+@pytest.mark.parametrize("where", ["outside", "above", "own", "not-a-piece"])
+def test_a_file_outside_the_other_hosts_shared_memory_is_never_taken(
+    receiver: Receiver, tmp_path: Path, where: str
+) -> None:
+    """A token holder on this machine can name any path: only a piece file (``*.bin``) in
+    another host's shared-memory directory, a sibling of the receiver's, is taken over.
+    Anything else (a file of another tree, one beside the directories, one in the
+    receiver's own, a file that is no piece) is refused, and left as it was."""
+    path = {
+        "outside": lambda: secret_file(tmp_path / "etc" / "deep"),
+        "above": lambda: secret_file(tmp_path),
+        "own": lambda: secret_file(Path(receiver.shm.path)),
+        "not-a-piece": lambda: secret_file(tmp_path / "sender", "coordinator"),
+    }[where]()
+    before = path.read_bytes()
+    reply = handed_over(receiver, str(path), VALUE.nbytes)
+    assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error, reply
+    assert receiver.arrivals == []
+    assert path.read_bytes() == before
+
+
+def test_a_symlink_in_a_hosts_directory_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:
+    target = secret_file(tmp_path / "etc")
+    link = tmp_path / "sender" / "w1-0-piece.bin"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    reply = handed_over(receiver, str(link), VALUE.nbytes, movable=False)
+    assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error, reply
+    assert receiver.arrivals == [] and target.exists()
+
+
+def test_a_refused_handover_does_not_say_what_the_named_file_is(receiver: Receiver, tmp_path: Path) -> None:
+    """A wrong device and inode are refused without the file's own, which would let a sender
+    learn them and name the file again."""
+    exported = exported_value(tmp_path, VALUE, 1)
+    st = os.stat(exported.pieces[0].path)
+    header = transfer.piece_header("call-1", exported.value, exported.spec, None, "sender-host", True)
+    header.start[:] = [0, 0]
+    header.stop[:] = list(VALUE.shape)
+    header.nbytes = VALUE.nbytes
+    header.path, header.file_device, header.file_inode = exported.pieces[0].path, 1, 2
+    sock = raw_connection(receiver)
+    send_frame(sock, PIECE, header)
+    reply = pb.PutReply()
+    read_frame(sock, REPLY, reply)
+    sock.close()
+    assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error
+    assert str(st.st_ino) not in reply.error
+
+
+def test_a_host_without_file_handover_refuses_a_named_file(tmp_path: Path) -> None:
+    shm = ShmDir(str(tmp_path / "receiver"), "s")
+    arrivals: list[pb.Arrival] = []
+    inbox = Inbox(shm, ByteBudget(BUDGET), deliver=arrivals.append, host_name="receiver", wait_s=0.2, handover=False)
+    inbox.expect("call-1", [pb.Expect(value=pb.ValueRef(node=3, index=0), senders=1)])
+    server = DataChannelServer("127.0.0.1", 0, inbox, "receiver", TOKEN)
+    try:
+        receiver = Receiver(server, shm, arrivals, inbox)
+        exported = exported_value(tmp_path, VALUE, 1)
+        reply = handed_over(receiver, exported.pieces[0].path, VALUE.nbytes)
+        assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error and "handover" in reply.error, reply
+        assert arrivals == [] and os.path.exists(exported.pieces[0].path)
+    finally:
+        server.close()

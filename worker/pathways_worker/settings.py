@@ -181,8 +181,8 @@ def parse_sidecar_args(
                     "(PATHWAYS_SIDECAR_DATA_CHANNEL)")
     env_option(p, "--file-handover", variable="PATHWAYS_SIDECAR_FILE_HANDOVER", env=env, default="on",
                choices=("on", "off"),
-               help="hand piece files to peers on the same machine instead of sending bytes "
-                    "(PATHWAYS_SIDECAR_FILE_HANDOVER)")
+               help="hand piece files to peers on the same machine, and take theirs, instead of "
+                    "sending bytes; off: neither (PATHWAYS_SIDECAR_FILE_HANDOVER)")
     env_option(p, "--session-frames", variable="PATHWAYS_SIDECAR_SESSION_FRAMES", env=env, default="on",
                choices=("on", "off"),
                help="talk to the worker over the session port it offers (raw TCP frames); off: its "

@@ -27,7 +27,10 @@ from their files and then removed.
 On one machine the bytes need not travel at all. When the peer's advertised
 node (boot id) and shared-memory device match the sender's, a header carries
 the piece file's `path` (and its device and inode, which the receiver checks,
-so a same-named file elsewhere is never taken): the receiver copies it into
+so a same-named file elsewhere is never taken). The receiver takes only a piece file
+of another host's shared-memory directory beside its own, never a link, and nothing
+while its file handover is off (`inbox.handover_refusal`): a holder of the slice's
+token could otherwise name any file the sidecar can read. It copies the file into
 the value's file in the kernel, or, when the piece is the whole value and has
 no other destination (`movable`), renames the file itself into place.
 

@@ -117,6 +117,7 @@ class Dataflow:
             deliver=lambda arrival: self.link.send(pb.WorkerCommand(arrival=arrival)),
             host_name=settings.host_name,
             wait_s=settings.put_wait_s,
+            handover=settings.file_handover,
         )
         self._node = boot_id()
         self._shm_device = os.stat(self.shm.path).st_dev

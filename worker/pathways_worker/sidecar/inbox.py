@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, Ref]
 RELEASED_MEMORY = 4096
+PIECE_SUFFIX = ".bin"
+"""How every shared-memory file a host writes is named (`ShmDir.new_path`)."""
 
 
 ReadInto = Callable[[memoryview], int]
@@ -62,19 +65,45 @@ class Sink(Protocol):
         ...
 
 
-def open_checked(path: str, device: int, inode: int, nbytes: int) -> int:
-    """A read descriptor on a sender's piece file, if it is the file it claims to be."""
+def handover_refusal(path: str, own_dir: str) -> str:
+    """Why the file a header names may not be taken over by the host whose shared-memory
+    directory is `own_dir` ("" if it may).
+
+    Only a sender on this machine names a file, and only the piece files of its own host's
+    directory: a sibling of the receiver's under the machine's shared-memory root. The
+    receiver reads the file, and may move it into its own directory, so whatever a holder of
+    the slice's token names anywhere else is refused before it is opened: a file of another
+    tree (a secret of the receiver's container), one of the receiver's own values, a file
+    that is no piece (``*.bin``), or a directory that is a link to elsewhere."""
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        return f"{path!r} is not an absolute, normalized path"
+    if not path.endswith(PIECE_SUFFIX):
+        return f"{path} is not a piece file (*{PIECE_SUFFIX})"
+    own = os.path.realpath(own_dir)
+    directory = os.path.realpath(os.path.dirname(path))
+    if os.path.dirname(directory) != os.path.dirname(own) or directory == own:
+        return f"{path} is not in another host's shared-memory directory beside {own}"
+    return ""
+
+
+def open_checked(path: str, device: int, inode: int, nbytes: int, own_dir: str) -> int:
+    """A read descriptor on a sender's piece file, if it may be taken (`handover_refusal`)
+    and is the file it claims to be. A refusal never says which file is there instead:
+    that would let a sender learn a device and inode, and name the file again."""
+    why = handover_refusal(path, own_dir)
+    if why:
+        raise TransferError("header.path", f"{why}; only another host's piece files are taken over")
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         raise TransferError("header.path", f"cannot open {path}: {err.strerror}") from None
     st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (device, inode) or st.st_size < nbytes:
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (device, inode) or st.st_size < nbytes:
         os.close(fd)
         raise TransferError(
             "header.path",
-            f"{path} is {st.st_dev}:{st.st_ino} of {st.st_size} B here, the sender "
-            f"means {device}:{inode} of {nbytes} B (not the same filesystem)",
+            f"{path} is not the file the sender means ({device}:{inode}, a regular file of at "
+            f"least {nbytes} B) here: not the same filesystem",
         )
     return fd
 
@@ -155,7 +184,11 @@ class InboxPiece:
         self._inbox._piece_done(self._entry, self._info)
 
     def take_file(self, path: str, device: int, inode: int, movable: bool) -> bool:
-        fd = open_checked(path, device, inode, self._info.nbytes)
+        if not self._inbox.handover:
+            raise TransferError(
+                "header.path", f"host {self._inbox.host_name} takes no files over (--file-handover off); send the bytes"
+            )
+        fd = open_checked(path, device, inode, self._info.nbytes, self._inbox.shm_dir)
         moved = False
         try:
             offset = self._writer.file_offset
@@ -184,11 +217,14 @@ class Inbox:
         deliver: Callable[[pb.Arrival], None],
         host_name: str,
         wait_s: float,
+        handover: bool = True,
     ) -> None:
         self._shm = shm
+        self.handover = handover
+        """Whether a sender on this machine may name a piece file instead of sending its bytes."""
         self._budget = budget
         self._deliver = deliver
-        self._host_name = host_name
+        self.host_name = host_name
         self._wait_s = wait_s
         self._lock = threading.Lock()
         self._values: dict[Key, InboundValue] = {}
@@ -197,6 +233,11 @@ class Inbox:
         """Each call's keys in `_values` and `_expects`, so its release touches only its own."""
         self._released: set[str] = set()
         self._released_order: deque[str] = deque()
+
+    @property
+    def shm_dir(self) -> str:
+        """The shared-memory directory values are assembled in."""
+        return self._shm.path
 
     # ------------------------------------------------------------ from the controller
 
@@ -344,7 +385,7 @@ class Inbox:
             else:
                 self._deliver_failure(
                     entry,
-                    f"{entry.name} is incomplete on host {self._host_name}: senders "
+                    f"{entry.name} is incomplete on host {self.host_name}: senders "
                     f"{sorted(entry.senders_done)} finished but their pieces cover "
                     f"{entry.assembler.covered} of {entry.assembler.size} elements",
                 )
