@@ -15,12 +15,26 @@ that went missing or empty can never turn authentication off. Only an explicit
 no token, and only when no token file was named at all: for a host started by hand
 on one machine.
 
+A slice's clients never see that token. What they hold is its client form
+(`client_token`), derived one way from it: the controller gives clients and the
+peers of a cross-slice route only that, and a host lets it into the methods that
+put and fetch values (`CLIENT_METHODS`, and the data channel) and nowhere else.
+The host-internal doors, the sidecar's `Control` stream and control port, and the
+worker's `Session` and session port, take the slice token alone: a driver (a
+program's own code) that could speak to them could tell its worker to map any
+file, or its sidecar to forward values anywhere. Being derived, the client form
+needs no second secret in the slice's Secret, and a gang relaunched with a new
+token changes both.
+
 This module is shared by the callers (the controller, clients, peer sidecars) and the
 hosts, so it lives with the wire protocol and imports nothing heavy.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +46,18 @@ ENV_INSECURE = "PATHWAYS_INSECURE_NO_TOKEN"
 INSECURE_FLAG = "--insecure-no-token"
 OPEN_METHODS = frozenset({"/pathways.v1alpha1.Dataflow/Health"})
 """Methods callable without the token: health probes carry no secret."""
+CLIENT_METHODS = frozenset({"/pathways.v1alpha1.Dataflow/Put", "/pathways.v1alpha1.Dataflow/Fetch"})
+"""Methods a slice's client token opens besides the data channel: putting and fetching values."""
+CLIENT_CONTEXT = b"pathways.v1alpha1 client access"
+
+
+def client_token(token: str) -> str:
+    """The client form of slice token `token` ("" for none): what the controller hands
+    its clients and the senders of cross-slice routes (see the module)."""
+    if not token:
+        return ""
+    digest = hmac.new(token.encode(), CLIENT_CONTEXT, hashlib.sha256).digest()
+    return "c." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def new_token() -> str:

@@ -26,6 +26,7 @@ import pytest
 
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.slice_token import client_token
 from pathways_worker.sidecar.byte_budget import ByteBudget
 from pathways_wire.data_frames import HELLO, PIECE, REPLY, read_frame, send_frame
 from pathways_wire.data_frames import DataChannelError, DataConnection
@@ -285,6 +286,13 @@ def test_a_client_puts_values_from_memory_on_one_connection(receiver: Receiver) 
         got = map_value(arrival.path, tuple(arrival.spec.shape), np.dtype(arrival.spec.dtype))
         np.testing.assert_array_equal(got, VALUE * k)
     assert conn.is_open()
+    conn.close()
+
+
+def test_a_client_holding_the_slices_client_token_is_let_in(receiver: Receiver) -> None:
+    conn = DataConnection(receiver.address, "client", client_token(TOKEN), timeout_s=30.0)
+    assert conn.put([[transfer.whole_value_piece("call-1", pb.ValueRef(node=3, index=0), VALUE)]]) == 1
+    assert [a.call_id for a in receiver.arrivals] == ["call-1"]
     conn.close()
 
 

@@ -37,6 +37,7 @@ from pathways_wire.slice_token import (
     INSECURE_FLAG,
     METADATA_KEY,
     call_metadata,
+    client_token,
     new_token,
 )
 from tests.integration.test_host import HostProcs, slice_with_token, vref
@@ -98,6 +99,34 @@ def test_the_slice_token_is_let_in(guarded: HostProcs) -> None:
     assert _put(guarded.address, "member", TOKEN) == 1
     sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
     assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).store_bytes > 0
+
+
+def test_the_client_token_puts_and_fetches_but_opens_no_host_internal_door(guarded: HostProcs) -> None:
+    """What the controller hands clients and route senders (the client form) puts and
+    fetches values; the sidecar's Control and Coordinator and the worker's Session, through
+    which a program's driver could steer its hosts, want the slice token itself."""
+    token = client_token(TOKEN)
+    assert _put(guarded.address, "client-put", token) == 1
+    sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
+    with pytest.raises(grpc.RpcError) as fetched:
+        list(sidecar.Fetch(pb.FetchRequest(call_id="never-ran", value=vref(0, 0), timeout_s=0.5),
+                           timeout=RPC_TIMEOUT_S, metadata=call_metadata(token)))
+    assert fetched.value.code() != grpc.StatusCode.UNAUTHENTICATED, fetched.value
+    internal = {
+        "Control": lambda: list(sidecar.Control(iter([pb.HostCommand()]), timeout=RPC_TIMEOUT_S,
+                                                metadata=call_metadata(token))),
+        "Coordinator": lambda: sidecar.Coordinator(pb.CoordinatorRequest(), timeout=RPC_TIMEOUT_S,
+                                                   metadata=call_metadata(token)),
+        "worker Session": lambda: list(
+            pb_grpc.ExecutorStub(_channel(guarded.worker_address)).Session(
+                iter([pb.WorkerCommand()]), timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))
+        ),
+    }
+    for what, attempt in internal.items():
+        with pytest.raises(grpc.RpcError) as err:
+            attempt()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, (what, err.value)
+        assert "client token" in (err.value.details() or ""), (what, err.value.details())
 
 
 def _raw(address: str, method: str, payload: bytes, *, streaming: bool) -> grpc.RpcError:

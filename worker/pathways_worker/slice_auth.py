@@ -5,6 +5,9 @@ call's metadata before any request message is read, so a caller without the toke
 (another slice's pod, a stray client) learns nothing but ``UNAUTHENTICATED`` and a
 message saying which metadata entry it lacked; the servicer never sees the call. The
 comparison is constant-time. Methods in `slice_token.OPEN_METHODS` (Health) stay open.
+The slice's client token (`slice_token.client_token`) opens only the methods a host's
+server names as its clients' (the sidecar's Put and Fetch); every other method wants
+the slice token itself.
 An interceptor without a token is refused at construction unless its host was started
 with ``--insecure-no-token``: an empty token never silently means "let everyone in".
 """
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pathways_wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS
+from pathways_wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS, client_token
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +35,21 @@ class SliceTokenInterceptor(_Interceptor):
     """Refuses every call except `OPEN_METHODS` unless it presents ``token``.
 
     ``insecure``: the host was started with ``--insecure-no-token``; only then may
-    ``token`` be empty, and then every call is let in.
+    ``token`` be empty, and then every call is let in. ``client_methods``: those the
+    slice's client token also opens.
     """
 
-    def __init__(self, token: str, host_name: str, *, insecure: bool = False) -> None:
+    def __init__(
+        self, token: str, host_name: str, *, insecure: bool = False, client_methods: frozenset[str] = frozenset()
+    ) -> None:
         if not token and not insecure:
             raise ValueError(
                 f"host {host_name}: refusing to serve without a slice token "
                 f"(pass {INSECURE_FLAG} to check no caller)"
             )
         self._token = token.encode()
+        self._client_token = client_token(token).encode()
+        self._client_methods = client_methods
         self._host = host_name
 
     def intercept_service(
@@ -59,7 +67,13 @@ class SliceTokenInterceptor(_Interceptor):
                 presented = value if isinstance(value, str) else value.decode(errors="replace")
         if hmac.compare_digest(presented.encode(), self._token):
             return handler
-        what = "presented another slice's token" if presented else f"presented no {METADATA_KEY} metadata"
+        is_client = hmac.compare_digest(presented.encode(), self._client_token)
+        if is_client and method in self._client_methods:
+            return handler
+        what = (
+            "presented the slice's client token, which opens only putting and fetching values" if is_client
+            else "presented another slice's token" if presented else f"presented no {METADATA_KEY} metadata"
+        )
         message = (
             f"host {self._host}: {method} refused: the caller {what}; only holders of this "
             "slice's token (its Secret, PATHWAYS_SLICE_TOKEN) may call it"

@@ -17,7 +17,7 @@ placed. Everything else is the same on both:
   client drops them or its lease lapses (`calls`, `objects`).
 * Every slice has a token (`pathways_wire.slice_token`) its hosts demand on
   every call: the controller presents it on its control streams, hands it to
-  its clients in `SliceInfo` and `RunReply.host_tokens`, and puts the
+  its clients in `SliceInfo` and `RunReply.host_tokens` (its client form), and puts the
   receiving slice's token on every `Route`, so a slice's hosts can push only
   where the program sends values.
 """

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from pathways_wire import host_blocks, ir
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.slice_token import client_token
 from pathways_operator.controller.programs import PlanKey, ProgramRecord
 
 INLINE_OUTPUT_BYTES = 64 << 10
@@ -105,7 +106,7 @@ def plan_call(
 ) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
     """Per-host launches for one call: routes, expected senders and outputs."""
     addresses = {vid: [h.sidecar_address for h in rec.hosts] for vid, rec in slices.items()}
-    tokens = {a: rec.token for vid, rec in slices.items() for a in addresses[vid]}
+    tokens = {a: client_token(rec.token) for vid, rec in slices.items() for a in addresses[vid]}
     consumers = program.consumers()
     producer_slice = {
         ir.ValueRef(c.index, i): c.slice
@@ -253,7 +254,7 @@ def place_object(
         for host in gang.hosts:
             if host.sidecar_address not in destinations:
                 destinations.append(host.sidecar_address)
-                tokens.append(gang.token)
+                tokens.append(client_token(gang.token))
     if destinations:
         placed.forward = pb.Forward(
             object=obj, call_id=call_id, input=value, spec=program.inputs[index].to_proto(),

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.slice_token import client_token
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.host_link import HostLink
 from pathways_operator.core.call_tracking import GangState, check_gang_move
@@ -58,10 +59,11 @@ class SliceRecord:
         self.failure = failure
 
     def info(self) -> pb.SliceInfo:
-        """What a client of the slice learns, its token included (`Describe` strips it)."""
+        """What a client of the slice learns, its client token included (`Describe` strips
+        it): never the slice token, which opens the hosts' internal doors."""
         return pb.SliceInfo(
             slice_id=self.slice_id,
-            token=self.token,
+            token=client_token(self.token),
             name=self.decl.name,
             island=self.placement.island,
             devices=self.decl.devices,

@@ -39,6 +39,7 @@ def serve(settings: SidecarSettings) -> None:
     from pathways_wire import host_port
     from pathways_wire import pathways_pb2_grpc as pb_grpc
     from pathways_wire.session_frames import SessionPort
+    from pathways_wire.slice_token import CLIENT_METHODS
     from pathways_wire.transfer import MAX_MESSAGE_BYTES
     from pathways_worker.sidecar.dataflow import Dataflow
     from pathways_worker.sidecar.dataflow_service import ControlFrames, DataflowService
@@ -55,7 +56,8 @@ def serve(settings: SidecarSettings) -> None:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
         interceptors=[SliceTokenInterceptor(
-            settings.slice_token, settings.host_name, insecure=settings.insecure_no_token
+            settings.slice_token, settings.host_name, insecure=settings.insecure_no_token,
+            client_methods=CLIENT_METHODS,
         )],
     )
     port = server.add_insecure_port(settings.listen)

@@ -8,7 +8,8 @@ its gRPC port and advertises it in `HealthReply.data_address`; gRPC `Put` stays
 as the fallback when a host has no data channel.
 
 A connection starts with a `DataHello` frame (sender, and the receiving slice's
-token, compared in constant time; a hello without it is refused). A server is made
+token or its client form, `slice_token.client_token`, which clients and route
+senders hold; compared in constant time; a hello without either is refused). A server is made
 without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
@@ -60,6 +61,7 @@ from pathways_wire.data_frames import (
     send_frame,
 )
 from pathways_wire import host_port
+from pathways_wire.slice_token import client_token
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.shared_memory import KeptMaps, remove_pieces
@@ -151,7 +153,10 @@ class DataChannelServer:
                 conn.settimeout(FRAME_TIMEOUT_S)
                 hello = pb.DataHello()
                 read_frame(conn, HELLO, hello)
-                if self._token and not hmac.compare_digest(hello.token.encode(), self._token.encode()):
+                if self._token and not (
+                    hmac.compare_digest(hello.token.encode(), self._token.encode())
+                    or hmac.compare_digest(hello.token.encode(), client_token(self._token).encode())
+                ):
                     what = "presented another token" if hello.token else "presented no token"
                     raise TransferError(
                         "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
