@@ -45,7 +45,9 @@ HELLO, COMMAND, EVENT = b"S"[0], b"C"[0], b"E"[0]
 MAX_FRAME_BYTES = 256 << 20
 """Bound on one frame: a program's load carries its compiled artifacts."""
 HELLO_TIMEOUT_S = 5.0
-"""How long either side waits for the other's first frame before giving up on the connection."""
+"""How long either side waits for the other's whole first frame before giving up on the connection."""
+MAX_HELLO_BYTES = 64 << 10
+"""Bound on a hello, read before its sender is known: a token and a program's name."""
 JOINED_BYTES = 64 << 10
 """A body up to this size goes in the same write as its header."""
 
@@ -78,10 +80,10 @@ def shared_writer(sock: socket.socket, kind: int) -> Callable[[Message], None]:
     return write
 
 
-def read_message(stream: BinaryIO, kind: int, message: Message) -> bool:
-    """Reads the next frame, of `kind`, into `message`; False when the peer closed the
-    connection between frames. TransferError names what was wrong with a frame;
-    ConnectionError, a connection that closed inside one."""
+def read_message(stream: BinaryIO, kind: int, message: Message, max_bytes: int = MAX_FRAME_BYTES) -> bool:
+    """Reads the next frame, of `kind` and at most `max_bytes`, into `message`; False when
+    the peer closed the connection between frames. TransferError names what was wrong
+    with a frame; ConnectionError, a connection that closed inside one."""
     header = stream.read(FRAME.size)
     if not header:
         return False
@@ -90,8 +92,8 @@ def read_message(stream: BinaryIO, kind: int, message: Message) -> bool:
     got, length = FRAME.unpack(header)
     if got != kind:
         raise TransferError("frame.kind", f"expected {chr(kind)!r}, got byte {got}")
-    if length > MAX_FRAME_BYTES:
-        raise TransferError("frame.length", f"{length} B exceeds {MAX_FRAME_BYTES} B per frame")
+    if length > max_bytes:
+        raise TransferError("frame.length", f"{length} B exceeds {max_bytes} B per frame")
     body = stream.read(length)
     if len(body) < length:
         raise ConnectionError(f"connection closed {length - len(body)} bytes before the end of a frame")
@@ -122,7 +124,8 @@ None to close it unanswered. Given, it replaces the comparison with the port's t
 
 class SessionPort:
     """A listening port whose connections are served once their `SessionHello` presents
-    the token (compared in constant time), or passes the port's `admit`; one that does not, or says nothing within
+    the token (compared in constant time), or passes the port's `admit`; one that does not,
+    whose hello is over `MAX_HELLO_BYTES`, or that has not said all of it within
     `HELLO_TIMEOUT_S`, is closed unanswered. Without a token (the host runs with
     ``--insecure-no-token``) every connection is served, as its gRPC server does; an
     empty token otherwise is refused here, at construction."""
@@ -162,11 +165,16 @@ class SessionPort:
         with conn, stream:
             hello = pb.SessionHello()
             conn.settimeout(HELLO_TIMEOUT_S)
+            deadline = threading.Timer(HELLO_TIMEOUT_S, _shut, args=(conn,))
+            deadline.daemon = True
+            deadline.start()  # a whole hello in time, not a byte every few seconds
             try:
-                said = read_message(stream, HELLO, hello)
+                said = read_message(stream, HELLO, hello, MAX_HELLO_BYTES)
             except (OSError, ValueError) as err:
                 log.warning("%s port: %s sent no valid hello (%s); closed", self._name, peer, err)
                 return
+            finally:
+                deadline.cancel()
             if not said:
                 return
             serve: Serve | None = self._serve
@@ -198,3 +206,11 @@ def connect(address_host: str, port: int, token: str, first: Message,
     except BaseException:
         sock.close()
         raise
+
+
+def _shut(sock: socket.socket) -> None:
+    """Ends a connection's reads and writes from another thread (its hello is overdue)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

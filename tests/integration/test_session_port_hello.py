@@ -1,0 +1,82 @@
+"""A session port reads a hello before it knows its sender: bounded in size and in time.
+
+Real loopback sockets against a `SessionPort` (the worker's session port, the sidecar's
+control port and the controller's calls port are all one). Checked: a hello with the
+token is served; one longer than `MAX_HELLO_BYTES` is closed before its body is read;
+one trickled a byte at a time, each byte inside the read timeout, is still closed once
+`HELLO_TIMEOUT_S` has passed since the connection came.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pathways_wire import pathways_pb2 as pb
+from pathways_wire import session_frames as frames
+
+TOKEN = "port-token"
+
+
+@pytest.fixture
+def port() -> Iterator[tuple[frames.SessionPort, list[str]]]:
+    served: list[str] = []
+    done = threading.Event()
+
+    def serve(conn: socket.socket, stream: object, peer: str) -> None:
+        served.append(peer)
+        frames.send_message(conn, frames.EVENT, pb.WorkerEvent())
+        done.wait(10)
+
+    p = frames.SessionPort("test", "127.0.0.1", TOKEN, serve)
+    yield p, served
+    done.set()
+    p.close()
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    ready, _, _ = select.select([sock], [], [], seconds)
+    return bool(ready) and sock.recv(1) == b""
+
+
+def test_a_hello_with_the_token_is_served(port: tuple[frames.SessionPort, list[str]]) -> None:
+    p, served = port
+    sock, stream = frames.connect("127.0.0.1", p.port, TOKEN, pb.WorkerEvent())
+    with sock, stream:
+        assert len(served) == 1
+
+
+def test_a_hello_past_its_bound_is_closed_before_its_body_is_read(port: tuple[frames.SessionPort, list[str]]) -> None:
+    p, served = port
+    with socket.create_connection(("127.0.0.1", p.port), timeout=10) as sock:
+        sock.sendall(frames.FRAME.pack(frames.HELLO, frames.MAX_HELLO_BYTES + 1))
+        assert _closed_within(sock, 5.0)
+    assert served == []
+
+
+def test_a_hello_trickled_past_its_deadline_is_closed(
+    port: tuple[frames.SessionPort, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(frames, "HELLO_TIMEOUT_S", 0.6)
+    p, served = port
+    started = time.monotonic()
+    closed = False
+    with socket.create_connection(("127.0.0.1", p.port), timeout=10) as sock:
+        sock.sendall(frames.FRAME.pack(frames.HELLO, 1000))
+        for _ in range(40):  # a byte every 0.1 s: each read waits far less than the timeout
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                closed = True
+                break
+            if _closed_within(sock, 0.1):
+                closed = True
+                break
+    assert closed, "the port kept a hello that never ended"
+    assert time.monotonic() - started < 3.0
+    assert served == []
