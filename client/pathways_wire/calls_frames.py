@@ -42,8 +42,13 @@ def waits(method: str, request: Message) -> bool:
     return method == "WaitCall" or (method == "Run" and isinstance(request, pb.RunRequest) and request.wait)
 
 
+NAME_SHOWN = 64
+"""How much of an unknown method's name a refusal repeats."""
+
+
 def refusal(method: str) -> str:
     """Why the port cannot carry `method` ("" when it can)."""
     if method in METHODS:
         return ""
-    return f"the calls port carries {', '.join(METHODS)}, not {method!r}: call it over gRPC"
+    named = method if len(method) <= NAME_SHOWN else f"{method[:NAME_SHOWN]}... ({len(method)} characters)"
+    return f"the calls port carries {', '.join(METHODS)}, not {named!r}: call it over gRPC"

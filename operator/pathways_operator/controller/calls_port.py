@@ -106,6 +106,7 @@ class _Connection:
         self._write = threading.Lock()
         self._backlog: deque[bytes] = deque()
         """Frames the socket did not take at once, in order, for the backlog's writer."""
+        self._backlog_bytes = 0
         self._writer: threading.Thread | None = None
         self._conn: socket.socket | None = None
 
@@ -182,7 +183,18 @@ class _Connection:
                 if sent == len(frame):
                     return
                 frame = frame[sent:]
+            if self._backlog_bytes + len(frame) > MAX_BACKLOG_BYTES:
+                log.warning("calls port: a client read none of its last %d B of answers; closing its connection",
+                            self._backlog_bytes)
+                self._backlog.clear()
+                self._backlog_bytes = 0
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
             self._backlog.append(frame)
+            self._backlog_bytes += len(frame)
             if self._writer is None:
                 self._writer = threading.Thread(target=self._drain, args=(conn,), name="calls-port-out", daemon=True)
                 self._writer.start()
@@ -201,11 +213,18 @@ class _Connection:
                 log.info("calls port: answering failed: %s", err)
                 with self._write:
                     self._backlog.clear()
+                    self._backlog_bytes = 0
                     self._writer = None
                 return
             with self._write:
-                self._backlog.popleft()
+                if self._backlog and self._backlog[0] is frame:
+                    self._backlog_bytes -= len(self._backlog.popleft())
 
+
+MAX_BACKLOG_BYTES = 64 << 20
+"""Answers held for a client that reads none, at most: past it the connection is closed
+(its outstanding calls fail UNAVAILABLE there, and it connects again), so a client that
+only writes cannot grow the controller without bound."""
 
 SWITCH = "PATHWAYS_CALLS_PORT"
 
