@@ -109,9 +109,15 @@ def parse_dtype(name: str, field: str = "spec.dtype") -> np.dtype[Any]:
     return dtype
 
 
+MAX_RANK = 64
+"""numpy's bound on an array's dimensions: a spec with more describes no value."""
+
+
 def parse_spec(spec: pb.TensorSpec, field: str = "spec") -> tuple[Shape, np.dtype[Any]]:
     """Shape and dtype of a TensorSpec, or a TransferError naming the bad field."""
     dtype = parse_dtype(spec.dtype, f"{field}.dtype")
+    if len(spec.shape) > MAX_RANK:
+        raise TransferError(f"{field}.shape", f"{len(spec.shape)} dimensions; an array has at most {MAX_RANK}")
     shape = tuple(int(d) for d in spec.shape)
     for i, d in enumerate(shape):
         if d < 0:

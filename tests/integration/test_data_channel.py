@@ -444,3 +444,16 @@ def test_a_host_without_file_handover_refuses_a_named_file(tmp_path: Path) -> No
         assert arrivals == [] and os.path.exists(exported.pieces[0].path)
     finally:
         server.close()
+
+
+def test_a_value_that_cannot_be_made_gives_its_room_back(receiver: Receiver) -> None:
+    """The receiver's shared-memory directory is gone: the value cannot be made, the
+    sender's put fails, and the room its size took in the byte budget is free again."""
+    budget = receiver.inbox._budget
+    os.rename(receiver.shm.path, receiver.shm.path + "-gone")
+    conn = DataConnection(receiver.address, "client", TOKEN, timeout_s=30.0)
+    with pytest.raises((DataChannelError, ConnectionError)):
+        conn.put([[transfer.whole_value_piece("call-1", pb.ValueRef(node=3, index=0), VALUE)]])
+    conn.close()
+    assert budget.used == 0
+    assert receiver.arrivals == []

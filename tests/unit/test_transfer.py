@@ -70,6 +70,12 @@ def test_parse_spec_accepts_numeric_and_rejects_others() -> None:
         transfer.parse_spec(pb.TensorSpec(shape=[1, -2], dtype="int32"))
 
 
+def test_a_spec_of_more_dimensions_than_an_array_can_have_is_refused_naming_the_shape() -> None:
+    assert transfer.parse_spec(pb.TensorSpec(shape=[1] * transfer.MAX_RANK, dtype="uint8"))[0] == (1,) * 64
+    with pytest.raises(transfer.TransferError, match=r"spec.shape: 70 dimensions"):
+        transfer.parse_spec(pb.TensorSpec(shape=[1] * 69 + [16], dtype="uint8"))
+
+
 def test_iter_chunks_puts_header_on_first_chunk_only() -> None:
     data = np.arange(1000, dtype=np.uint8)
     header = pb.BufferHeader(call_id="c", nbytes=1000)

@@ -170,6 +170,9 @@ class DataChannelServer:
                 self._refuse(conn, "RESOURCE_EXHAUSTED", f"host {self._host_name}: {err}")
             except (OSError, ConnectionError) as err:
                 log.info("data connection from %s ended: %s", peer, err)
+            except Exception as err:  # a bug, or an input no check foresaw: this sender's end only
+                log.exception("data connection from %s failed", peer)
+                self._refuse(conn, "INTERNAL", f"host {self._host_name}: {type(err).__name__}: {err}")
 
     def _value(self, conn: socket.socket, bounce: memoryview) -> bool:
         """Receives one value's pieces from this sender and answers; False at a clean end."""

@@ -48,6 +48,9 @@ from pathways_worker.value_ref import Ref, ref_of
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_TIMEOUT_S = 300.0
+MAX_FETCH_TIMEOUT_S = 600.0
+"""The longest a fetch waits for its value, whatever its request asks: a client fetches an
+output once its call ended, and a serving thread is not held for longer."""
 COMPLETION_LINGER_S = 0.0
 """The worker batches completions already (and sends a call's last one at once);
 lingering here again only delays the end of every call."""
@@ -313,7 +316,7 @@ class Dataflow:
         what = f"{value_name(request.value)} of call {request.call_id}"
         if not request.call_id:
             raise HostError(grpc.StatusCode.INVALID_ARGUMENT, "call_id: empty")
-        timeout_s = request.timeout_s if request.timeout_s > 0 else DEFAULT_FETCH_TIMEOUT_S
+        timeout_s = min(request.timeout_s, MAX_FETCH_TIMEOUT_S) if request.timeout_s > 0 else DEFAULT_FETCH_TIMEOUT_S
         if not self.link.wait_ready(min(timeout_s, 5.0)):
             raise HostError(
                 grpc.StatusCode.UNAVAILABLE, f"host {self.host_name}: its worker is not ready"

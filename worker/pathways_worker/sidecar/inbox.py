@@ -310,6 +310,18 @@ class Inbox:
         name = f"{value_name(header.value)} of call {info.call_id}"
         nbytes = info.value_nbytes
         self._budget.reserve(info.call_id, nbytes, self._wait_s, f"{name} ({header.spec.dtype}{list(info.shape)})")
+        try:
+            return self._make(key, info, header, block, nbytes)
+        except BaseException:  # no value made: its room goes back, whatever went wrong
+            self._budget.release(info.call_id, nbytes)
+            raise
+
+    def _make(
+        self, key: Key, info: PieceInfo, header: pb.BufferHeader,
+        block: tuple[tuple[int, ...], tuple[int, ...]] | None, nbytes: int,
+    ) -> InboundValue:
+        """`_create`'s value, its room in the budget reserved (and given back here where
+        another sender made it first, or its call was released)."""
         with self._lock:
             existing = self._values.get(key)
             if existing is not None or info.call_id in self._released:
