@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.transfer import Piece
@@ -260,3 +261,23 @@ def test_a_reader_keeps_no_more_mappings_than_its_bound_and_values_outlive_their
         assert len(os.listdir("/proc/self/fd")) <= open_fds
     finally:
         consumer.cleanup()
+
+
+def test_an_arrival_names_only_a_value_file_of_the_hosts_own_directory(tmp_path: Path) -> None:
+    """What the worker maps, and later removes or moves, from an Arrival: a ``*.bin`` file
+    of its own directory; a spare goes back only to another host's directory beside it."""
+    shm = ShmDir(str(tmp_path / "host-a"), "w")
+    other = tmp_path / "host-b"
+    other.mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"x")
+    inside = shm.new_file("value", 16)
+    assert shm.own_file(inside) == inside
+    assert shm.own_file(os.path.basename(inside)) == inside
+    for path in (str(tmp_path / "secret.bin"), str(other / "w1-0-value.bin"), "/etc/passwd",
+                 os.path.join(shm.path, "..", "secret.bin"), os.path.join(shm.path, "coordinator")):
+        with pytest.raises(ValueError, match="not a value file of this host's"):
+            shm.own_file(path)
+    assert shm.sibling_dir(str(other)) == str(other)
+    for directory in (shm.path, str(tmp_path), "/etc", str(tmp_path / "host-b" / "deeper")):
+        with pytest.raises(ValueError, match="not another host's shared-memory directory"):
+            shm.sibling_dir(directory)

@@ -293,6 +293,25 @@ class ShmDir:
     def resolve(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.join(self.path, path)
 
+    def own_file(self, path: str) -> str:
+        """`path` (relative: in this directory) where it names a value file (``*.bin``)
+        of this directory itself, as every file its sidecar hands the worker does; a
+        ValueError naming it otherwise, so an Arrival never maps, and later removes or
+        moves, a file elsewhere."""
+        full = os.path.normpath(self.resolve(path))
+        if not full.endswith(".bin") or os.path.realpath(os.path.dirname(full)) != os.path.realpath(self.path):
+            raise ValueError(f"{path} is not a value file of this host's shared-memory directory {self.path}")
+        return full
+
+    def sibling_dir(self, directory: str) -> str:
+        """`directory` where it is another host's shared-memory directory beside this one
+        (where a file handed over from it goes back as a spare); a ValueError otherwise."""
+        mine = os.path.realpath(self.path)
+        real = os.path.realpath(directory)
+        if os.path.dirname(real) != os.path.dirname(mine) or real == mine:
+            raise ValueError(f"{directory} is not another host's shared-memory directory beside {self.path}")
+        return directory
+
     def recycle_pieces(self, exported: pb.Exported) -> None:
         """The piece files of a value sent on: kept as spares for the next
         writer of their size (their pages are warm), or removed."""

@@ -196,8 +196,9 @@ class Executor:
             stop = tuple(int(x) for x in arrival.block_stop)
             held = tuple(b - a for a, b in zip(start, stop, strict=True)) if start else shape
             if arrival.path:
-                path = self._shm.resolve(arrival.path)
-                value: Any = self._shm.map_arrived(path, held, dtype, arrival.spare_dir)
+                path = self._shm.own_file(arrival.path)
+                spare_dir = self._shm.sibling_dir(arrival.spare_dir) if arrival.spare_dir else ""
+                value: Any = self._shm.map_arrived(path, held, dtype, spare_dir)
             else:
                 value = np.frombuffer(arrival.data, dtype).reshape(held)
             if start:
