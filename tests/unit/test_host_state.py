@@ -335,6 +335,14 @@ def test_a_run_settles_only_what_leaves_it_and_frees_the_values_it_passed_along(
     assert kept.value == "c1-out2"
 
 
+def test_a_fetch_of_a_call_this_host_never_saw_fails_at_once_and_keeps_no_state() -> None:
+    state = host(run_limit=RUN_LIMIT)
+    for i in range(50):
+        (exported,) = only(Export, state.handle(fetch(f"made-up-{i}", (0, 0))))
+        assert exported.value is None and "is not known on host" in exported.error
+    assert state.calls.calls == {} and state.store.used == 0
+
+
 def test_a_value_of_a_run_asked_for_while_the_run_is_out_is_exported_not_passed_along() -> None:
     state = host(run_limit=RUN_LIMIT)
     state.handle(launch("c1", inputs=[INPUT], outputs=[(2, 0)]))

@@ -261,7 +261,8 @@ class HostCalls:
             out.append(StoreChanged())
 
     def request_export(self, requested: ExportRequested, out: list[Instruction]) -> None:
-        """The client fetches a value: export it once it exists."""
+        """The client fetches a value: export it once it exists (an error at once for a
+        call this host does not know)."""
         request = requested.request
         ref = ref_of(request.value)
         kept = self.store.get(ObjectId(request.call_id, ref))
@@ -274,6 +275,15 @@ class HostCalls:
         if request.call_id in self._released:
             self._export(
                 request, None, f"call {request.call_id} was released on host {self.host_name}", out
+            )
+            return
+        if request.call_id not in self.calls:
+            # A client fetches what a call it started made, once the call ended here; a call
+            # this host never saw gets no state that nothing would ever free.
+            self._export(
+                request, None,
+                f"call {request.call_id} is not known on host {self.host_name}: it never ran "
+                "here (or the host was replaced since)", out,
             )
             return
         call = self.call(request.call_id)
