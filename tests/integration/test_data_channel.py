@@ -457,3 +457,54 @@ def test_a_value_that_cannot_be_made_gives_its_room_back(receiver: Receiver) -> 
     conn.close()
     assert budget.used == 0
     assert receiver.arrivals == []
+
+
+def test_values_of_a_call_no_launch_named_are_orphaned_after_a_while_and_launched_ones_never(
+    tmp_path: Path,
+) -> None:
+    now = [100.0]
+    shm = ShmDir(str(tmp_path / "receiver"), "s")
+    budget = ByteBudget(BUDGET)
+    inbox = Inbox(shm, budget, deliver=lambda _: None, host_name="receiver", wait_s=0.2, clock=lambda: now[0])
+    inbox.expect("launched", [pb.Expect(value=pb.ValueRef(node=3, index=0), senders=1)])
+    inbox.expect("late", [])
+    server = DataChannelServer("127.0.0.1", 0, inbox, "receiver", TOKEN)
+    try:
+        conn = DataConnection(f"127.0.0.1:{server.port}", "client", TOKEN, timeout_s=30.0)
+        for call_id in ("launched", "made-up", "put-first"):
+            assert conn.put([[transfer.whole_value_piece(call_id, pb.ValueRef(node=3, index=0), VALUE)]]) == 1
+        conn.close()
+        inbox.expect("put-first", [])  # a put that overtook its launch
+        assert inbox.orphaned(60.0) == []
+        now[0] += 61.0
+        assert inbox.orphaned(60.0) == ["made-up"]
+        assert budget.held_by("made-up") == VALUE.nbytes
+        inbox.release_call("made-up")
+        assert inbox.orphaned(60.0) == [] and budget.held_by("made-up") == 0
+    finally:
+        server.close()
+
+
+def test_a_sidecar_releases_a_call_whose_values_came_but_no_launch(tmp_path: Path) -> None:
+    """`Dataflow.release_orphans`: the values' room in the store comes back, and a put for
+    the call after that is discarded, as for any released call."""
+    from pathways_worker.settings import parse_sidecar_args
+    from pathways_worker.sidecar.dataflow import Dataflow
+
+    settings = parse_sidecar_args(
+        ["--listen", "127.0.0.1:0", "--worker", "127.0.0.1:1", "--insecure-no-token",
+         "--shm-dir", str(tmp_path / "shm")], env={},
+    )
+    flow = Dataflow(settings)
+    try:
+        conn = DataConnection(f"127.0.0.1:{flow.data_server.port}", "client", "", timeout_s=30.0)
+        assert conn.put([[transfer.whole_value_piece("made-up", pb.ValueRef(node=3, index=0), VALUE)]]) == 1
+        assert flow.budget.held_by("made-up") == VALUE.nbytes
+        assert flow.release_orphans(max_age_s=60.0) == []
+        assert flow.release_orphans(max_age_s=0.0) == ["made-up"]
+        assert flow.budget.held_by("made-up") == 0
+        assert conn.put([[transfer.whole_value_piece("made-up", pb.ValueRef(node=3, index=0), VALUE)]]) == 1
+        assert flow.budget.held_by("made-up") == 0, "a put for a released call is discarded"
+        conn.close()
+    finally:
+        flow.close()

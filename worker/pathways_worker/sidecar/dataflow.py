@@ -39,7 +39,7 @@ from pathways_worker.settings import SidecarSettings
 from pathways_worker.shared_memory import ShmDir, exported_chunks, remove_pieces
 from pathways_worker.sidecar.byte_budget import BudgetError, ByteBudget
 from pathways_worker.sidecar.data_channel import DataChannelServer, Refusal, boot_id
-from pathways_worker.sidecar.inbox import Inbox, Sink
+from pathways_worker.sidecar.inbox import ORPHAN_S, Inbox, Sink
 from pathways_worker.sidecar.peers import PeerPusher
 from pathways_worker.sidecar.sidecar_metrics import TransferStats
 from pathways_worker.sidecar.worker_link import WorkerLink
@@ -51,6 +51,8 @@ DEFAULT_FETCH_TIMEOUT_S = 300.0
 MAX_FETCH_TIMEOUT_S = 600.0
 """The longest a fetch waits for its value, whatever its request asks: a client fetches an
 output once its call ended, and a serving thread is not held for longer."""
+ORPHAN_SWEEP_S = 10.0
+"""How often values whose call never came are looked for (`Dataflow.release_orphans`)."""
 COMPLETION_LINGER_S = 0.0
 """The worker batches completions already (and sends a call's last one at once);
 lingering here again only delays the end of every call."""
@@ -122,6 +124,8 @@ class Dataflow:
             wait_s=settings.put_wait_s,
             handover=settings.file_handover,
         )
+        self._closed = threading.Event()
+        threading.Thread(target=self._sweep_orphans, name="orphan-sweep", daemon=True).start()
         self._node = boot_id()
         self._shm_device = os.stat(self.shm.path).st_dev
         self.data_server = DataChannelServer(
@@ -131,6 +135,7 @@ class Dataflow:
         )
 
     def close(self) -> None:
+        self._closed.set()
         self.data_server.close()
         self.link.stop()
         self.pusher.close()
@@ -147,6 +152,24 @@ class Dataflow:
             raise HostError(grpc.StatusCode.INVALID_ARGUMENT, f"host {self.host_name}: {err}") from None
         except coordinator_file.CoordinatorConflict as err:
             raise HostError(grpc.StatusCode.FAILED_PRECONDITION, f"host {self.host_name}: {err}") from None
+
+    def release_orphans(self, max_age_s: float = ORPHAN_S) -> list[str]:
+        """Releases, here and in the worker, each call whose values came more than
+        `max_age_s` ago but that no launch has named (`Inbox.orphaned`), as the
+        controller's release would; the calls released."""
+        orphans = self.inbox.orphaned(max_age_s)
+        for call_id in orphans:
+            log.warning("%s: values of call %s came, but no launch named the call within %g s; released",
+                        self.host_name, call_id, max_age_s)
+            self.command(pb.HostCommand(release=pb.ReleaseCall(call_id=call_id)))
+        return orphans
+
+    def _sweep_orphans(self) -> None:
+        while not self._closed.wait(ORPHAN_SWEEP_S):
+            try:
+                self.release_orphans()
+            except Exception:  # a bug: say so, and look again next time
+                log.exception("%s: releasing orphaned values failed", self.host_name)
 
     # ------------------------------------------------------------ control stream
 

@@ -21,6 +21,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, Ref]
 RELEASED_MEMORY = 4096
+ORPHAN_S = 120.0
+"""How long values of a call no Launch has named are held. The controller sends a call's
+launches before it tells the client where to put the inputs, so a put overtakes its
+launch by the time between two connections at most; values whose call never comes
+(a client that put for a call id it made up) would otherwise hold their room in the
+store for good (`Inbox.orphaned`)."""
 PIECE_SUFFIX = ".bin"
 """How every shared-memory file a host writes is named (`ShmDir.new_path`)."""
 
@@ -218,6 +225,7 @@ class Inbox:
         host_name: str,
         wait_s: float,
         handover: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._shm = shm
         self.handover = handover
@@ -233,6 +241,11 @@ class Inbox:
         """Each call's keys in `_values` and `_expects`, so its release touches only its own."""
         self._released: set[str] = set()
         self._released_order: deque[str] = deque()
+        self._launched: set[str] = set()
+        """Calls a Launch named, until they are released."""
+        self._unlaunched: dict[str, float] = {}
+        """Calls with values here that no Launch named yet -> when the first came (`clock`)."""
+        self._clock = clock
 
     @property
     def shm_dir(self) -> str:
@@ -243,6 +256,8 @@ class Inbox:
 
     def expect(self, call_id: str, expects: Sequence[pb.Expect]) -> None:
         with self._lock:
+            self._launched.add(call_id)
+            self._unlaunched.pop(call_id, None)
             for e in expects:
                 key = (call_id, ref_of(e.value))
                 self._expects[key] = e.senders
@@ -253,6 +268,8 @@ class Inbox:
 
     def release_call(self, call_id: str) -> None:
         with self._lock:
+            self._launched.discard(call_id)
+            self._unlaunched.pop(call_id, None)
             self._released.add(call_id)
             self._released_order.append(call_id)
             while len(self._released_order) > RELEASED_MEMORY:
@@ -264,6 +281,13 @@ class Inbox:
                     self._close(entry)
                     remove(entry.path)
         self._budget.release_call(call_id)
+
+    def orphaned(self, max_age_s: float = ORPHAN_S) -> list[str]:
+        """Calls whose values came more than `max_age_s` ago and that no Launch has named:
+        the caller releases them as the controller would (`Dataflow.release_orphans`)."""
+        now = self._clock()
+        with self._lock:
+            return [call_id for call_id, since in self._unlaunched.items() if now - since > max_age_s]
 
     def pending(self) -> list[str]:
         with self._lock:
@@ -360,6 +384,8 @@ class Inbox:
         """Keeps `entry` as the value `key` (the caller holds the lock)."""
         self._values[key] = entry
         self._keys_of.setdefault(key[0], set()).add(key)
+        if key[0] not in self._launched:
+            self._unlaunched.setdefault(key[0], self._clock())
         return entry
 
     def _fail(self, key: Key, header: pb.BufferHeader) -> None:
