@@ -20,7 +20,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -70,6 +70,19 @@ def _put(address: str, call_id: str, token: str) -> int:
     return int(reply.pieces)
 
 
+def _internal_doors(host: HostProcs, token: str) -> dict[str, Callable[[], object]]:
+    """A call, presenting `token`, of each method only the slice token opens: the sidecar's
+    Control and Coordinator, and the worker's Session."""
+    sidecar = pb_grpc.DataflowStub(_channel(host.address))
+    metadata = call_metadata(token)
+    return {
+        "Control": lambda: list(sidecar.Control(iter([pb.HostCommand()]), timeout=RPC_TIMEOUT_S, metadata=metadata)),
+        "Coordinator": lambda: sidecar.Coordinator(pb.CoordinatorRequest(), timeout=RPC_TIMEOUT_S, metadata=metadata),
+        "worker Session": lambda: list(pb_grpc.ExecutorStub(_channel(host.worker_address)).Session(
+            iter([pb.WorkerCommand()]), timeout=RPC_TIMEOUT_S, metadata=metadata)),
+    }
+
+
 @pytest.mark.parametrize("token", ["", OTHER_SLICE_TOKEN], ids=["no-token", "other-slice-token"])
 def test_callers_without_the_slice_token_are_refused(guarded: HostProcs, token: str) -> None:
     sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
@@ -78,12 +91,7 @@ def test_callers_without_the_slice_token_are_refused(guarded: HostProcs, token: 
         "Put": lambda: _put(guarded.address, "intruder", token),
         "Fetch": lambda: list(sidecar.Fetch(pb.FetchRequest(call_id="intruder", value=vref(0, 0)),
                                             timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))),
-        "Control": lambda: list(sidecar.Control(iter([pb.HostCommand()]), timeout=RPC_TIMEOUT_S,
-                                                metadata=call_metadata(token))),
-        "worker Session": lambda: list(
-            pb_grpc.ExecutorStub(_channel(guarded.worker_address)).Session(
-                iter([pb.WorkerCommand()]), timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))
-        ),
+        **_internal_doors(guarded, token),
     }
     for what, attempt in attempts.items():
         with pytest.raises(grpc.RpcError) as err:
@@ -112,16 +120,7 @@ def test_the_client_token_puts_and_fetches_but_opens_no_host_internal_door(guard
         list(sidecar.Fetch(pb.FetchRequest(call_id="never-ran", value=vref(0, 0), timeout_s=0.5),
                            timeout=RPC_TIMEOUT_S, metadata=call_metadata(token)))
     assert fetched.value.code() != grpc.StatusCode.UNAUTHENTICATED, fetched.value
-    internal = {
-        "Control": lambda: list(sidecar.Control(iter([pb.HostCommand()]), timeout=RPC_TIMEOUT_S,
-                                                metadata=call_metadata(token))),
-        "Coordinator": lambda: sidecar.Coordinator(pb.CoordinatorRequest(), timeout=RPC_TIMEOUT_S,
-                                                   metadata=call_metadata(token)),
-        "worker Session": lambda: list(
-            pb_grpc.ExecutorStub(_channel(guarded.worker_address)).Session(
-                iter([pb.WorkerCommand()]), timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))
-        ),
-    }
+    internal = _internal_doors(guarded, token)
     for what, attempt in internal.items():
         with pytest.raises(grpc.RpcError) as err:
             attempt()
