@@ -4,7 +4,8 @@ Two islands of 8 devices, 4 per host: a value made row-sharded on the two hosts 
 slice of island-a and read sharded by the two hosts of a slice of island-b goes, host
 to host, only as the block each reading host's devices hold (its rows, or its columns
 cut from the producers' rows), whether a program routes it between its computations
-or a handle is passed to a later call. Each
+or a handle is passed to a later call; and since every host is on this machine, it goes
+as piece files handed over, not over a socket. Each
 sidecar serves its metrics (``PATHWAYS_SIDECAR_METRICS_PORT=0``), whose ``in`` byte
 counters say what each host received.
 """
@@ -133,3 +134,26 @@ def test_a_handle_read_by_another_slice_reaches_each_host_as_its_rows(runtime: p
     assert received(runtime, hosts, before) == [x.nbytes / 2, x.nbytes / 2], "each host only its rows"
     np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
     np.testing.assert_array_equal(np.asarray(held), x * 3.0)
+
+
+def test_a_routed_value_between_slices_on_one_machine_is_handed_over_as_files(runtime: pw.Runtime) -> None:
+    """Every host of this embedded cluster shares the machine: the producer hosts name their
+    piece files, and no byte of the value crosses a socket (`inbox.handover_refusal` takes a
+    file of another host's directory beside the receiver's)."""
+    produce, consume = row_steps(P("x"))
+
+    @pw.program(name="route-handover")
+    def move(v: Any) -> Any:
+        return consume(produce(v))
+
+    x = value()
+    first = move(x)
+    first.block_until_ready()
+    hosts = first.hosts
+    before = {h: bytes_in_by_path(runtime, h) for h in hosts}
+    out = move(x)
+    out.block_until_ready()
+    after = {h: bytes_in_by_path(runtime, h) for h in hosts}
+    assert [after[h]["handover"] - before[h]["handover"] for h in hosts] == [x.nbytes / 2] * 2
+    assert [after[h]["data-channel"] - before[h]["data-channel"] for h in hosts] == [0, 0]
+    np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
