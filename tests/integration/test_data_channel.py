@@ -411,6 +411,14 @@ def test_a_symlink_in_a_hosts_directory_is_not_followed(receiver: Receiver, tmp_
     assert receiver.arrivals == [] and target.exists()
 
 
+def test_a_host_directory_that_is_a_link_to_elsewhere_is_not_followed(receiver: Receiver, tmp_path: Path) -> None:
+    secret_file(tmp_path / "etc", "w1-0-piece.bin")
+    (tmp_path / "linked-host").symlink_to(tmp_path / "etc", target_is_directory=True)
+    reply = handed_over(receiver, str(tmp_path / "linked-host" / "w1-0-piece.bin"), VALUE.nbytes)
+    assert reply.code == "INVALID_ARGUMENT" and "header.path" in reply.error, reply
+    assert receiver.arrivals == [] and (tmp_path / "etc" / "w1-0-piece.bin").exists()
+
+
 def test_a_refused_handover_does_not_say_what_the_named_file_is(receiver: Receiver, tmp_path: Path) -> None:
     """A wrong device and inode are refused without the file's own, which would let a sender
     learn them and name the file again."""

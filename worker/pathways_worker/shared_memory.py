@@ -297,20 +297,20 @@ class ShmDir:
         """`path` (relative: in this directory) where it names a value file (``*.bin``)
         of this directory itself, as every file its sidecar hands the worker does; a
         ValueError naming it otherwise, so an Arrival never maps, and later removes or
-        moves, a file elsewhere."""
+        moves, a file elsewhere. The path is checked as written, normalized: the sidecar
+        names its files from the same ``--shm-dir``."""
         full = os.path.normpath(self.resolve(path))
-        if not full.endswith(".bin") or os.path.realpath(os.path.dirname(full)) != os.path.realpath(self.path):
+        if not full.endswith(".bin") or os.path.dirname(full) != self.path:
             raise ValueError(f"{path} is not a value file of this host's shared-memory directory {self.path}")
         return full
 
     def sibling_dir(self, directory: str) -> str:
         """`directory` where it is another host's shared-memory directory beside this one
         (where a file handed over from it goes back as a spare); a ValueError otherwise."""
-        mine = os.path.realpath(self.path)
-        real = os.path.realpath(directory)
-        if os.path.dirname(real) != os.path.dirname(mine) or real == mine:
+        named = os.path.normpath(directory)
+        if not os.path.isabs(named) or os.path.dirname(named) != os.path.dirname(self.path) or named == self.path:
             raise ValueError(f"{directory} is not another host's shared-memory directory beside {self.path}")
-        return directory
+        return named
 
     def recycle_pieces(self, exported: pb.Exported) -> None:
         """The piece files of a value sent on: kept as spares for the next

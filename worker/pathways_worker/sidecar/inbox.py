@@ -80,14 +80,17 @@ def handover_refusal(path: str, own_dir: str) -> str:
     directory: a sibling of the receiver's under the machine's shared-memory root. The
     receiver reads the file, and may move it into its own directory, so whatever a holder of
     the slice's token names anywhere else is refused before it is opened: a file of another
-    tree (a secret of the receiver's container), one of the receiver's own values, a file
-    that is no piece (``*.bin``), or a directory that is a link to elsewhere."""
+    tree (a secret of the receiver's container), one of the receiver's own values, or a
+    file that is no piece (``*.bin``). The check is on the path as written, normalized;
+    `open_checked` then opens the directory and the file without following a link, so a
+    sibling that is a link to elsewhere is refused too. (Resolving each path instead cost
+    a few lstat calls in Python per piece, which a pipeline's many small moves felt.)"""
     if not os.path.isabs(path) or os.path.normpath(path) != path:
         return f"{path!r} is not an absolute, normalized path"
     if not path.endswith(PIECE_SUFFIX):
         return f"{path} is not a piece file (*{PIECE_SUFFIX})"
-    own = os.path.realpath(own_dir)
-    directory = os.path.realpath(os.path.dirname(path))
+    directory = os.path.dirname(path)
+    own = os.path.normpath(own_dir)
     if os.path.dirname(directory) != os.path.dirname(own) or directory == own:
         return f"{path} is not in another host's shared-memory directory beside {own}"
     return ""
@@ -95,13 +98,18 @@ def handover_refusal(path: str, own_dir: str) -> str:
 
 def open_checked(path: str, device: int, inode: int, nbytes: int, own_dir: str) -> int:
     """A read descriptor on a sender's piece file, if it may be taken (`handover_refusal`)
-    and is the file it claims to be. A refusal never says which file is there instead:
-    that would let a sender learn a device and inode, and name the file again."""
+    and is the file it claims to be: its directory and the file itself opened without
+    following links, the file a regular one. A refusal never says which file is there
+    instead: that would let a sender learn a device and inode, and name the file again."""
     why = handover_refusal(path, own_dir)
     if why:
         raise TransferError("header.path", f"{why}; only another host's piece files are taken over")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+        finally:
+            os.close(directory)
     except OSError as err:
         raise TransferError("header.path", f"cannot open {path}: {err.strerror}") from None
     st = os.fstat(fd)
