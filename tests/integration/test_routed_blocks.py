@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -91,25 +91,33 @@ def value() -> np.ndarray:
     return np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
 
 
-@pytest.mark.parametrize("read_as", [P("x"), P(None, "x")], ids=["rows", "columns"])
-def test_a_routed_value_reaches_each_consumer_host_as_its_block(runtime: pw.Runtime, read_as: P) -> None:
-    """Read by columns, each producer host's rows are cut to the columns of each reader."""
+def moved_again(read_as: P, name: str, measure: Callable[[str], Any]) -> tuple[np.ndarray, list[Any], list[Any]]:
+    """A value routed from `row_steps`' producer to its consumer, a second time (the first
+    loads the program): the output, fetched while its slices are held here, and `measure`
+    of each consumer host before and after."""
     produce, consume = row_steps(read_as)
 
-    @pw.program(name=f"route-{read_as}")
+    @pw.program(name=name)
     def move(v: Any) -> Any:
         return consume(produce(v))
 
-    x = value()
-    first = move(x)
+    first = move(value())
     first.block_until_ready()
     hosts = first.hosts
     assert len(hosts) == 2
-    before = {h: bytes_in(runtime, h) for h in hosts}
-    out = move(x)
+    before = [measure(h) for h in hosts]
+    out = move(value())
     out.block_until_ready()
-    assert received(runtime, hosts, before) == [x.nbytes / 2, x.nbytes / 2], "each host only its block"
-    np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
+    return np.asarray(out), before, [measure(h) for h in hosts]
+
+
+@pytest.mark.parametrize("read_as", [P("x"), P(None, "x")], ids=["rows", "columns"])
+def test_a_routed_value_reaches_each_consumer_host_as_its_block(runtime: pw.Runtime, read_as: P) -> None:
+    """Read by columns, each producer host's rows are cut to the columns of each reader."""
+    x = value()
+    out, before, after = moved_again(read_as, f"route-{read_as}", lambda h: bytes_in(runtime, h))
+    assert [a - b for a, b in zip(after, before)] == [x.nbytes / 2, x.nbytes / 2], "each host only its block"
+    np.testing.assert_array_equal(out, x * 3.0 + 1.0)
 
 
 def test_a_handle_read_by_another_slice_reaches_each_host_as_its_rows(runtime: pw.Runtime) -> None:
@@ -140,20 +148,8 @@ def test_a_routed_value_between_slices_on_one_machine_is_handed_over_as_files(ru
     """Every host of this embedded cluster shares the machine: the producer hosts name their
     piece files, and no byte of the value crosses a socket (`inbox.handover_refusal` takes a
     file of another host's directory beside the receiver's)."""
-    produce, consume = row_steps(P("x"))
-
-    @pw.program(name="route-handover")
-    def move(v: Any) -> Any:
-        return consume(produce(v))
-
     x = value()
-    first = move(x)
-    first.block_until_ready()
-    hosts = first.hosts
-    before = {h: bytes_in_by_path(runtime, h) for h in hosts}
-    out = move(x)
-    out.block_until_ready()
-    after = {h: bytes_in_by_path(runtime, h) for h in hosts}
-    assert [after[h]["handover"] - before[h]["handover"] for h in hosts] == [x.nbytes / 2] * 2
-    assert [after[h]["data-channel"] - before[h]["data-channel"] for h in hosts] == [0, 0]
-    np.testing.assert_array_equal(np.asarray(out), x * 3.0 + 1.0)
+    out, before, after = moved_again(P("x"), "route-handover", lambda h: bytes_in_by_path(runtime, h))
+    assert [a["handover"] - b["handover"] for a, b in zip(after, before)] == [x.nbytes / 2] * 2
+    assert [a["data-channel"] - b["data-channel"] for a, b in zip(after, before)] == [0, 0]
+    np.testing.assert_array_equal(out, x * 3.0 + 1.0)
