@@ -129,7 +129,7 @@ class CallsLink:
             with self._lock:
                 self._pending.pop(frame.id, None)
             if sock is not None:
-                _shut(sock)  # its reader sees the end and fails what else is outstanding on it
+                frames.shut(sock)  # its reader sees the end and fails what else is outstanding on it
             answer.set_exception(self._unavailable(method, err))
         return answer
 
@@ -138,7 +138,7 @@ class CallsLink:
             self._closed = True
             sock, self._sock = self._sock, None
         if sock is not None:
-            _shut(sock)
+            frames.shut(sock)
         self._fail_all(None, "the client closed its link to the controller")
 
     # ------------------------------------------------------------ the connection
@@ -171,7 +171,7 @@ class CallsLink:
         with self._lock:
             if self._sock is sock:
                 self._sock = None
-        _shut(sock)
+        frames.shut(sock)
         sock.close()
         self._fail_all(sock, why)
 
@@ -224,13 +224,6 @@ class CallsLink:
     def _unavailable(self, method: str, err: BaseException) -> CallsPortError:
         return CallsPortError(grpc.StatusCode.UNAVAILABLE,
                               f"{method}: cannot reach the controller's calls port ({self.address}): {err}")
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def credentials_of(metadata: tuple[tuple[str, str], ...]) -> tuple[str, str]:

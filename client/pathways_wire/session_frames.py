@@ -165,7 +165,7 @@ class SessionPort:
         with conn, stream:
             hello = pb.SessionHello()
             conn.settimeout(HELLO_TIMEOUT_S)
-            deadline = threading.Timer(HELLO_TIMEOUT_S, _shut, args=(conn,))
+            deadline = threading.Timer(HELLO_TIMEOUT_S, shut, args=(conn,))
             deadline.daemon = True
             deadline.start()  # a whole hello in time, not a byte every few seconds
             try:
@@ -208,8 +208,9 @@ def connect(address_host: str, port: int, token: str, first: Message,
         raise
 
 
-def _shut(sock: socket.socket) -> None:
-    """Ends a connection's reads and writes from another thread (its hello is overdue)."""
+def shut(sock: socket.socket) -> None:
+    """Ends both directions of `sock` (a no-op where it is closed already), so the thread
+    reading it, or waiting in a read, sees the end."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

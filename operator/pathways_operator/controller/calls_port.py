@@ -188,10 +188,7 @@ class _Connection:
                             self._backlog_bytes)
                 self._backlog.clear()
                 self._backlog_bytes = 0
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                frames.shut(conn)
                 return
             self._backlog.append(frame)
             self._backlog_bytes += len(frame)

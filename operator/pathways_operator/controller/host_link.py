@@ -205,7 +205,7 @@ class HostLink:
             self._channel.close()
             sock = self._sock
             if sock is not None:
-                _shut(sock)
+                frames.shut(sock)
 
     def _commands(self) -> Iterator[pb.HostCommand]:
         """What is queued, a batch per message (`command_batches`), held commands last."""
@@ -288,7 +288,7 @@ class HostLink:
                 log.exception("control stream handler for %s failed", self.name)
                 broken = f"control stream handler for {self.name} failed: {err}"
             finally:
-                _shut(sock)
+                frames.shut(sock)
         if not self._closed.is_set():
             self._on_broken(self, broken)
 
@@ -314,7 +314,7 @@ class HostLink:
     def _write_failed(self, sock: socket.socket, err: OSError) -> None:
         if not self._closed.is_set():
             log.warning("control connection to %s failed sending: %s", self.name, err)
-        _shut(sock)
+        frames.shut(sock)
 
 
 def links_together(links: Iterable[HostLink]) -> Together:
@@ -324,11 +324,3 @@ def links_together(links: Iterable[HostLink]) -> Together:
 
 def _message(commands: list[pb.HostCommand]) -> pb.HostCommand:
     return commands[0] if len(commands) == 1 else pb.HostCommand(batch=pb.HostCommands(commands=commands))
-
-
-def _shut(sock: socket.socket) -> None:
-    """Ends both directions of `sock`, so the thread reading it sees the end."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
