@@ -47,11 +47,20 @@ MAX_KEPT_MAPS = 128
 """Mappings one `KeptMaps` keeps at most, whatever their bytes: each holds a descriptor."""
 REFILL_NICENESS = 10
 _SPARE = "-spare-"
+FILE_SUFFIX = ".bin"
+"""How every shared-memory file a host writes is named (`ShmDir.new_path`)."""
 CLOSE_WAIT_S = 10.0
 SWEEP_S = 0.05
 """How often at most `KeptMaps.mapping` looks for kept mappings whose files are gone:
 a stat each, about 1 µs, so looking at every use cost 42 µs with 36 kept and 0.13 ms
 at the bound of 128, more than copying a 1 MiB value into the mapping."""
+
+
+def beside(directory: str, own_dir: str) -> bool:
+    """Whether `directory` (absolute and normalized) is another host's shared-memory
+    directory: a sibling of `own_dir` (the same), not `own_dir` itself. Compared as
+    written: both are named from the machine's shared-memory root the same way."""
+    return os.path.dirname(directory) == os.path.dirname(own_dir) and directory != own_dir
 
 
 class KeptMaps:
@@ -259,7 +268,7 @@ class ShmDir:
         self.read_maps = KeptMaps(warm_limit_bytes, writable=False)
 
     def new_path(self, what: str) -> str:
-        return os.path.join(self.path, f"{self.prefix}-{next(self._names)}-{what}.bin")
+        return os.path.join(self.path, f"{self.prefix}-{next(self._names)}-{what}{FILE_SUFFIX}")
 
     def new_file(self, what: str, nbytes: int, warm: bool = True) -> str:
         """A file of `nbytes` for a writer: a warm one renamed for `what` if the
@@ -300,7 +309,7 @@ class ShmDir:
         moves, a file elsewhere. The path is checked as written, normalized: the sidecar
         names its files from the same ``--shm-dir``."""
         full = os.path.normpath(self.resolve(path))
-        if not full.endswith(".bin") or os.path.dirname(full) != self.path:
+        if not full.endswith(FILE_SUFFIX) or os.path.dirname(full) != self.path:
             raise ValueError(f"{path} is not a value file of this host's shared-memory directory {self.path}")
         return full
 
@@ -308,7 +317,7 @@ class ShmDir:
         """`directory` where it is another host's shared-memory directory beside this one
         (where a file handed over from it goes back as a spare); a ValueError otherwise."""
         named = os.path.normpath(directory)
-        if not os.path.isabs(named) or os.path.dirname(named) != os.path.dirname(self.path) or named == self.path:
+        if not os.path.isabs(named) or not beside(named, self.path):
             raise ValueError(f"{directory} is not another host's shared-memory directory beside {self.path}")
         return named
 

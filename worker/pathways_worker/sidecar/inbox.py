@@ -33,7 +33,7 @@ from pathways_wire.transfer import (
     PieceAssembler, PieceInfo, PieceWriter, TransferError, as_block_value, moves_inline, value_name,
 )
 from pathways_wire import pathways_pb2 as pb
-from pathways_worker.shared_memory import FileWriter, ShmDir, remove
+from pathways_worker.shared_memory import FILE_SUFFIX, FileWriter, ShmDir, beside, remove
 from pathways_worker.sidecar.byte_budget import ByteBudget
 from pathways_worker.value_ref import Ref, ref_of
 
@@ -47,8 +47,6 @@ launches before it tells the client where to put the inputs, so a put overtakes 
 launch by the time between two connections at most; values whose call never comes
 (a client that put for a call id it made up) would otherwise hold their room in the
 store for good (`Inbox.orphaned`)."""
-PIECE_SUFFIX = ".bin"
-"""How every shared-memory file a host writes is named (`ShmDir.new_path`)."""
 
 
 ReadInto = Callable[[memoryview], int]
@@ -87,11 +85,10 @@ def handover_refusal(path: str, own_dir: str) -> str:
     a few lstat calls in Python per piece, which a pipeline's many small moves felt.)"""
     if not os.path.isabs(path) or os.path.normpath(path) != path:
         return f"{path!r} is not an absolute, normalized path"
-    if not path.endswith(PIECE_SUFFIX):
-        return f"{path} is not a piece file (*{PIECE_SUFFIX})"
-    directory = os.path.dirname(path)
+    if not path.endswith(FILE_SUFFIX):
+        return f"{path} is not a piece file (*{FILE_SUFFIX})"
     own = os.path.normpath(own_dir)
-    if os.path.dirname(directory) != os.path.dirname(own) or directory == own:
+    if not beside(os.path.dirname(path), own):
         return f"{path} is not in another host's shared-memory directory beside {own}"
     return ""
 
