@@ -123,6 +123,8 @@ class DataChannelServer:
         self._transfers = transfers or TransferStats()
         self._host_name = host_name
         self._token = token
+        self._tokens = (token.encode(), client_token(token).encode())
+        """What a hello may present: the slice token, or its client form."""
         self._listener = socket.create_server((host, port), family=host_port.family(host), backlog=64)
         self._closed = threading.Event()
         self.port = int(self._listener.getsockname()[1])
@@ -153,10 +155,8 @@ class DataChannelServer:
                 conn.settimeout(FRAME_TIMEOUT_S)
                 hello = pb.DataHello()
                 read_frame(conn, HELLO, hello)
-                if self._token and not (
-                    hmac.compare_digest(hello.token.encode(), self._token.encode())
-                    or hmac.compare_digest(hello.token.encode(), client_token(self._token).encode())
-                ):
+                presented = hello.token.encode()
+                if self._token and not any(hmac.compare_digest(presented, t) for t in self._tokens):
                     what = "presented another token" if hello.token else "presented no token"
                     raise TransferError(
                         "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
