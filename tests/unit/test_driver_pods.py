@@ -312,3 +312,67 @@ def test_spec_driver_resources_become_the_request_admission_checks() -> None:
         "ns/train", HostResources(500, 2 << 30), {}, (Toleration("dedicated", "Exists", "", "NoSchedule"),))
     with pytest.raises(ValueError, match="spec.driver.resources.requests.cpu"):
         spec_request("ns/train", DriverSpec(resources={"requests": {"cpu": "lots"}}))
+
+
+class CountingApi(FakeApi):
+    """`FakeApi` that counts the Secret reads made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secret_reads = 0
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.secret_reads += 1
+        return super().get_secret(namespace, name)
+
+
+def restarted_operator(tmp_path: Path) -> tuple[DriverPods, CountingApi, str, list[float]]:
+    """An operator that restarted after starting the `train` program's driver, on a clock the test moves."""
+    api = CountingApi()
+    DriverPods(api, tmp_path, SETTINGS).start(launch())  # type: ignore[arg-type]
+    now = [0.0]
+    restarted = DriverPods(api, tmp_path, SETTINGS, clock=lambda: now[0])  # type: ignore[arg-type]
+    api.secret_reads = 0
+    return restarted, api, token_of(api), now
+
+
+def test_after_one_read_a_wrong_token_for_the_program_is_refused_without_reading_its_secret(
+    tmp_path: Path,
+) -> None:
+    drivers, api, token, _ = restarted_operator(tmp_path)
+    with pytest.raises(UnknownProgramToken):
+        drivers.report_progress("forged", 0, {}, ("ns", "train"))
+    assert api.secret_reads == 1
+    for _ in range(50):
+        with pytest.raises(UnknownProgramToken):
+            drivers.report_progress("forged-again", 0, {}, ("ns", "train"))
+    assert api.secret_reads == 1
+    assert drivers.report_progress(token, 0, {}, ("ns", "train")) is False  # the read taught the real token
+    assert api.secret_reads == 1
+
+
+def test_tokens_naming_a_program_without_a_secret_read_it_once_per_hold(tmp_path: Path) -> None:
+    drivers, api, _, now = restarted_operator(tmp_path)
+    for _ in range(20):
+        with pytest.raises(UnknownProgramToken):
+            drivers.report_progress("forged", 0, {}, ("ns", "ghost"))
+    assert api.secret_reads == 1
+    now[0] = 60.0
+    with pytest.raises(UnknownProgramToken):
+        drivers.report_progress("forged", 0, {}, ("ns", "ghost"))
+    assert api.secret_reads == 2
+
+
+def test_tokens_naming_invented_programs_cost_the_api_server_a_bounded_number_of_reads(tmp_path: Path) -> None:
+    from pathways_operator.core.token_read_back import BURST, RATE_PER_S
+
+    drivers, api, token, now = restarted_operator(tmp_path)
+    for i in range(500):
+        with pytest.raises(UnknownProgramToken):
+            drivers.report_progress("forged", 0, {}, ("ns", f"invented-{i}"))
+    assert api.secret_reads == BURST
+    with pytest.raises(UnknownProgramToken):  # the flood spent the reads: the real driver retries
+        drivers.report_progress(token, 0, {}, ("ns", "train"))
+    now[0] = 1.0 / RATE_PER_S
+    assert drivers.report_progress(token, 0, {}, ("ns", "train")) is False
+    assert api.secret_reads == BURST + 1

@@ -45,6 +45,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -76,6 +77,7 @@ from pathways_wire.slice_token import new_token
 
 from pathways_operator.core.client_access import ClientScope
 from pathways_operator.core.driver_placement import DriverRequest, Toleration
+from pathways_operator.core.token_read_back import ReadBackGate
 from pathways_operator.core.program_lifecycle import DriverPodFact, DriverState, Reported, driver_pod_state
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json
 from pathways_operator.k8s.drivers import DriverLaunch, DriverStatus, read_outcome
@@ -286,8 +288,12 @@ class DriverPods:
     def __init__(
         self, api: ClusterApi, state_dir: Path, settings: DriverPodSettings,
         wake: Callable[[str], None] = lambda key: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
+        self._clock = clock
+        self._read_backs = ReadBackGate()
+        """When an unseen token may be checked against its program's Secret (`program_of`)."""
         self._wake = wake
         """``wake(namespace/name)``: a program's driver reported a step; its reconciler looks now,
         so ``status.stepsCompleted`` follows the report, not the reconciler's next poll."""
@@ -456,17 +462,30 @@ class DriverPods:
         return found
 
     def _read_back(self, token: str, namespace: str, name: str) -> ProgramKey | None:
-        secret = self._api.get_secret(namespace, driver_token_secret(name))
-        if secret is None or not _owner_uid(secret):
-            return None
-        held = base64.b64decode((secret.get("data") or {}).get(DRIVER_TOKEN_KEY, "")).decode()
-        if not held or not hmac.compare_digest(held, token):
-            return None
-        program = ProgramKey(namespace, name, _owner_uid(secret))
+        """The named program, if `token` is the one its Secret holds. The Secret is read only
+        where the program's token is not known yet, and as `ReadBackGate` allows; what a read
+        finds is kept, so a wrong token for that program is then refused without one."""
+        key = f"{namespace}/{name}"
         with self._lock:
-            self._tokens[token] = program
-            self._token_of[program.key] = token
-        return program
+            if key in self._token_of:
+                return None  # its token is known, and it is not this one
+            if not self._read_backs.allow(key, self._clock()):
+                return None
+        secret = self._api.get_secret(namespace, driver_token_secret(name))
+        owner = _owner_uid(secret) if secret is not None else ""
+        held = ""
+        if secret is not None and owner:
+            held = base64.b64decode((secret.get("data") or {}).get(DRIVER_TOKEN_KEY, "")).decode()
+        with self._lock:
+            if not held:
+                self._read_backs.missed(key, self._clock())
+                return None
+            self._read_backs.found(key)
+            program = ProgramKey(namespace, name, owner)
+            if key not in self._token_of:
+                self._tokens[held] = program
+                self._token_of[key] = held
+        return program if hmac.compare_digest(held, token) else None
 
     def scope_of(self, token: str, named: tuple[str, str]) -> ClientScope | None:
         """What a client token grants: its program's own VirtualSlices (``client_gate.TokenScopes``)."""
