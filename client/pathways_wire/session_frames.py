@@ -30,15 +30,17 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import BinaryIO, cast
+from typing import BinaryIO, TypeVar, cast
 
 from google.protobuf.message import DecodeError, Message
 
 from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.pending_hellos import PendingHellos, accept_each
 from pathways_wire.transfer import TransferError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FRAME = struct.Struct("!BI")
 HELLO, COMMAND, EVENT = b"S"[0], b"C"[0], b"E"[0]
@@ -145,36 +147,39 @@ class SessionPort:
         self._listener = socket.create_server((host, 0), family=host_port.family(host))
         self.port: int = self._listener.getsockname()[1]
         self._closed = False
-        threading.Thread(target=self._accept, name=f"{name}-port", daemon=True).start()
+        self._pending = PendingHellos(f"{name} port")
+        threading.Thread(
+            target=accept_each, args=(self._listener, self._pending, self._admit, f"{name}-session",
+                                      lambda: self._closed),
+            name=f"{name}-port", daemon=True,
+        ).start()
 
     def close(self) -> None:
         self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+        except OSError:
+            pass
         self._listener.close()
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, peer = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._admit, args=(tuned(conn), host_port.join(peer[0], peer[1])),
-                             name=f"{self._name}-session", daemon=True).start()
-
     def _admit(self, conn: socket.socket, peer: str) -> None:
-        stream = reader(conn)
+        """Serves `conn` once its hello passes; the room it took among the connections
+        awaiting their hello (`PendingHellos`) goes back as soon as the hello is read."""
+        try:
+            stream = reader(tuned(conn))
+        except OSError:
+            self._pending.give_back()
+            conn.close()
+            return
         with conn, stream:
             hello = pb.SessionHello()
-            conn.settimeout(HELLO_TIMEOUT_S)
-            deadline = threading.Timer(HELLO_TIMEOUT_S, shut, args=(conn,))
-            deadline.daemon = True
-            deadline.start()  # a whole hello in time, not a byte every few seconds
             try:
-                said = read_message(stream, HELLO, hello, MAX_HELLO_BYTES)
+                said = read_hello(conn, lambda: read_message(stream, HELLO, hello, MAX_HELLO_BYTES))
             except (OSError, ValueError) as err:
                 log.warning("%s port: %s sent no valid hello (%s); closed", self._name, peer, err)
                 return
             finally:
-                deadline.cancel()
+                self._pending.give_back()
             if not said:
                 return
             serve: Serve | None = self._serve
@@ -206,6 +211,19 @@ def connect(address_host: str, port: int, token: str, first: Message,
     except BaseException:
         sock.close()
         raise
+
+
+def read_hello(conn: socket.socket, read: Callable[[], T]) -> T:
+    """`read()`, the connection's first frame, within `HELLO_TIMEOUT_S` for the whole of
+    it, not for each byte: a sender that trickles a byte every few seconds is cut off."""
+    conn.settimeout(HELLO_TIMEOUT_S)
+    deadline = threading.Timer(HELLO_TIMEOUT_S, shut, args=(conn,))
+    deadline.daemon = True
+    deadline.start()
+    try:
+        return read()
+    finally:
+        deadline.cancel()
 
 
 def shut(sock: socket.socket) -> None:

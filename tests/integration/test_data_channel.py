@@ -516,3 +516,41 @@ def test_a_sidecar_releases_a_call_whose_values_came_but_no_launch(tmp_path: Pat
         conn.close()
     finally:
         flow.close()
+
+
+def test_a_connection_that_never_says_its_hello_is_closed_at_the_hellos_deadline(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pathways_wire import session_frames
+
+    monkeypatch.setattr(session_frames, "HELLO_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", receiver.server.port), timeout=10) as sock:
+        sock.sendall(struct.pack("!BI", HELLO, 100))  # a hello announced, never sent
+        assert sock.recv(1) == b""
+    assert time.monotonic() - started < 3.0  # not the minute a piece's bytes may take
+
+
+def test_connections_past_the_bound_of_unsaid_hellos_are_closed_and_senders_get_through_after(
+    receiver: Receiver, tmp_path: Path,
+) -> None:
+    from pathways_wire.pending_hellos import MAX_PENDING_HELLOS
+
+    address = ("127.0.0.1", receiver.server.port)
+    silent = [socket.create_connection(address, timeout=10) for _ in range(MAX_PENDING_HELLOS)]
+    try:
+        with socket.create_connection(address, timeout=10) as extra:
+            extra.settimeout(2.0)
+            assert extra.recv(1) == b"", "a connection past the bound was kept"
+    finally:
+        for sock in silent:
+            sock.close()
+    deadline = time.monotonic() + 5.0
+    while True:  # the silent ones' rooms come back as the server reads their ends
+        try:
+            receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False)
+            break
+        except (OSError, DataChannelError):
+            assert time.monotonic() < deadline, "the data channel never served again"
+            time.sleep(0.05)
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)

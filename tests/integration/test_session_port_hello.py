@@ -80,3 +80,29 @@ def test_a_hello_trickled_past_its_deadline_is_closed(
     assert closed, "the port kept a hello that never ended"
     assert time.monotonic() - started < 3.0
     assert served == []
+
+
+def test_connections_past_the_bound_of_unsaid_hellos_are_closed_at_once_and_the_port_recovers(
+    port: tuple[frames.SessionPort, list[str]],
+) -> None:
+    from pathways_wire.pending_hellos import MAX_PENDING_HELLOS
+
+    p, served = port
+    silent = [socket.create_connection(("127.0.0.1", p.port), timeout=10) for _ in range(MAX_PENDING_HELLOS)]
+    try:
+        with socket.create_connection(("127.0.0.1", p.port), timeout=10) as extra:
+            assert _closed_within(extra, 2.0), "a connection past the bound was kept"
+        assert served == []
+    finally:
+        for sock in silent:
+            sock.close()
+    deadline = time.monotonic() + 5.0
+    while True:  # the silent ones' rooms come back as the port reads their ends
+        try:
+            sock, stream = frames.connect("127.0.0.1", p.port, TOKEN, pb.WorkerEvent())
+            break
+        except (OSError, ValueError):
+            assert time.monotonic() < deadline, "the port never served again"
+            time.sleep(0.05)
+    with sock, stream:
+        assert len(served) == 1

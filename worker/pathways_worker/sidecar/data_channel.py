@@ -9,7 +9,9 @@ as the fallback when a host has no data channel.
 
 A connection starts with a `DataHello` frame (sender, and the receiving slice's
 token or its client form, `slice_token.client_token`, which clients and route
-senders hold; compared in constant time; a hello without either is refused). A server is made
+senders hold; compared in constant time; a hello without either is refused), whole within
+`session_frames.HELLO_TIMEOUT_S`; at most `pending_hellos.MAX_PENDING_HELLOS` connections
+await theirs at once. A server is made
 without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
@@ -61,6 +63,8 @@ from pathways_wire.data_frames import (
     send_frame,
 )
 from pathways_wire import host_port
+from pathways_wire.pending_hellos import PendingHellos, accept_each
+from pathways_wire.session_frames import read_hello
 from pathways_wire.slice_token import client_token
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
@@ -128,7 +132,11 @@ class DataChannelServer:
         self._listener = socket.create_server((host, port), family=host_port.family(host), backlog=64)
         self._closed = threading.Event()
         self.port = int(self._listener.getsockname()[1])
-        threading.Thread(target=self._accept, name="data-accept", daemon=True).start()
+        self._pending = PendingHellos(f"host {host_name}: data channel")
+        threading.Thread(
+            target=accept_each, args=(self._listener, self._pending, self._serve, "data-conn", self._closed.is_set),
+            name="data-accept", daemon=True,
+        ).start()
 
     def close(self) -> None:
         self._closed.set()
@@ -138,23 +146,19 @@ class DataChannelServer:
             pass
         self._listener.close()
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, peer = self._listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(
-                target=self._serve, args=(conn, host_port.join(peer[0], peer[1])), name="data-conn", daemon=True
-            ).start()
-
     def _serve(self, conn: socket.socket, peer: str) -> None:
+        """Serves a sender's connection once its hello presents a token; the room it took
+        among the connections awaiting their hello (`PendingHellos`) goes back once the
+        hello is read, whole within `HELLO_TIMEOUT_S`."""
         with conn:
             try:
-                conn.settimeout(FRAME_TIMEOUT_S)
                 hello = pb.DataHello()
-                read_frame(conn, HELLO, hello)
+                try:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    read_hello(conn, lambda: read_frame(conn, HELLO, hello))
+                finally:
+                    self._pending.give_back()
+                conn.settimeout(FRAME_TIMEOUT_S)
                 presented = hello.token.encode()
                 if self._token and not any(hmac.compare_digest(presented, t) for t in self._tokens):
                     what = "presented another token" if hello.token else "presented no token"
