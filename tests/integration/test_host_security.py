@@ -19,6 +19,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,6 +166,53 @@ def test_malformed_and_oversized_messages_bounce(
     sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
     assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).worker_ready
     assert _put(guarded.address, f"after-{method}", TOKEN) == 1
+
+
+def test_puts_and_fetches_held_open_are_bounded_and_the_hosts_other_methods_still_answer(
+    guarded: HostProcs,
+) -> None:
+    """A caller with the client token may hold a Put open without sending, or a Fetch
+    waiting: each holds one of the sidecar's gRPC threads. Past `MAX_VALUE_STREAMS` such
+    calls are refused at once, so Health (and the controller's Control) still find a thread."""
+    from pathways_worker.sidecar.dataflow_service import MAX_VALUE_STREAMS
+
+    token = client_token(TOKEN)
+    channel = _channel(guarded.address)
+    sidecar = pb_grpc.DataflowStub(channel)
+    release = threading.Event()
+
+    def stalled() -> Iterator[pb.BufferChunk]:  # a put that never sends a chunk until released
+        release.wait(3 * RPC_TIMEOUT_S)
+        yield from ()
+
+    held = [sidecar.Put.future(stalled(), timeout=6 * RPC_TIMEOUT_S, metadata=call_metadata(token))
+            for _ in range(MAX_VALUE_STREAMS)]
+    try:
+        deadline = time.monotonic() + RPC_TIMEOUT_S
+        refused: grpc.RpcError | None = None
+        while refused is None and time.monotonic() < deadline:  # until the held ones all reached it
+            try:
+                _put(guarded.address, "one-more", token)
+                time.sleep(0.05)
+            except grpc.RpcError as err:
+                refused = err
+        assert refused is not None, f"{MAX_VALUE_STREAMS} held puts and still one more was served"
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+        assert "data channel" in (refused.details() or ""), refused.details()
+        with pytest.raises(grpc.RpcError) as fetch:
+            list(sidecar.Fetch(pb.FetchRequest(call_id="any", value=vref(0, 0)), timeout=RPC_TIMEOUT_S,
+                               metadata=call_metadata(token)))
+        assert fetch.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, fetch.value
+        for _ in range(3):
+            assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).worker_ready
+    finally:
+        release.set()
+        for future in held:
+            try:
+                future.result(timeout=RPC_TIMEOUT_S)
+            except grpc.RpcError:
+                pass
+    assert _put(guarded.address, "after-the-held-ones", token) == 1
 
 
 # ---------------------------------------------------------------- failing closed

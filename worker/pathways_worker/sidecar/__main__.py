@@ -42,7 +42,7 @@ def serve(settings: SidecarSettings) -> None:
     from pathways_wire.slice_token import CLIENT_METHODS
     from pathways_wire.transfer import MAX_MESSAGE_BYTES
     from pathways_worker.sidecar.dataflow import Dataflow
-    from pathways_worker.sidecar.dataflow_service import ControlFrames, DataflowService
+    from pathways_worker.sidecar.dataflow_service import GRPC_THREADS, ControlFrames, DataflowService
     from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
     from pathways_worker.slice_auth import SliceTokenInterceptor
 
@@ -50,7 +50,7 @@ def serve(settings: SidecarSettings) -> None:
         log.warning("sidecar %s: started with --insecure-no-token: any caller that reaches it is served",
                     settings.host_name)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=32),
+        futures.ThreadPoolExecutor(max_workers=GRPC_THREADS),
         options=[
             ("grpc.max_receive_message_length", CONTROL_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

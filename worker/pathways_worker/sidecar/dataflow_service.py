@@ -20,11 +20,29 @@ log = logging.getLogger(__name__)
 
 TAKE_S = 0.25
 """How long a stream waits for completions before it looks whether it is still the current one."""
+GRPC_THREADS = 32
+"""The sidecar's gRPC server threads: each RPC holds one while it runs."""
+MAX_VALUE_STREAMS = 16
+"""`Put` and `Fetch` calls served at once. Each holds a thread for as long as its caller
+streams or its value is awaited (a fetch up to `dataflow.MAX_FETCH_TIMEOUT_S`), and clients
+and peers may call them at will, so they get half the threads: the controller's `Control`,
+`Health` and `Coordinator` always find one. Past the bound a call is refused at once as
+RESOURCE_EXHAUSTED; clients put and fetch over the data channel, which holds no such thread."""
 
 
 class DataflowService(pb_grpc.DataflowServicer):
-    def __init__(self, core: Dataflow) -> None:
+    def __init__(self, core: Dataflow, max_value_streams: int = MAX_VALUE_STREAMS) -> None:
         self._core = core
+        self._value_streams = threading.BoundedSemaphore(max_value_streams)
+        self._max_value_streams = max_value_streams
+
+    def _value_stream(self, context: grpc.ServicerContext, method: str) -> None:
+        """Takes one of the `Put`/`Fetch` places, or refuses the call (`MAX_VALUE_STREAMS`)."""
+        if not self._value_streams.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"host {self._core.host_name}: {method} refused: {self._max_value_streams} Put and Fetch calls "
+                "are served here already; retry once one ends, or put and fetch over the data channel"
+            ))
 
     def Control(
         self, request_iterator: Iterator[pb.HostCommand], context: grpc.ServicerContext
@@ -70,17 +88,24 @@ class DataflowService(pb_grpc.DataflowServicer):
             yield pb.HostEvent(completions=completions)
 
     def Put(self, request_iterator: Iterator[pb.BufferChunk], context: grpc.ServicerContext) -> pb.PutReply:
+        self._value_stream(context, "Put")
         try:
             return pb.PutReply(pieces=self._core.put(request_iterator))
         except HostError as err:
             context.abort(err.code, str(err))
+        finally:
+            self._value_streams.release()
 
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.BufferChunk]:
+        self._value_stream(context, "Fetch")
         try:
-            chunks = self._core.fetch(request)
-        except HostError as err:
-            context.abort(err.code, str(err))
-        yield from chunks
+            try:
+                chunks = self._core.fetch(request)
+            except HostError as err:
+                context.abort(err.code, str(err))
+            yield from chunks
+        finally:
+            self._value_streams.release()
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return self._core.health(request.wait_ready_s)
