@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import grpc
 import jax.numpy as jnp
@@ -149,3 +150,49 @@ def test_a_client_that_cannot_reach_the_calls_port_calls_over_grpc(
     finally:
         rt.cluster = None  # the module's runtime owns the cluster
         rt.close()
+
+
+def test_waits_over_grpc_are_bounded_per_client_and_the_controller_keeps_answering(runtime: pw.Runtime) -> None:
+    """Each `WaitCall` over gRPC holds a controller thread until its call ends: one client
+    may hold `WAITS_PER_CLIENT` at once, past that a wait is refused at once, and the
+    controller's other methods still answer."""
+    import jax
+
+    from pathways_operator.controller.client_gate import WAITS_PER_CLIENT
+
+    assert runtime.cluster is not None
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    slow = pw.jit(lambda v: jax.lax.fori_loop(0, 8000, lambda i, w: jnp.tanh(w @ w), v), slice=s)
+
+    @pw.program(name="waits-bounded")
+    def prog(v: jnp.ndarray) -> jnp.ndarray:
+        return slow(v)
+
+    x = np.eye(256, dtype=np.float32) * 0.5
+    prog(x).block_until_ready()  # placed and compiled
+    out = prog(x)
+    assert out.call is not None
+    request = pb.CallStatusRequest(call_id=out.call.call_id, timeout_s=60)
+    metadata = ((CLIENT_TOKEN_METADATA, runtime.cluster.client_token),)
+    with grpc.insecure_channel(runtime.address) as channel:
+        stub = pb_grpc.ControllerStub(channel)
+        held = [stub.WaitCall.future(request, timeout=90, metadata=metadata) for _ in range(WAITS_PER_CLIENT)]
+        refused: grpc.RpcError | None = None
+        for _ in range(200):  # until every held wait reached the controller: 10 s at most
+            try:
+                probe = stub.WaitCall(pb.CallStatusRequest(call_id=request.call_id, timeout_s=0), timeout=10,
+                                      metadata=metadata)
+            except grpc.RpcError as err:
+                refused = err
+                break
+            assert probe.state == pb.CallStatus.RUNNING, "the slow call ended before the waits were all held"
+            time.sleep(0.05)
+        assert refused is not None, f"{WAITS_PER_CLIENT} waits held and still one more was let in"
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+        assert "calls port" in (refused.details() or ""), refused.details()
+        assert stub.Describe(pb.ClusterInfoRequest(), timeout=10, metadata=metadata).calls_port > 0
+        ended = [future.result(timeout=90) for future in held]
+    # each held wait ended with the call: as succeeded, or, woken after the runtime's own wait freed
+    # the call, as a call no longer known
+    assert {status.state for status in ended} <= {pb.CallStatus.SUCCEEDED, pb.CallStatus.UNKNOWN}, ended[:2]
+    out.block_until_ready()

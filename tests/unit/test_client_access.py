@@ -67,3 +67,18 @@ def test_a_client_id_belongs_to_the_program_that_first_used_it() -> None:
     assert grants.client_refusal(evaluator, "client-eval-1") is None
     grants.client_used(evaluator, "client-train-1")  # a later use does not take the id over
     assert grants.client_refusal(evaluator, "client-train-1") is not None
+
+
+def test_waits_that_hold_a_thread_are_bounded_per_client_and_counted_off_as_they_end() -> None:
+    evaluator = ClientScope.program("ns", "eval", ["eval-main"])
+    grants = Grants()
+    assert grants.wait_refusal(TRAIN, 2) is None
+    assert grants.wait_refusal(TRAIN, 2) is None
+    refusal = grants.wait_refusal(TRAIN, 2)
+    assert refusal is not None and "program ns/train has 2 waits" in refusal and "calls port" in refusal
+    assert grants.wait_refusal(evaluator, 2) is None  # another client's bound is its own
+    grants.wait_ended(TRAIN)
+    assert grants.wait_refusal(TRAIN, 2) is None
+    for _ in range(3):
+        grants.wait_ended(TRAIN)
+    assert grants.wait_refusal(TRAIN, 1) is None  # ended more than begun: never below none

@@ -32,6 +32,13 @@ from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADAT
 from pathways_operator.core.client_access import ClientScope, Grants, slice_refusal, unauthenticated
 
 SERVICE = "/pathways.v1alpha1.Controller/"
+WAITS_PER_CLIENT = 64
+"""`WaitCall`s one token's callers may have waiting at once over gRPC. Each holds one of the
+controller's server threads until its call ends or its timeout passes, so a client that
+waited on its own long call again and again could hold every thread, and every other
+client's gRPC calls would queue behind it. Twice a client's default bound of outstanding
+calls (`PATHWAYS_MAX_OUTSTANDING_CALLS`, 32): past it a wait is refused at once. The calls
+port answers a wait when the call ends, holding no thread, and is not bounded here."""
 
 
 class TokenScopes(Protocol):
@@ -95,7 +102,18 @@ class ClientGate(grpc.ServerInterceptor):  # type: ignore[type-arg]
         """`inner()`'s reply, once `token` (of the client running for `program`) may call
         method `name` with `request`; what it obtained is recorded. Refused otherwise."""
         scope = self.check(name, token, program, request)
-        reply = inner()
+        if name != "WaitCall":
+            reply = inner()
+        else:
+            with self._lock:
+                refusal = self._grants.wait_refusal(scope, WAITS_PER_CLIENT)
+            if refusal is not None:
+                raise Refused("RESOURCE_EXHAUSTED", f"{name}: {refusal}")
+            try:
+                reply = inner()
+            finally:
+                with self._lock:
+                    self._grants.wait_ended(scope)
         self.record(name, scope, request, reply)
         return reply
 

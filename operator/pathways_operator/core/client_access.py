@@ -84,6 +84,23 @@ class Grants:
         self._calls: dict[str, str] = {}
         self._clients: dict[str, str] = {}
         """Client id (``RunRequest.client``, the owner of objects and leases) -> who first used it."""
+        self._waits: dict[str, int] = {}
+        """Who -> its waits for calls that hold a server thread (gRPC ``WaitCall``) now."""
+
+    def wait_refusal(self, scope: ClientScope, limit: int) -> str | None:
+        """Why ``scope`` may not begin one more wait that holds a thread until its call ends
+        (it has ``limit`` already), or None, the wait then counted until `wait_ended`."""
+        waiting = self._waits.get(scope.who, 0)
+        if waiting >= limit:
+            return (f"{scope.who} has {waiting} waits for its calls open already; wait for fewer "
+                    "calls at once, or over the controller's calls port")
+        self._waits[scope.who] = waiting + 1
+        return None
+
+    def wait_ended(self, scope: ClientScope) -> None:
+        left = self._waits.pop(scope.who, 0) - 1
+        if left > 0:
+            self._waits[scope.who] = left
 
     def slice_placed(self, scope: ClientScope, slice_id: str, namespace: str, name: str) -> None:
         self._slices[slice_id] = (namespace, name)
