@@ -33,6 +33,7 @@ from pathways_wire.data_frames import DataChannelError, DataConnection
 from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink, Refusal
 from pathways_worker.shared_memory import KeptMaps, ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
+from tests.integration.hello_floods import flood_past_the_bound, once_served
 
 TOKEN = "slice-token"
 BUDGET = 1 << 20
@@ -534,23 +535,7 @@ def test_a_connection_that_never_says_its_hello_is_closed_at_the_hellos_deadline
 def test_connections_past_the_bound_of_unsaid_hellos_are_closed_and_senders_get_through_after(
     receiver: Receiver, tmp_path: Path,
 ) -> None:
-    from pathways_wire.pending_hellos import MAX_PENDING_HELLOS
-
-    address = ("127.0.0.1", receiver.server.port)
-    silent = [socket.create_connection(address, timeout=10) for _ in range(MAX_PENDING_HELLOS)]
-    try:
-        with socket.create_connection(address, timeout=10) as extra:
-            extra.settimeout(2.0)
-            assert extra.recv(1) == b"", "a connection past the bound was kept"
-    finally:
-        for sock in silent:
-            sock.close()
-    deadline = time.monotonic() + 5.0
-    while True:  # the silent ones' rooms come back as the server reads their ends
-        try:
-            receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False)
-            break
-        except (OSError, DataChannelError):
-            assert time.monotonic() < deadline, "the data channel never served again"
-            time.sleep(0.05)
+    flood_past_the_bound(("127.0.0.1", receiver.server.port))
+    once_served(lambda: receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False),
+                (OSError, DataChannelError), "the data channel")
     np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)

@@ -9,7 +9,6 @@ one trickled a byte at a time, each byte inside the read timeout, is still close
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import session_frames as frames
+from tests.integration.hello_floods import closed_within, flood_past_the_bound, once_served
 
 TOKEN = "port-token"
 
@@ -39,10 +39,6 @@ def port() -> Iterator[tuple[frames.SessionPort, list[str]]]:
     p.close()
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> bool:
-    ready, _, _ = select.select([sock], [], [], seconds)
-    return bool(ready) and sock.recv(1) == b""
-
 
 def test_a_hello_with_the_token_is_served(port: tuple[frames.SessionPort, list[str]]) -> None:
     p, served = port
@@ -55,7 +51,7 @@ def test_a_hello_past_its_bound_is_closed_before_its_body_is_read(port: tuple[fr
     p, served = port
     with socket.create_connection(("127.0.0.1", p.port), timeout=10) as sock:
         sock.sendall(frames.FRAME.pack(frames.HELLO, frames.MAX_HELLO_BYTES + 1))
-        assert _closed_within(sock, 5.0)
+        assert closed_within(sock, 5.0)
     assert served == []
 
 
@@ -74,7 +70,7 @@ def test_a_hello_trickled_past_its_deadline_is_closed(
             except OSError:
                 closed = True
                 break
-            if _closed_within(sock, 0.1):
+            if closed_within(sock, 0.1):
                 closed = True
                 break
     assert closed, "the port kept a hello that never ended"
@@ -85,24 +81,10 @@ def test_a_hello_trickled_past_its_deadline_is_closed(
 def test_connections_past_the_bound_of_unsaid_hellos_are_closed_at_once_and_the_port_recovers(
     port: tuple[frames.SessionPort, list[str]],
 ) -> None:
-    from pathways_wire.pending_hellos import MAX_PENDING_HELLOS
-
     p, served = port
-    silent = [socket.create_connection(("127.0.0.1", p.port), timeout=10) for _ in range(MAX_PENDING_HELLOS)]
-    try:
-        with socket.create_connection(("127.0.0.1", p.port), timeout=10) as extra:
-            assert _closed_within(extra, 2.0), "a connection past the bound was kept"
-        assert served == []
-    finally:
-        for sock in silent:
-            sock.close()
-    deadline = time.monotonic() + 5.0
-    while True:  # the silent ones' rooms come back as the port reads their ends
-        try:
-            sock, stream = frames.connect("127.0.0.1", p.port, TOKEN, pb.WorkerEvent())
-            break
-        except (OSError, ValueError):
-            assert time.monotonic() < deadline, "the port never served again"
-            time.sleep(0.05)
+    flood_past_the_bound(("127.0.0.1", p.port))
+    assert served == []
+    sock, stream = once_served(lambda: frames.connect("127.0.0.1", p.port, TOKEN, pb.WorkerEvent()),
+                               (OSError, ValueError), "the port")
     with sock, stream:
         assert len(served) == 1
