@@ -19,7 +19,9 @@ import pytest
 from pathways.cli import main as cli_main
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire import process_tree
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRESS_FILE
+from pathways_wire.kube_names import DRIVER_CONTAINER
 from tests.cluster.builders import inline_slice, program
 from tests.cluster.harness import Objects, OperatorProcess
 from tests.cluster.test_checkpoints import PROGRAM_DONE_S, assert_same_training, finished, training, wait_steps
@@ -156,3 +158,32 @@ def test_operator_restart_leaves_the_driver_pod_running_and_reruns_no_step(
     progress = operator.state_dir / objects.namespace / f"steady-{uid[:8]}" / PROGRESS_FILE
     reported = [json.loads(line)["step"] for line in progress.read_text().splitlines()]
     assert reported == list(range(steps)), "each step reported once"
+
+
+@pytest.mark.timeout(400, func_only=True)
+def test_a_driver_pod_deleted_while_the_operator_was_down_counts_as_a_lost_run(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    steps = 10
+    objects.apply(program("orphaned", "examples.programs:paper_example", inline_slice("main", 4),
+                          steps=steps, args={"step_seconds": 0.5}))
+    objects.wait_steps("orphaned", 2, PROGRAM_DONE_S, what="program mid-run")
+    first = driver_pod(objects, "orphaned").metadata.uid
+    pid = objects.cluster.container_pid(objects.namespace, "orphaned-driver", DRIVER_CONTAINER)
+
+    operator.stop(kill=True)
+    # at once, as a node's loss or a force deletion ends it: the driver has no moment to report
+    objects.core.delete_namespaced_pod("orphaned-driver", objects.namespace, grace_period_seconds=0)
+    objects.cluster.poll(
+        lambda: not process_tree.pid_alive(pid) and not objects.pods("pathways.dev/driver=orphaned"),
+        timeout=60, interval=0.2, what="the driver pod and its process gone while no operator ran",
+    )
+    operator.start()
+
+    done = objects.wait_program("orphaned", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["restarts"] == 1, "the run lost with its pod counts, as when the operator saw it go"
+    assert done["status"]["stepsCompleted"] == steps
+    assert driver_pod(objects, "orphaned").metadata.uid != first
+    lost = objects.wait_event("orphaned", "HostLost")
+    assert "orphaned-driver was deleted" in lost.message, lost.message

@@ -376,3 +376,17 @@ def test_tokens_naming_invented_programs_cost_the_api_server_a_bounded_number_of
     now[0] = 1.0 / RATE_PER_S
     assert drivers.report_progress(token, 0, {}, ("ns", "train")) is False
     assert api.secret_reads == BURST + 1
+
+
+def test_a_restarted_operator_counts_a_pod_deleted_while_it_was_away_as_lost_where_the_status_says_it_ran(
+    tmp_path: Path,
+) -> None:
+    drivers, api = pods(tmp_path)
+    drivers.start(launch())
+    api.pods["train-driver"]["status"] = {"phase": "Running"}
+    del api.pods["train-driver"]  # deleted while no operator ran
+    restarted = DriverPods(api, tmp_path, SETTINGS)  # type: ignore[arg-type]
+    assert restarted.status("ns", "train", "uid-1").state is DriverState.ABSENT  # nothing says it ran
+    lost = restarted.status("ns", "train", "uid-1", ran_before=True)
+    assert lost.state is DriverState.EXITED and lost.reported is Reported.LOST and lost.retryable
+    assert "train-driver was deleted before it reported" in lost.error

@@ -18,10 +18,12 @@ from pathways_operator.core.program_lifecycle import (
     failure_message,
     is_permanent_refusal,
     driver_pod_state,
+    driver_was_running,
     judge_exit,
     results_owner_problem,
 )
-from pathways_operator.core.reasons import Reason, event_type
+from pathways_operator.core.phases import ProgramPhase
+from pathways_operator.core.reasons import Condition, Reason, event_type
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "x.py", line 3\nValueError: empty'
 
@@ -236,3 +238,20 @@ def test_lost_driver_pods_count_against_the_backoff_limit() -> None:
     decision = judge_exit(DriverExit(None, Reported.LOST, "its pod train-driver was deleted before it reported"),
                           slices_disturbed=False, restarts=2, backoff_limit=2, steps_completed=5)
     assert decision.verdict is Verdict.FAIL and decision.reason is Reason.BACKOFF_LIMIT_EXCEEDED
+
+
+@pytest.mark.parametrize(
+    ("phase", "running", "was"),
+    [
+        (ProgramPhase.RUNNING, "True", True),
+        (ProgramPhase.RUNNING, "False", False),  # waiting out a stop: the pod goes on purpose
+        (ProgramPhase.PENDING, "False", False),
+        (ProgramPhase.SUSPENDED, "False", False),
+        (None, None, False),
+    ],
+)
+def test_the_status_says_the_driver_runs_only_while_running_with_its_condition_true(
+    phase: ProgramPhase | None, running: str | None, was: bool,
+) -> None:
+    conditions = [] if running is None else [Condition("Running", running, "StepsRunning")]  # type: ignore[arg-type]
+    assert driver_was_running(phase, conditions) is was

@@ -27,7 +27,8 @@ from collections.abc import Iterable
 
 from pathways_wire.driver_protocol import EXIT_BAD_PROGRAM, EXIT_RETRYABLE
 from pathways_wire.wording import plural
-from pathways_operator.core.reasons import Reason
+from pathways_operator.core.phases import ProgramPhase
+from pathways_operator.core.reasons import Condition, ProgramConditionType, Reason, is_condition_true
 
 DEFAULT_BACKOFF_LIMIT = 6
 """``spec.backoffLimit`` when unset: runs after a lost host before the program Fails (as a Job's)."""
@@ -198,16 +199,27 @@ class DriverPodState:
     """Why the run is lost without an outcome (pod deleted or evicted); "" otherwise."""
 
 
+def driver_was_running(phase: ProgramPhase | None, conditions: Iterable[Condition]) -> bool:
+    """Whether the program's status says its driver runs: phase Running with condition
+    Running=True. That is written in the look that created the driver's pod, and changed in
+    the look that deletes the pod on purpose (Pending, Suspended, an end), so an operator
+    that restarted, and finds no pod and no outcome while the status says so, knows the pod
+    was deleted under the program while it was away (`driver_pod_state`'s ``started_here``)."""
+    return phase is ProgramPhase.RUNNING and is_condition_true(conditions, ProgramConditionType.RUNNING)
+
+
 def driver_pod_state(pod: DriverPodFact, *, reported: bool, started_here: bool, pod_name: str) -> DriverPodState:
     """Where the driver is, from its pod and whether it reported an outcome.
 
-    ``started_here``: this operator started (or saw running) the pod, so a pod that is gone
+    ``started_here``: this operator started (or saw running) the pod, or the program's status
+    says it runs (`driver_was_running`), so a pod that is gone
     without an outcome was deleted under the program, and the run is lost: it runs again
     from its last snapshot, counted against ``spec.backoffLimit``. So is a pod being deleted
     whose driver ended without an outcome: the status its container ends with is the
     deletion's signal (143), not the program's. A pod this operator is deleting itself
     (``started_here`` is False then: a stop, a suspend, a run discarded) is waited out.
-    A restarted operator that finds no pod and no outcome starts one.
+    A restarted operator that finds no pod and no outcome, where the status does not say
+    the driver runs, starts one.
     """
     if not pod.exists:
         if reported:

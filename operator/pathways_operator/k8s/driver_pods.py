@@ -330,7 +330,10 @@ class DriverPods:
         text = "".join(starts[:-1] if last else starts) + last
         return text[-limit_bytes:]
 
-    def status(self, namespace: str, name: str, uid: str) -> DriverStatus:
+    def status(self, namespace: str, name: str, uid: str, ran_before: bool = False) -> DriverStatus:
+        """Where the program's driver is. ``ran_before``: the program's status says its driver
+        runs (`driver_was_running`), so a pod gone without an outcome was lost even where this
+        operator, restarted meanwhile, never saw it."""
         program = ProgramKey(namespace, name, uid)
         pod = self._api.get_pod(namespace, driver_pod_name(name))
         if pod is not None and _owner_uid(pod) not in ("", uid):
@@ -338,7 +341,7 @@ class DriverPods:
         workdir = self.workdir(namespace, name, uid)
         reported = (workdir / RESULTS_FILE).exists()
         with self._lock:
-            started = program.key in self._started
+            started = program.key in self._started or ran_before
         where = driver_pod_state(pod_fact(pod), reported=reported, started_here=started,
                                  pod_name=driver_pod_name(name))
         if where.state is DriverState.RUNNING and pod is not None:

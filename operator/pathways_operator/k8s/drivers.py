@@ -184,8 +184,10 @@ class DriverSupervisor:
             data = f"... ({size - len(data)} earlier bytes not kept)\n".encode() + data
         return data.decode(errors="replace")
 
-    def status(self, namespace: str, name: str, uid: str) -> DriverStatus:
-        """What the program's driver is doing (a leftover from an earlier operator counts as absent)."""
+    def status(self, namespace: str, name: str, uid: str, ran_before: bool = False) -> DriverStatus:
+        """What the program's driver is doing (a leftover from an earlier operator counts as absent).
+        ``ran_before`` changes nothing here: a child driver ends with the operator that started
+        it, and an operator's restart is not counted against the program."""
         key = f"{namespace}/{name}"
         workdir = self.workdir(namespace, name, uid)
         with self._lock:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pathways_operator.core.checkpoint_paths import newest_snapshot
 from pathways_operator.core.phases import ProgramPhase, is_terminal
-from pathways_operator.core.program_lifecycle import DriverExit, DriverState, is_permanent_refusal
+from pathways_operator.core.program_lifecycle import DriverExit, DriverState, driver_was_running, is_permanent_refusal
 from pathways_operator.core.program_look import (
     DEFAULT_SUSPEND_GRACE_S,
     Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramReport,
@@ -178,7 +178,10 @@ class ProgramReconciler:
             return dataclasses.replace(base, invalid=(err.reason, str(err)))
         done = min(spec.steps, self._drivers.steps_completed(program.namespace, program.name, program.uid))
         self._observe_steps(program.key, done)
-        driver = self._drivers.status(program.namespace, program.name, program.uid)
+        driver = self._drivers.status(
+            program.namespace, program.name, program.uid,
+            ran_before=driver_was_running(program.status.phase, program.status.conditions),
+        )
         results_problem = None
         if driver.state is not DriverState.RUNNING:
             results_problem = program_objects.config_map_owner_problem(
