@@ -138,15 +138,23 @@ def test_driver_pod_deleted_mid_training_ends_on_the_reference_result(
     assert "uprooted-driver was deleted" in lost.message, lost.message
 
 
+PAPER_STEPS = 10
+
+
+def paper_example_mid_run(objects: Objects, name: str) -> str:
+    """Program `name` runs `PAPER_STEPS` steps of the paper's example, half a second each;
+    once 2 are done, its driver pod's uid."""
+    objects.apply(program(name, "examples.programs:paper_example", inline_slice("main", 4),
+                          steps=PAPER_STEPS, args={"step_seconds": 0.5}))
+    objects.wait_steps(name, 2, PROGRAM_DONE_S, what="program mid-run")
+    return str(driver_pod(objects, name).metadata.uid)
+
+
 @pytest.mark.timeout(400, func_only=True)
 def test_operator_restart_leaves_the_driver_pod_running_and_reruns_no_step(
     objects: Objects, operator: OperatorProcess
 ) -> None:
-    steps = 10
-    objects.apply(program("steady", "examples.programs:paper_example", inline_slice("main", 4),
-                          steps=steps, args={"step_seconds": 0.5}))
-    objects.wait_steps("steady", 2, PROGRAM_DONE_S, what="program mid-run")
-    pod = driver_pod(objects, "steady").metadata.uid
+    pod = paper_example_mid_run(objects, "steady")
 
     operator.restart(kill=True)
 
@@ -157,18 +165,14 @@ def test_operator_restart_leaves_the_driver_pod_running_and_reruns_no_step(
     uid = done["metadata"]["uid"]
     progress = operator.state_dir / objects.namespace / f"steady-{uid[:8]}" / PROGRESS_FILE
     reported = [json.loads(line)["step"] for line in progress.read_text().splitlines()]
-    assert reported == list(range(steps)), "each step reported once"
+    assert reported == list(range(PAPER_STEPS)), "each step reported once"
 
 
 @pytest.mark.timeout(400, func_only=True)
 def test_a_driver_pod_deleted_while_the_operator_was_down_counts_as_a_lost_run(
     objects: Objects, operator: OperatorProcess
 ) -> None:
-    steps = 10
-    objects.apply(program("orphaned", "examples.programs:paper_example", inline_slice("main", 4),
-                          steps=steps, args={"step_seconds": 0.5}))
-    objects.wait_steps("orphaned", 2, PROGRAM_DONE_S, what="program mid-run")
-    first = driver_pod(objects, "orphaned").metadata.uid
+    first = paper_example_mid_run(objects, "orphaned")
     pid = objects.cluster.container_pid(objects.namespace, "orphaned-driver", DRIVER_CONTAINER)
 
     operator.stop(kill=True)
@@ -183,7 +187,7 @@ def test_a_driver_pod_deleted_while_the_operator_was_down_counts_as_a_lost_run(
     done = objects.wait_program("orphaned", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     assert done["status"]["restarts"] == 1, "the run lost with its pod counts, as when the operator saw it go"
-    assert done["status"]["stepsCompleted"] == steps
+    assert done["status"]["stepsCompleted"] == PAPER_STEPS
     assert driver_pod(objects, "orphaned").metadata.uid != first
     lost = objects.wait_event("orphaned", "HostLost")
     assert "orphaned-driver was deleted" in lost.message, lost.message
