@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError, Message
 
 from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.pending_hellos import PendingHellos, accept_each
+from pathways_wire.port_connections import accept_each, awaiting_hello, served
 from pathways_wire.transfer import TransferError
 
 log = logging.getLogger(__name__)
@@ -147,12 +147,18 @@ class SessionPort:
         self._listener = socket.create_server((host, 0), family=host_port.family(host))
         self.port: int = self._listener.getsockname()[1]
         self._closed = False
-        self._pending = PendingHellos(f"{name} port")
+        self._pending = awaiting_hello(f"{name} port")
+        self._served = served(f"{name} port")
         threading.Thread(
             target=accept_each, args=(self._listener, self._pending, self._admit, f"{name}-session",
                                       lambda: self._closed),
             name=f"{name}-port", daemon=True,
         ).start()
+
+    @property
+    def served(self) -> int:
+        """Connections served now, their hello passed."""
+        return self._served.held
 
     def close(self) -> None:
         self._closed = True
@@ -163,8 +169,9 @@ class SessionPort:
         self._listener.close()
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
-        """Serves `conn` once its hello passes; the room it took among the connections
-        awaiting their hello (`PendingHellos`) goes back as soon as the hello is read."""
+        """Serves `conn` once its hello passes, while the port serves fewer than
+        `port_connections.MAX_SERVED`; the room it took among the connections awaiting their
+        hello goes back as soon as the hello is read."""
         try:
             stream = reader(tuned(conn))
         except OSError:
@@ -190,8 +197,13 @@ class SessionPort:
             if serve is None:
                 log.warning("%s port: %s presented a wrong token; closed", self._name, peer)
                 return
-            conn.settimeout(None)
-            serve(conn, stream, peer)
+            if not self._served.take():
+                return  # closed unanswered: a client then calls over gRPC, a host tries again
+            try:
+                conn.settimeout(None)
+                serve(conn, stream, peer)
+            finally:
+                self._served.give_back()
 
 
 def connect(address_host: str, port: int, token: str, first: Message,

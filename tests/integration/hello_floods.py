@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from pathways_wire.pending_hellos import MAX_PENDING_HELLOS
+from pathways_wire.port_connections import MAX_PENDING_HELLOS
 
 T = TypeVar("T")
 RECOVERY_S = 5.0
@@ -42,3 +42,11 @@ def once_served(attempt: Callable[[], T], refused: tuple[type[BaseException], ..
         except refused:
             assert time.monotonic() < deadline, f"{what} never served again"
             time.sleep(0.05)
+
+
+def wait_until(check: Callable[[], bool], what: str, within_s: float = RECOVERY_S) -> None:
+    """Polls `check` until it holds; fails naming `what` after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {within_s:g} s"
+        time.sleep(0.02)

@@ -33,7 +33,7 @@ from pathways_wire.data_frames import DataChannelError, DataConnection
 from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink, Refusal
 from pathways_worker.shared_memory import KeptMaps, ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
-from tests.integration.hello_floods import flood_past_the_bound, once_served
+from tests.integration.hello_floods import flood_past_the_bound, once_served, wait_until
 
 TOKEN = "slice-token"
 BUDGET = 1 << 20
@@ -536,6 +536,27 @@ def test_connections_past_the_bound_of_unsaid_hellos_are_closed_and_senders_get_
     receiver: Receiver, tmp_path: Path,
 ) -> None:
     flood_past_the_bound(("127.0.0.1", receiver.server.port))
+    once_served(lambda: receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False),
+                (OSError, DataChannelError), "the data channel")
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+
+
+def test_senders_past_the_bound_of_served_connections_are_refused_saying_so(
+    receiver: Receiver, tmp_path: Path,
+) -> None:
+    from pathways_wire.port_connections import MAX_SERVED
+
+    held: list[socket.socket] = []
+    try:
+        for _ in range(MAX_SERVED // 16):  # in steps the server takes whole, within the bound on hellos
+            held += [raw_connection(receiver) for _ in range(16)]
+            wait_until(lambda: receiver.server.served == len(held), "the held connections served")
+        with raw_connection(receiver) as extra:
+            reply = refusal(extra)
+        assert reply.code == "RESOURCE_EXHAUSTED" and f"{MAX_SERVED} connections are served" in reply.error
+    finally:
+        for sock in held:
+            sock.close()
     once_served(lambda: receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False),
                 (OSError, DataChannelError), "the data channel")
     np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)

@@ -13,12 +13,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import pytest
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import session_frames as frames
-from tests.integration.hello_floods import closed_within, flood_past_the_bound, once_served
+from tests.integration.hello_floods import closed_within, flood_past_the_bound, once_served, wait_until
 
 TOKEN = "port-token"
 
@@ -88,3 +89,23 @@ def test_connections_past_the_bound_of_unsaid_hellos_are_closed_at_once_and_the_
                                (OSError, ValueError), "the port")
     with sock, stream:
         assert len(served) == 1
+
+
+def test_sessions_past_the_bound_of_served_connections_are_closed_unanswered(
+    port: tuple[frames.SessionPort, list[str]],
+) -> None:
+    from pathways_wire.port_connections import MAX_SERVED
+
+    p, served = port
+    held: list[tuple[socket.socket, BinaryIO]] = []
+    try:
+        for _ in range(MAX_SERVED):  # each connect waits for its answer: the hellos never pile up
+            held.append(frames.connect("127.0.0.1", p.port, TOKEN, pb.WorkerEvent()))
+        wait_until(lambda: p.served == MAX_SERVED, "every held session served")
+        with pytest.raises((OSError, ValueError)):
+            frames.connect("127.0.0.1", p.port, TOKEN, pb.WorkerEvent())
+        assert len(served) == MAX_SERVED
+    finally:
+        for sock, stream in held:
+            stream.close()
+            sock.close()

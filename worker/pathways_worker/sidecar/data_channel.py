@@ -10,8 +10,8 @@ as the fallback when a host has no data channel.
 A connection starts with a `DataHello` frame (sender, and the receiving slice's
 token or its client form, `slice_token.client_token`, which clients and route
 senders hold; compared in constant time; a hello without either is refused), whole within
-`session_frames.HELLO_TIMEOUT_S`; at most `pending_hellos.MAX_PENDING_HELLOS` connections
-await theirs at once. A server is made
+`session_frames.HELLO_TIMEOUT_S`; at most `port_connections.MAX_PENDING_HELLOS` connections
+await theirs at once, and at most `port_connections.MAX_SERVED` are served. A server is made
 without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
@@ -63,7 +63,7 @@ from pathways_wire.data_frames import (
     send_frame,
 )
 from pathways_wire import host_port
-from pathways_wire.pending_hellos import PendingHellos, accept_each
+from pathways_wire.port_connections import MAX_SERVED, accept_each, awaiting_hello, served
 from pathways_wire.session_frames import read_hello
 from pathways_wire.slice_token import client_token
 from pathways_wire.transfer import TransferError, check_header, exported_headers
@@ -132,11 +132,17 @@ class DataChannelServer:
         self._listener = socket.create_server((host, port), family=host_port.family(host), backlog=64)
         self._closed = threading.Event()
         self.port = int(self._listener.getsockname()[1])
-        self._pending = PendingHellos(f"host {host_name}: data channel")
+        self._pending = awaiting_hello(f"host {host_name}: data channel")
+        self._served = served(f"host {host_name}: data channel")
         threading.Thread(
             target=accept_each, args=(self._listener, self._pending, self._serve, "data-conn", self._closed.is_set),
             name="data-accept", daemon=True,
         ).start()
+
+    @property
+    def served(self) -> int:
+        """Connections served now, their hello passed."""
+        return self._served.held
 
     def close(self) -> None:
         self._closed.set()
@@ -148,8 +154,8 @@ class DataChannelServer:
 
     def _serve(self, conn: socket.socket, peer: str) -> None:
         """Serves a sender's connection once its hello presents a token; the room it took
-        among the connections awaiting their hello (`PendingHellos`) goes back once the
-        hello is read, whole within `HELLO_TIMEOUT_S`."""
+        among the connections awaiting their hello goes back once the hello is read, whole
+        within `HELLO_TIMEOUT_S`. Past `MAX_SERVED` connections served, one is refused."""
         with conn:
             try:
                 hello = pb.DataHello()
@@ -165,9 +171,18 @@ class DataChannelServer:
                     raise TransferError(
                         "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
                     )
-                bounce = memoryview(bytearray(BOUNCE_BYTES))
-                while self._value(conn, bounce):
-                    pass
+                if not self._served.take():
+                    self._refuse(conn, "RESOURCE_EXHAUSTED", (
+                        f"host {self._host_name}: {MAX_SERVED} connections are served here already; "
+                        "send on one of yours, or once one has closed"
+                    ))
+                    return
+                try:
+                    bounce = memoryview(bytearray(BOUNCE_BYTES))
+                    while self._value(conn, bounce):
+                        pass
+                finally:
+                    self._served.give_back()
             except TransferError as err:
                 self._refuse(conn, "INVALID_ARGUMENT", f"host {self._host_name}: {err}")
             except BudgetError as err:

@@ -1,4 +1,4 @@
-"""A raw TCP port's connections that have not said who they are yet.
+"""How many connections a raw TCP port holds: before their hello, and after.
 
 Every port the runtime serves over raw TCP (a worker's session port, a sidecar's
 control port and data channel, the controller's calls port) reads a hello before it
@@ -12,7 +12,10 @@ So a port holds at most `MAX_PENDING_HELLOS` such connections at once (each for 
 the hello's deadline): a connection past the bound is closed at once, before a thread
 is spent on it, and the hosts and clients that hold a token retry on a new connection as
 they do after any drop. A thread that cannot be started closes its connection and the
-loop goes on (`accept_each`).
+loop goes on (`accept_each`). Past the hello, a port serves at most `MAX_SERVED`
+connections at once, a thread or two each: a client's token is in user code (a program's
+driver), and its connections, idle for minutes, must not take the threads of everyone
+else's. Past that bound a connection is refused, and the sender sees why.
 """
 
 from __future__ import annotations
@@ -29,48 +32,54 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_HELLOS = 64
 """Connections a port holds at once before reading their hello."""
+MAX_SERVED = 256
+"""Connections a port serves at once once their hello passed: each client keeps one on the
+controller's calls port and at most a few idle ones on a host's data channel, and each peer
+host at most one per sending thread."""
 WARN_EVERY_S = 60.0
 """A port says at most this often that it closed connections past the bound."""
 
 
-class PendingHellos:
-    """How many of a port's connections await their hello, bounded by `limit`."""
+class ConnectionCount:
+    """How many of a port's connections are in one stage (awaiting their hello, or served),
+    bounded by `limit`; `stage` says which in the port's warning ("await their hello")."""
 
-    def __init__(self, name: str, limit: int = MAX_PENDING_HELLOS) -> None:
+    def __init__(self, name: str, limit: int, stage: str) -> None:
         self._name = name
         self._limit = limit
+        self._stage = stage
         self._lock = threading.Lock()
-        self._pending = 0
+        self._held = 0
         self._refused = 0
         self._warned = -WARN_EVERY_S
 
     @property
-    def pending(self) -> int:
-        return self._pending
+    def held(self) -> int:
+        return self._held
 
     def take(self) -> bool:
-        """Room for one more connection to say its hello; False past the bound."""
+        """Room for one more connection; False past the bound."""
         with self._lock:
-            if self._pending < self._limit:
-                self._pending += 1
+            if self._held < self._limit:
+                self._held += 1
                 return True
             self._refused += 1
             now = time.monotonic()
             if now - self._warned < WARN_EVERY_S:
                 return False
             self._warned, refused, self._refused = now, self._refused, 0
-        log.warning("%s: %d connection(s) closed unread: %d already await their hello",
-                    self._name, refused, self._limit)
+        log.warning("%s: %d connection(s) refused: %d already %s",
+                    self._name, refused, self._limit, self._stage)
         return False
 
     def give_back(self) -> None:
-        """A connection said its hello, or was closed without one."""
+        """A connection left the stage."""
         with self._lock:
-            self._pending -= 1
+            self._held -= 1
 
 
 def accept_each(
-    listener: socket.socket, pending: PendingHellos, serve: Callable[[socket.socket, str], None],
+    listener: socket.socket, pending: ConnectionCount, serve: Callable[[socket.socket, str], None],
     thread_name: str, closed: Callable[[], bool],
 ) -> None:
     """Accepts connections until `listener` closes, each served by `serve(conn, peer)` on a
@@ -95,3 +104,13 @@ def accept_each(
 
 def _peer(peer: tuple[str, int] | tuple[str, int, int, int]) -> str:
     return host_port.join(peer[0], peer[1])
+
+
+def awaiting_hello(name: str) -> ConnectionCount:
+    """A port's count of connections whose hello is not read yet."""
+    return ConnectionCount(name, MAX_PENDING_HELLOS, "await their hello")
+
+
+def served(name: str) -> ConnectionCount:
+    """A port's count of connections it serves, their hello passed."""
+    return ConnectionCount(name, MAX_SERVED, "are served")

@@ -1,4 +1,4 @@
-"""A port's connections that have not said their hello: bounded, and a failed thread costs one connection."""
+"""How many connections a port holds, before and after their hello: bounded, and a failed thread costs one connection."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import socket
 import threading
 import pytest
 
-from pathways_wire import pending_hellos
-from pathways_wire.pending_hellos import PendingHellos, accept_each
+from pathways_wire import port_connections
+from pathways_wire.port_connections import ConnectionCount, accept_each, awaiting_hello
 
 
 def test_room_is_bounded_and_comes_back() -> None:
-    pending = PendingHellos("test", limit=2)
+    pending = ConnectionCount("test", 2, "await their hello")
     assert pending.take() and pending.take()
     assert not pending.take()
     pending.give_back()
     assert pending.take()
-    assert pending.pending == 2
+    assert pending.held == 2
 
 
 def test_a_connection_no_thread_can_be_had_for_is_closed_and_the_next_is_served(
@@ -33,7 +33,7 @@ def test_a_connection_no_thread_can_be_had_for_is_closed_and_the_next_is_served(
             super().start()
 
     listener = socket.create_server(("127.0.0.1", 0))
-    pending = PendingHellos("test")
+    pending = awaiting_hello("test")
     served = threading.Event()
 
     def serve(conn: socket.socket, peer: str) -> None:
@@ -42,7 +42,7 @@ def test_a_connection_no_thread_can_be_had_for_is_closed_and_the_next_is_served(
         conn.close()
         served.set()
 
-    monkeypatch.setattr(pending_hellos.threading, "Thread", FlakyThread)
+    monkeypatch.setattr(port_connections.threading, "Thread", FlakyThread)
     loop = real_thread(target=accept_each, args=(listener, pending, serve, "test-conn", lambda: False), daemon=True)
     loop.start()
     try:
@@ -51,7 +51,7 @@ def test_a_connection_no_thread_can_be_had_for_is_closed_and_the_next_is_served(
         with socket.create_connection(listener.getsockname(), timeout=5) as second:
             assert second.recv(2) == b"hi"
         assert served.wait(5) and loop.is_alive()
-        assert pending.pending == 0
+        assert pending.held == 0
     finally:
         listener.shutdown(socket.SHUT_RDWR)  # wakes the loop's accept
         listener.close()
@@ -61,7 +61,7 @@ def test_a_connection_no_thread_can_be_had_for_is_closed_and_the_next_is_served(
 
 def test_past_the_bound_a_connection_is_closed_before_a_thread_is_spent() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
-    pending = PendingHellos("test", limit=1)
+    pending = ConnectionCount("test", 1, "await their hello")
     release = threading.Event()
     started: list[str] = []
 
