@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError, Message
 
 from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
+from pathways_wire.session_frames import shut
 from pathways_wire.transfer import FetchTarget, TransferError, receive_piece
 
 FRAME = struct.Struct("!BI")
@@ -94,10 +95,7 @@ class DataConnection:
 
     def abort(self) -> None:
         """Ends the connection under whoever is sending or waiting on it."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shut(self.sock)
 
     def is_open(self) -> bool:
         """Whether the receiver still holds the connection: an idle one it closed

@@ -162,10 +162,7 @@ class SessionPort:
 
     def close(self) -> None:
         self._closed = True
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
-        except OSError:
-            pass
+        shut(self._listener)  # wakes the accept loop
         self._listener.close()
 
     def _admit(self, conn: socket.socket, peer: str) -> None:

@@ -64,7 +64,7 @@ from pathways_wire.data_frames import (
 )
 from pathways_wire import host_port
 from pathways_wire.port_connections import MAX_SERVED, accept_each, awaiting_hello, served
-from pathways_wire.session_frames import read_hello
+from pathways_wire.session_frames import read_hello, shut
 from pathways_wire.slice_token import client_token
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
@@ -146,10 +146,7 @@ class DataChannelServer:
 
     def close(self) -> None:
         self._closed.set()
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shut(self._listener)  # wakes the accept loop
         self._listener.close()
 
     def _serve(self, conn: socket.socket, peer: str) -> None:

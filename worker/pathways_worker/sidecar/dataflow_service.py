@@ -173,10 +173,7 @@ class ControlFrames:
             except OSError as err:
                 core.upstream.put_many(completions)
                 log.info("control stream %d: sending on the control port failed: %s", me, err)
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                frames.shut(conn)
                 return
             finally:
                 core.upstream.sent()

@@ -137,10 +137,7 @@ class WorkerLink:
     def _drop_frames(self, sock: socket.socket) -> None:
         """Ends the session port's connection (the caller holds `_cond`); its reader sees it."""
         self._sock = None
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        frames.shut(sock)
 
     # ------------------------------------------------------------ the link's thread
 

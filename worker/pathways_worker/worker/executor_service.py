@@ -163,7 +163,4 @@ class SessionFrames:
                 write(event)
         except OSError as err:
             log.info("sidecar session %d: sending on the session port failed: %s", me, err)
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            frames.shut(conn)
