@@ -22,6 +22,8 @@ Pure: the caller passes the clock's reading.
 
 from __future__ import annotations
 
+import math
+
 RATE_PER_S = 20.0
 BURST = 40
 MISS_HOLD_S = 5.0
@@ -44,7 +46,8 @@ class ReadBackGate:
         self._hold = miss_hold_s
         self._max_misses = max_misses
         self._tokens = float(burst)
-        self._last: float | None = None
+        self._last = -math.inf
+        """When the bucket was last refilled: never yet, so the first look finds it full."""
         self._misses: dict[str, float] = {}
         """Program key -> when a read found no Secret for it, oldest first."""
 
@@ -55,9 +58,8 @@ class ReadBackGate:
             if now - missed < self._hold:
                 return False
             del self._misses[program]
-        if self._last is None or now > self._last:
-            if self._last is not None:
-                self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        if now > self._last:  # a clock that steps back refills nothing
+            self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
             self._last = now
         if self._tokens < 1.0:
             return False
