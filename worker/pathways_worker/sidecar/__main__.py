@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent import futures
 
 from pathways_worker.lifecycle import (
-    configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal,
+    configure_logging, exit_with_parent, keep_freed_memory, single_threaded_blas, wait_for_signal,
 )
 from pathways_worker.settings import SidecarSettings, parse_sidecar_args
 
@@ -33,6 +33,7 @@ CONTROL_MESSAGE_BYTES = 256 << 20
 
 def serve(settings: SidecarSettings) -> None:
     single_threaded_blas()
+    keep_freed_memory()
     import grpc
     import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for dtype checks)
 

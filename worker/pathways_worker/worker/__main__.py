@@ -23,7 +23,7 @@ from pathways_wire import host_env, host_port
 from pathways_wire.port_probe import accepts
 from pathways_worker import coordinator_file
 from pathways_worker.lifecycle import (
-    configure_logging, exit_with_parent, single_threaded_blas, wait_for_signal,
+    configure_logging, exit_with_parent, keep_freed_memory, single_threaded_blas, wait_for_signal,
 )
 from pathways_worker.settings import WorkerSettings, parse_worker_args
 
@@ -71,6 +71,7 @@ def _prepare_jax(settings: WorkerSettings) -> None:
     )
     os.environ["JAX_PLATFORMS"] = "cpu"
     single_threaded_blas()
+    keep_freed_memory()
     import jax
 
     if settings.num_hosts > 1:
