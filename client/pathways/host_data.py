@@ -10,11 +10,13 @@ per host address; idle connections are kept per address, each opened with the
 slice's token of the moment, and one that its host closed is not reused. A host
 with no data channel, or one that cannot be reached there, gets gRPC `Put` and `Fetch`, as does
 every host where ``PATHWAYS_CLIENT_DATA_CHANNEL=off`` (a network that admits only
-the hosts' gRPC port).
+the hosts' gRPC port), and a put whose connection the host closed unanswered goes over
+gRPC `Put` instead.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,6 +28,8 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire.data_frames import DataConnection
 from pathways_wire.transfer import FetchTarget, Receive
 from pathways_wire.env_flags import switch_on
+
+log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 10.0
 IDLE_PER_HOST = 4
@@ -56,14 +60,24 @@ class HostData:
 
     def put(self, address: str, values: Sequence[Piece]) -> bool:
         """Sends each value (one piece each) to the host at `address` and waits for its
-        answers; False, having sent nothing, where the host has no data channel (the
-        caller puts over gRPC). Raises `DataChannelError` for a value the host refused
-        (its code and why) and `OSError` for a connection that broke."""
-        with self._connection(address) as conn:
-            if conn is None:
-                return False
-            conn.put([[value] for value in values])
-            return True
+        answers; False where the host has no data channel, or where its channel closed
+        the connection without an answer: the caller then puts over gRPC. A data channel
+        closes a connection unanswered when it already holds as many awaiting their hello
+        as it may (`port_connections.MAX_PENDING_HELLOS`: a flood of connections that
+        never say one), or when it closed an idle one just as it was taken. What it
+        received of the values before the end needs no undoing: a host takes a piece it
+        already has once. Raises `DataChannelError` for a value the host refused (its
+        code and why) and `OSError` for a put that timed out."""
+        try:
+            with self._connection(address) as conn:
+                if conn is None:
+                    return False
+                conn.put([[value] for value in values])
+                return True
+        except ConnectionError as err:
+            log.info("the data channel of host %s closed the connection of a put (%s); putting over gRPC",
+                     address, err)
+            return False
 
     def receive(self, address: str, fallback: Receive) -> Receive:
         """How a fetch gets the pieces of the host at `address`: over its data channel,

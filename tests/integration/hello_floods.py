@@ -5,7 +5,8 @@ from __future__ import annotations
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from pathways_wire.port_connections import MAX_PENDING_HELLOS
@@ -20,16 +21,26 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
     return bool(ready) and sock.recv(1) == b""
 
 
-def flood_past_the_bound(address: tuple[str, int]) -> None:
-    """Holds `MAX_PENDING_HELLOS` connections that say nothing, checks that one more is
-    closed at once, then closes them all."""
+@contextmanager
+def held_past_the_bound(address: tuple[str, int]) -> Iterator[None]:
+    """Holds `MAX_PENDING_HELLOS` connections that say nothing and checks that one more is
+    closed at once; the flood lasts while the block runs (at most the port's hello
+    deadline, `session_frames.HELLO_TIMEOUT_S`, after which the port closes them)."""
     silent = [socket.create_connection(address, timeout=10) for _ in range(MAX_PENDING_HELLOS)]
     try:
         with socket.create_connection(address, timeout=10) as extra:
             assert closed_within(extra, 2.0), "a connection past the bound was kept"
+        yield
     finally:
         for sock in silent:
             sock.close()
+
+
+def flood_past_the_bound(address: tuple[str, int]) -> None:
+    """Holds `MAX_PENDING_HELLOS` connections that say nothing, checks that one more is
+    closed at once, then closes them all."""
+    with held_past_the_bound(address):
+        pass
 
 
 def once_served(attempt: Callable[[], T], refused: tuple[type[BaseException], ...], what: str) -> T:

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import pytest
 
+from pathways.host_data import HostData
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.slice_token import client_token
@@ -33,7 +34,7 @@ from pathways_wire.data_frames import DataChannelError, DataConnection
 from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink, Refusal
 from pathways_worker.shared_memory import KeptMaps, ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
-from tests.integration.hello_floods import flood_past_the_bound, once_served, wait_until
+from tests.integration.hello_floods import flood_past_the_bound, held_past_the_bound, once_served, wait_until
 
 TOKEN = "slice-token"
 BUDGET = 1 << 20
@@ -539,6 +540,37 @@ def test_connections_past_the_bound_of_unsaid_hellos_are_closed_and_senders_get_
     once_served(lambda: receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False),
                 (OSError, DataChannelError), "the data channel")
     np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+
+
+class _HealthOf:
+    """What `HostData` asks a host's sidecar over gRPC (where its data channel listens) and
+    its client's token for that host: the receiver's."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self._reply = pb.HealthReply(data_address=receiver.address)
+
+    def stub(self, address: str) -> _HealthOf:
+        return self
+
+    def Health(self, request: pb.HealthRequest, timeout: float) -> pb.HealthReply:  # noqa: N802 (gRPC's name)
+        return self._reply
+
+    def token(self, address: str) -> str:
+        return client_token(TOKEN)
+
+
+def test_a_clients_put_that_a_flooded_channel_turns_away_unanswered_is_left_to_grpc(receiver: Receiver) -> None:
+    """`HostData.put` answers False, so the runtime puts over gRPC, when the channel closed
+    the put's new connection without a word; once the flood has passed, puts use the
+    channel again."""
+    data = HostData(_HealthOf(receiver), "client", 30.0)  # type: ignore[arg-type]
+    piece = transfer.whole_value_piece("call-1", pb.ValueRef(node=3, index=0), VALUE)
+    with held_past_the_bound(("127.0.0.1", receiver.server.port)):
+        assert data.put("host-a", [piece]) is False
+    assert receiver.arrivals == []
+    wait_until(lambda: data.put("host-a", [piece]), "a put over the data channel once the flood passed")
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+    data.close()
 
 
 def test_senders_past_the_bound_of_served_connections_are_refused_saying_so(
