@@ -11,7 +11,10 @@ One connection: requests are written by the calling threads, under a lock, and a
 read by a thread of the link's own, which completes each request's future. A blocking
 call waits on its future for its deadline; a future's deadline is kept by a thread that
 looks once a second (`EXPIRY_TICK_S`). A connection that breaks fails every request
-outstanding on it with UNAVAILABLE; the next request connects again.
+outstanding on it with UNAVAILABLE; the next request connects again. A link given the
+controller's gRPC stub (`fallback`) sends a request there when it has to connect and
+cannot: the port closes a new connection unanswered while a flood of connections that
+never say their hello holds every place for one (`pathways_wire.port_connections`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import BinaryIO, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -67,19 +70,28 @@ class _Method(Generic[R]):
         self._link, self._name = link, name
 
     def __call__(self, request: Message, timeout: float | None = None) -> R:
+        fallback = self._link.fallback_for(self._name)
+        if fallback is not None:
+            return fallback(request, timeout=timeout)  # type: ignore[no-any-return]
         return self._link.call(self._name, request, timeout)  # type: ignore[return-value]
 
     def future(self, request: Message, timeout: float | None = None) -> Future[R]:
+        fallback = self._link.fallback_for(self._name)
+        if fallback is not None:
+            return fallback.future(request, timeout=timeout)  # type: ignore[no-any-return]
         return self._link.submit(self._name, request, timeout)  # type: ignore[return-value]
 
 
 class CallsLink:
     """The connection to `host`:`port`, presenting `token` and `program` (see the module)."""
 
-    def __init__(self, host: str, port: int, token: str, program: str) -> None:
+    def __init__(self, host: str, port: int, token: str, program: str, fallback: Any = None) -> None:
         self.address = host_port.join(host, port)
         self._host, self._port = host, port
         self._token, self._program = token, program
+        self._fallback = fallback
+        """The controller's gRPC stub, which a request goes to when the link has to connect
+        and cannot (None: the request fails UNAVAILABLE)."""
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._write = threading.Lock()
@@ -98,6 +110,26 @@ class CallsLink:
         """Connects now (it would at the first request): OSError or ValueError if the port
         cannot be had, or does not take this client's token."""
         self._connected()
+
+    def fallback_for(self, method: str) -> Any:
+        """The fallback's `method` when the link is not connected and cannot connect now: a
+        port that already holds as many connections awaiting their hello as it may (a
+        flood of connections that never say one) closes a new one unanswered. Nothing of
+        the request was sent, so it goes to the controller over gRPC instead, the same
+        request the same gate checks. None where the link is connected or connects, or has
+        no fallback, or was closed."""
+        if self._fallback is None:
+            return None
+        try:
+            self._connected()
+        except (OSError, ValueError) as err:
+            with self._lock:
+                if self._closed:
+                    return None
+            log.info("%s: the controller's calls port (%s) cannot be had (%s); calling over gRPC",
+                     method, self.address, err)
+            return getattr(self._fallback, method)
+        return None
 
     def call(self, method: str, request: Message, timeout: float | None) -> Message:
         """`method`'s reply, waiting at most `timeout` seconds (None: until the link closes)."""

@@ -375,7 +375,7 @@ class Runtime:
         chosen = self.controller
         if port:
             token, program = credentials_of(self._credentials)
-            link = CallsLink(host_port.split(self.address)[0], port, token, program)
+            link = CallsLink(host_port.split(self.address)[0], port, token, program, fallback=self.controller)
             try:
                 link.connect()
                 chosen = link

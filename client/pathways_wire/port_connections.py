@@ -11,10 +11,9 @@ them, until the process could start no more and its accept loop died with the
 So a port holds at most `MAX_PENDING_HELLOS` such connections at once (each for at most
 the hello's deadline): a connection past the bound is closed at once, before a thread
 is spent on it. Hosts retry on a new connection, as they do after any drop, and a client's
-put whose data connection is closed so goes over gRPC `Put` (`pathways.host_data`). A
-client whose calls link to the controller must connect again while its port is so
-flooded has its requests failed as UNAVAILABLE (`pathways.calls_link`); a client that
-has not connected yet calls over gRPC. A thread that cannot be started closes its connection and the
+put whose data connection is closed so goes over gRPC `Put` (`pathways.host_data`), as
+does its call whose link to the controller's calls port has to connect then
+(`pathways.calls_link`). A thread that cannot be started closes its connection and the
 loop goes on (`accept_each`). Past the hello, a port serves at most `MAX_SERVED`
 connections at once, a thread or two each: a client's token is in user code (a program's
 driver), and its connections, idle for minutes, must not take the threads of everyone

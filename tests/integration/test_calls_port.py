@@ -26,6 +26,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire import session_frames as frames
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA
+from tests.integration.hello_floods import held_past_the_bound, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -89,6 +90,35 @@ def test_a_request_is_refused_as_over_grpc(runtime: pw.Runtime) -> None:
     assert "no-such-program" in on_port.value.details()
     assert other.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "'Describe'" in other.value.details()
+
+
+def test_a_link_that_cannot_connect_while_the_port_is_flooded_calls_over_grpc(runtime: pw.Runtime) -> None:
+    """A flood of connections that never say their hello holds every place the port has for
+    one, so it closes a new connection unanswered: a link that has to connect then sends
+    its request to the controller's gRPC service, and uses the port again once the flood
+    has passed. Without a fallback the request fails UNAVAILABLE, having sent nothing."""
+    assert runtime.cluster is not None
+    host, port = _port_of(runtime)
+    token = runtime.cluster.client_token
+    unknown = pb.CallStatusRequest(call_id="no-such-call", timeout_s=0)
+    with_fallback = CallsLink(host, port, token, "", fallback=runtime.controller)
+    without = CallsLink(host, port, token, "")
+    try:
+        with held_past_the_bound((host, port)):
+            status = with_fallback.WaitCall(unknown, timeout=10)
+            assert status.state == pb.CallStatus.UNKNOWN and "not known" in status.message
+            waited = with_fallback.WaitCall.future(unknown, timeout=10).result(timeout=20)
+            assert waited.state == pb.CallStatus.UNKNOWN
+            assert with_fallback.answered == 0, "answered on the calls port, not over gRPC"
+            with pytest.raises(CallsPortError) as refused:
+                without.WaitCall(unknown, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        wait_until(lambda: with_fallback.fallback_for("WaitCall") is None, "the calls port serving again")
+        assert with_fallback.WaitCall(unknown, timeout=10).state == pb.CallStatus.UNKNOWN
+        assert with_fallback.answered == 1
+    finally:
+        with_fallback.close()
+        without.close()
 
 
 OFF_CLIENT = """
