@@ -23,8 +23,11 @@ from pathways_wire.process_tree import exit_after, watch_parent
 
 PARENT_GONE_GRACE_S = 10.0
 
-KEEP_FREED_BYTES = 1 << 30
-"""Freed heap memory a host process keeps for its next buffers (`keep_freed_memory`)."""
+KEEP_FREED_BYTES = 256 << 20
+"""Free heap a host process keeps for its next buffers (`keep_freed_memory`): more than the
+outputs a host holds while they run and wait to be reported (`host_state`'s
+`DISPATCH_AHEAD_BYTES` and `FINISH_BATCH_BYTES`, 80 MiB), less than a large compile's
+passing peak, which is given back."""
 LARGEST_HEAP_BUFFER = 32 << 20
 """The largest buffer taken from the heap rather than mapped alone: glibc's own cap."""
 _M_TRIM_THRESHOLD = -1  # glibc malloc.h
@@ -65,9 +68,9 @@ def keep_freed_memory() -> bool:
     keeps its outputs alive a little longer than plain JAX does (while they run, in
     the batch the finisher reports), which was enough for a worker to fault about
     120 pages per computation of that chain (plain JAX: about 3) and lose 10-20% of
-    its speed. So buffers up to `LARGEST_HEAP_BUFFER` come from the heap, and up to
-    `KEEP_FREED_BYTES` of free heap is kept: a host's memory stays at its high-water
-    mark, as under a caching allocator. Settings the environment gives glibc
+    its speed. So buffers up to `LARGEST_HEAP_BUFFER` come from the heap, and a free
+    top of a heap is given back only past `KEEP_FREED_BYTES`: a host's memory stays near
+    its high-water mark, as under a caching allocator. Settings the environment gives glibc
     (`GLIBC_TUNABLES` naming malloc, any `MALLOC_*`) are kept; anything but glibc is left
     as it is.
     """
