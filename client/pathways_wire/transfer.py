@@ -603,6 +603,51 @@ def _contiguous_offset(shape: Shape, start: Shape, stop: Shape) -> int | None:
     return offset
 
 
+STAGE_BYTES = 4 << 20
+"""The most memory a piece that is no one run of its value holds at once on its way in
+(`staged_parts`): a receiver's memory per piece in flight stays bounded by this, like its
+bounce buffer, rather than growing with the piece."""
+
+Region = tuple[slice, ...]
+
+
+def _copy_into(view: memoryview, data: np.ndarray) -> int:
+    """What `read_into` does for bytes already in memory: as many as `view` holds."""
+    n = min(len(view), len(data))
+    np.frombuffer(view, np.uint8, count=n)[:] = data[:n]
+    return n
+
+
+def staged_parts(start: Shape, stop: Shape, itemsize: int, limit: int = STAGE_BYTES) -> Iterator[tuple[Region, Shape]]:
+    """The block ``start``..``stop`` of a value as consecutive parts of its own C order,
+    each a sub-block (its region in the value, its shape) of at most ``limit`` bytes
+    (a single element, where one is larger), and each as large as that allows along
+    the block's axes: the bytes of a piece that is no one run of its value arrive in
+    this order, and each part is written into the value as soon as it is whole.
+
+    The block's trailing axes that fit within ``limit`` are taken whole; the axis
+    before them is cut into ranges that fit; the axes before that are walked one
+    index at a time. So every part but the last of its range holds more than half of
+    ``limit``, and a block of ``limit`` bytes or less is one part."""
+    dims = [b - a for a, b in zip(start, stop, strict=True)]
+    if math.prod(dims) * itemsize <= limit:
+        yield tuple(slice(a, b) for a, b in zip(start, stop, strict=True)), tuple(dims)
+        return
+    cut, trailing = 0, math.prod(dims) * itemsize  # cut: the axis cut into ranges
+    while trailing > limit and cut < len(dims):
+        trailing //= dims[cut]
+        cut += 1
+    cut -= 1  # the last axis walked: the trailing ones after it fit whole
+    step = max(1, limit // trailing)
+    whole = tuple(slice(a, b) for a, b in zip(start[cut + 1 :], stop[cut + 1 :], strict=True))
+    for outer in np.ndindex(*dims[:cut]):
+        fixed = tuple(slice(a + i, a + i + 1) for a, i in zip(start, outer, strict=False))
+        for lo in range(0, dims[cut], step):
+            hi = min(lo + step, dims[cut])
+            region = (*fixed, slice(start[cut] + lo, start[cut] + hi), *whole)
+            yield region, (*(1,) * cut, hi - lo, *dims[cut + 1 :])
+
+
 class PieceAssembler:
     """Pieces of one value written into a C-order numpy target, with coverage.
 
@@ -616,17 +661,21 @@ class PieceAssembler:
         target: np.ndarray,
         write_at: Callable[[int, bytes | memoryview], None] | None = None,
         fill_in_place: bool = False,
+        stage_bytes: int = STAGE_BYTES,
     ) -> None:
         """`write_at(byte_offset, data)`, if given, receives contiguous runs instead
         of the target's memory (e.g. `os.pwrite` to the file behind a memmap, about
         twice as fast as faulting the mapping's pages in). `fill_in_place`: the
         target's pages are mapped already (a populated mapping of a warm file), so
-        `PieceWriter.fill` reads straight into them rather than through `write_at`."""
+        `PieceWriter.fill` reads straight into them rather than through `write_at`.
+        `stage_bytes`: the most a piece that is no one run of the target holds in memory
+        on its way in (`staged_parts`)."""
         if not target.flags.c_contiguous:
             raise ValueError("PieceAssembler needs a C-contiguous target")
         self.target = target
         self.write_at = write_at
         self.fill_in_place = fill_in_place
+        self.stage_bytes = stage_bytes
         self.shape: Shape = tuple(target.shape)
         self.dtype: np.dtype[Any] = target.dtype
         self.size = math.prod(self.shape)
@@ -653,10 +702,8 @@ class PieceAssembler:
             )
         return PieceWriter(self, info)
 
-    def _finish(self, info: PieceInfo, block: np.ndarray | None) -> None:
-        if block is not None:
-            region = tuple(slice(a, b) for a, b in zip(info.start, info.stop, strict=True))
-            self.target[region] = block
+    def _counted(self, info: PieceInfo) -> None:
+        """The piece's bytes are all in the target: counts its elements, once per piece."""
         key = (info.start, info.stop)
         with self._lock:
             if key not in self._done:
@@ -678,7 +725,12 @@ class PieceWriter:
         self.received = 0
         offset = _contiguous_offset(assembler.shape, info.start, info.stop)
         self._direct: np.ndarray | None = None
-        self._buffer: np.ndarray | None = None
+        self._stage: np.ndarray | None = None
+        """A piece that is no one run of its value: its bytes land here, one part of it
+        (`staged_parts`) at a time, each written into the value once whole."""
+        self._parts: Iterator[tuple[Region, Shape]] = iter(())
+        self._part: tuple[Region, Shape, int] | None = None
+        self._staged = 0
         self._offset = -1
         if info.nbytes == 0:
             pass
@@ -688,7 +740,10 @@ class PieceWriter:
             lo = offset * assembler.dtype.itemsize
             self._direct = assembler._flat[lo : lo + info.nbytes]
         else:
-            self._buffer = np.empty(info.nbytes, np.uint8)
+            itemsize = assembler.dtype.itemsize
+            self._parts = staged_parts(info.start, info.stop, itemsize, assembler.stage_bytes)
+            self._next_part()
+            self._stage = np.empty(max(itemsize, min(info.nbytes, assembler.stage_bytes)), np.uint8)
         if info.nbytes == 0:
             self._finish()
 
@@ -708,10 +763,12 @@ class PieceWriter:
         if self._offset >= 0:
             assert self.assembler.write_at is not None
             self.assembler.write_at(self._offset + self.received, data)
+        elif self._direct is not None:
+            self._direct[self.received : self.received + n] = np.frombuffer(data, np.uint8)
         else:
-            dest = self._direct if self._direct is not None else self._buffer
-            assert dest is not None
-            dest[self.received : self.received + n] = np.frombuffer(data, np.uint8)
+            given, at = np.frombuffer(data, np.uint8), 0
+            while at < n:
+                at += self._take(lambda view: _copy_into(view, given[at:]))
         self.received += n
         if self.done:
             self._finish()
@@ -736,7 +793,15 @@ class PieceWriter:
                 self.received += n
             self._finish()
             return
-        dest = self._direct if self._direct is not None else self._buffer
+        if self._stage is not None:
+            while self.received < self.info.nbytes:
+                n = self._take(read_into)
+                if n <= 0:
+                    raise self._short()
+                self.received += n
+            self._finish()
+            return
+        dest = self._direct
         if dest is None and self._offset >= 0 and self.assembler._flat is not None:
             lo = self._offset
             dest = self.assembler._flat[lo : lo + self.info.nbytes]
@@ -773,12 +838,26 @@ class PieceWriter:
         self.received = self.info.nbytes
         self._finish()
 
+    def _next_part(self) -> None:
+        part = next(self._parts, None)
+        self._part = None if part is None else (*part, math.prod(part[1]) * self.assembler.dtype.itemsize)
+        self._staged = 0
+
+    def _take(self, read_into: Callable[[memoryview], int]) -> int:
+        """Stages up to the rest of the current part through `read_into`; a part made
+        whole is written into the value. How many bytes were taken (0: none came)."""
+        assert self._stage is not None and self._part is not None
+        region, shape, nbytes = self._part
+        n = read_into(self._stage.data[self._staged : nbytes])
+        if n > 0:
+            self._staged += n
+            if self._staged == nbytes:
+                self.assembler.target[region] = self._stage[:nbytes].view(self.assembler.dtype).reshape(shape)
+                self._next_part()
+        return n
+
     def _finish(self) -> None:
-        block = None
-        if self._buffer is not None:
-            shape = tuple(b - a for a, b in zip(self.info.start, self.info.stop, strict=True))
-            block = self._buffer.view(self.assembler.dtype).reshape(shape)
-        self.assembler._finish(self.info, block)
+        self.assembler._counted(self.info)
 
 
 # ---------------------------------------------------------------- client helpers

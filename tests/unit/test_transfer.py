@@ -289,6 +289,80 @@ def test_fill_receives_pieces_in_place(through_file: bool) -> None:
     np.testing.assert_array_equal(target, value)
 
 
+BLOCKS = [
+    ((12, 10, 6), (2, 3, 1), (9, 7, 5)),  # every axis cut: no two rows are one run
+    ((40, 6), (0, 2), (40, 5)),  # a column block
+    ((5, 4, 8), (1, 0, 0), (4, 4, 8)),  # rows: one run
+    ((3, 50), (1, 7), (2, 43)),  # a single row segment
+]
+
+
+@pytest.mark.parametrize("shape,start,stop", BLOCKS)
+@pytest.mark.parametrize("limit", [8, 20, 100, 1 << 20])
+def test_staged_parts_cover_a_block_in_its_own_order_within_the_limit(
+    shape: tuple[int, ...], start: tuple[int, ...], stop: tuple[int, ...], limit: int
+) -> None:
+    value = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    block = value[tuple(slice(a, b) for a, b in zip(start, stop))]
+    parts = list(transfer.staged_parts(start, stop, 4, limit))
+    joined = np.concatenate([value[region].reshape(-1) for region, _ in parts])
+    np.testing.assert_array_equal(joined, block.reshape(-1))  # the block's C order, each element once
+    for region, part_shape in parts:
+        assert value[region].shape == part_shape
+        assert np.prod(part_shape) * 4 <= max(limit, 4)
+    if block.nbytes <= limit:
+        assert len(parts) == 1
+
+
+def test_staged_parts_take_trailing_axes_whole_and_cut_the_one_before_into_ranges() -> None:
+    # 3 columns of 4 B: 12 B a row; 100 B hold 8 rows, so 40 rows are 5 parts of 8
+    parts = list(transfer.staged_parts((0, 2), (40, 5), 4, 100))
+    assert [shape for _, shape in parts] == [(8, 3)] * 5
+    assert parts[1][0] == (slice(8, 16), slice(2, 5))
+    # a 2 x 10 x 3 block of 8 B elements within 64 B: rows of 24 B, 2 a part, walked per outer index
+    parts = list(transfer.staged_parts((1, 0, 1), (3, 10, 4), 8, 64))
+    assert [shape for _, shape in parts] == [(1, 2, 3)] * 10
+    assert parts[5][0] == (slice(2, 3), slice(0, 2), slice(1, 4))
+
+
+@pytest.mark.parametrize("through", ["write", "fill"])
+def test_a_piece_that_is_no_one_run_is_received_through_a_bounded_stage(through: str) -> None:
+    value = np.arange(12 * 10 * 6, dtype=np.int32).reshape(12, 10, 6)
+    target = np.zeros_like(value)
+    assembler = transfer.PieceAssembler(target, stage_bytes=40)
+    start, stop = (2, 3, 1), (9, 7, 5)
+    region = tuple(slice(a, b) for a, b in zip(start, stop))
+    piece = transfer.Piece(start, stop, np.ascontiguousarray(value[region]))
+    header = transfer.piece_header("c", ref(), transfer.spec_of(value), piece, "h", True)
+    writer = assembler.open(transfer.check_header(header))
+    assert writer.file_offset is None  # no one run of the value
+    assert writer._stage is not None and writer._stage.nbytes == 40  # not the piece's 448 B
+    data = piece.data.tobytes()
+    if through == "write":
+        for i in range(0, len(data), 13):
+            assert writer.write(data[i : i + 13]) == (i + 13 >= len(data))
+    else:
+        _, read_into = _reader(data, 7)
+        writer.fill(read_into)
+    assert writer.done and assembler.complete is False
+    expected = np.zeros_like(value)
+    expected[region] = value[region]
+    np.testing.assert_array_equal(target, expected)
+    assert assembler.covered == piece.data.size
+
+
+def test_a_staged_piece_cut_short_is_not_counted() -> None:
+    value = np.arange(64, dtype=np.float64).reshape(8, 8)
+    assembler = transfer.PieceAssembler(np.zeros_like(value), stage_bytes=32)
+    piece = transfer.value_pieces(shards_of(value, 1, 2))[0]  # columns 0..3: no one run
+    header = transfer.piece_header("c", ref(), transfer.spec_of(value), piece, "h", False)
+    writer = assembler.open(transfer.check_header(header))
+    _, read_into = _reader(piece.data.tobytes()[:100], 9)
+    with pytest.raises(transfer.TransferError, match="ended 156 bytes before the end"):
+        writer.fill(read_into)
+    assert assembler.covered == 0
+
+
 def test_fill_names_a_source_that_ends_early() -> None:
     value = np.arange(16, dtype=np.int32)
     assembler = transfer.PieceAssembler(np.zeros_like(value))
