@@ -147,6 +147,8 @@ class HostData:
             health = self._channels.stub(address).Health(pb.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
         except grpc.RpcError:
             return ""  # not remembered: gRPC Put says what is wrong, and the next put asks again
+        if not health.detailed:
+            return ""  # the host did not take this client's token: likewise
         with self._lock:
             self._addresses[address] = health.data_address
         return str(health.data_address)

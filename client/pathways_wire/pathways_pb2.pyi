@@ -2074,6 +2074,7 @@ class HealthReply(_message.Message):
     DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     SHM_DEVICE_FIELD_NUMBER: _builtins.int
+    DETAILED_FIELD_NUMBER: _builtins.int
     host: _builtins.str
     worker_ready: _builtins.bool
     store_bytes: _builtins.int
@@ -2092,6 +2093,12 @@ class HealthReply(_message.Message):
     """the kernel's boot id"""
     shm_device: _builtins.int
     """st_dev of the sidecar's shared-memory dir"""
+    detailed: _builtins.bool
+    """The call presented the slice's token or its client form, and fields 3 to 9 are
+    filled. Health needs no token; a caller without one learns only `host` and
+    `worker_ready`, never where the host's data goes, what it holds, or which hosts
+    share its machine.
+    """
     def __init__(
         self,
         *,
@@ -2104,10 +2111,11 @@ class HealthReply(_message.Message):
         data_address: _builtins.str = ...,
         node: _builtins.str = ...,
         shm_device: _builtins.int = ...,
+        detailed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_address", b"data_address", "host", b"host", "node", b"node", "shm_device", b"shm_device", "store_bytes", b"store_bytes", "store_limit", b"store_limit", "worker_ready", b"worker_ready", "worker_store_bytes", b"worker_store_bytes", "worker_store_limit", b"worker_store_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_address", b"data_address", "detailed", b"detailed", "host", b"host", "node", b"node", "shm_device", b"shm_device", "store_bytes", b"store_bytes", "store_limit", b"store_limit", "worker_ready", b"worker_ready", "worker_store_bytes", b"worker_store_bytes", "worker_store_limit", b"worker_store_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -23,6 +23,7 @@ module is a little over 400 lines.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -337,6 +338,13 @@ class Objects:
         found = self.get("virtualslices", name)
         assert found is not None, f"VirtualSlice {self.namespace}/{name} does not exist"
         return found
+
+    def slice_token(self, name: str) -> str:
+        """The token slice ``name``'s hosts demand, from the Secret the slice owns."""
+        secret = self.cluster.core.read_namespaced_secret(f"{name}-pathways-token", self.namespace)
+        owners = [(ref.kind, ref.name) for ref in secret.metadata.owner_references or []]
+        assert owners == [("VirtualSlice", name)], owners
+        return base64.b64decode(secret.data["token"]).decode()
 
     def program(self, name: str) -> Manifest:
         found = self.get("pathwaysprograms", name)

@@ -9,8 +9,6 @@ deletes its Secret.
 
 from __future__ import annotations
 
-import base64
-
 import grpc
 import numpy as np
 import pytest
@@ -21,13 +19,6 @@ from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.slice_token import call_metadata
 from tests.cluster.builders import virtual_slice
 from tests.cluster.harness import Objects, OperatorProcess
-
-
-def _token(objects: Objects, slice_name: str) -> str:
-    secret = objects.cluster.core.read_namespaced_secret(f"{slice_name}-pathways-token", objects.namespace)
-    owners = [(ref.kind, ref.name) for ref in secret.metadata.owner_references or []]
-    assert owners == [("VirtualSlice", slice_name)], owners
-    return base64.b64decode(secret.data["token"]).decode()
 
 
 def _put(address: str, token: str) -> int:
@@ -43,7 +34,7 @@ def test_a_pod_of_another_slice_is_refused(objects: Objects, operator: OperatorP
     objects.apply(virtual_slice("b", 4))
     objects.wait_slice("a", "Ready", 120, operator)
     b = objects.wait_slice("b", "Ready", 120, operator)
-    token_a, token_b = _token(objects, "a"), _token(objects, "b")
+    token_a, token_b = objects.slice_token("a"), objects.slice_token("b")
     assert token_a and token_b and token_a != token_b
     pod = objects.pods("pathways.dev/slice=b")[0]
     for container in pod.spec.containers:

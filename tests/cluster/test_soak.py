@@ -21,6 +21,7 @@ import pytest
 
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.slice_token import call_metadata
 from pathways_wire.kube_names import SIDECAR_PORT
 from tests.cluster.builders import inline_slice, program, ref_slice, virtual_slice
 from tests.cluster.harness import Objects, OperatorProcess
@@ -37,9 +38,10 @@ def _rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
-def _store_bytes(pod_ip: str) -> tuple[int, int]:
+def _store_bytes(pod_ip: str, token: str) -> tuple[int, int]:
     with grpc.insecure_channel(f"{pod_ip}:{SIDECAR_PORT}") as channel:
-        reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=10)
+        reply = pb_grpc.DataflowStub(channel).Health(pb.HealthRequest(), timeout=10, metadata=call_metadata(token))
+    assert reply.detailed, f"the sidecar at {pod_ip} did not take the slice's token: its stores are not told"
     return int(reply.store_bytes), int(reply.worker_store_bytes)
 
 
@@ -69,7 +71,8 @@ def test_soak_leaves_nothing_behind(objects: Objects, operator: OperatorProcess)
           f"{rss_after:.0f} MiB (bound +{RSS_GROWTH_BOUND_MIB:.0f})")
 
     pool_hosts = objects.slice("pool")["status"]["hosts"]
-    held = {h["pod"]: _store_bytes(h["podIP"]) for h in pool_hosts}
+    token = objects.slice_token("pool")
+    held = {h["pod"]: _store_bytes(h["podIP"], token) for h in pool_hosts}
     assert all(b == (0, 0) for b in held.values()), f"bytes left in the shared slice's stores: {held}"
 
     for name in names:

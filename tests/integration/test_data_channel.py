@@ -547,7 +547,7 @@ class _HealthOf:
     its client's token for that host: the receiver's."""
 
     def __init__(self, receiver: Receiver) -> None:
-        self._reply = pb.HealthReply(data_address=receiver.address)
+        self._reply = pb.HealthReply(data_address=receiver.address, detailed=True)
 
     def stub(self, address: str) -> _HealthOf:
         return self

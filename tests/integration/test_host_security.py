@@ -87,7 +87,11 @@ def _internal_doors(host: HostProcs, token: str) -> dict[str, Callable[[], objec
 @pytest.mark.parametrize("token", ["", OTHER_SLICE_TOKEN], ids=["no-token", "other-slice-token"])
 def test_callers_without_the_slice_token_are_refused(guarded: HostProcs, token: str) -> None:
     sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
-    assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).worker_ready, "Health stays open"
+    told = sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S, metadata=call_metadata(token))
+    assert told.worker_ready and told.host == guarded.name, "Health stays open"
+    assert told == pb.HealthReply(host=guarded.name, worker_ready=True), (
+        f"Health told a caller without the slice's token more than that the host lives: {told}"
+    )
     attempts = {
         "Put": lambda: _put(guarded.address, "intruder", token),
         "Fetch": lambda: list(sidecar.Fetch(pb.FetchRequest(call_id="intruder", value=vref(0, 0)),
@@ -107,7 +111,15 @@ def test_callers_without_the_slice_token_are_refused(guarded: HostProcs, token: 
 def test_the_slice_token_is_let_in(guarded: HostProcs) -> None:
     assert _put(guarded.address, "member", TOKEN) == 1
     sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
-    assert sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S).store_bytes > 0
+    told = sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S, metadata=call_metadata(TOKEN))
+    assert told.detailed and told.store_bytes > 0 and told.data_address and told.node and told.shm_device
+
+
+def test_the_client_token_learns_where_the_data_channel_is(guarded: HostProcs) -> None:
+    """A client asks Health where to put its inputs: its token (the client form) is enough."""
+    sidecar = pb_grpc.DataflowStub(_channel(guarded.address))
+    told = sidecar.Health(pb.HealthRequest(), timeout=RPC_TIMEOUT_S, metadata=call_metadata(client_token(TOKEN)))
+    assert told.detailed and told.data_address.rsplit(":", 1)[1].isdigit() and told.node
 
 
 def test_the_client_token_puts_and_fetches_but_opens_no_host_internal_door(guarded: HostProcs) -> None:

@@ -30,7 +30,8 @@ from bench import mlp
 from pathways.runtime import INLINE_BYTES
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
-from tests.integration.host_pids import host_pid
+from pathways_wire.slice_token import call_metadata
+from tests.integration.host_pids import host_pid, host_token
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,10 +39,15 @@ BIG = INLINE_BYTES // 4 + 1024
 """Elements of a float32 vector too large to come back inline."""
 
 
-def store_bytes(runtime: pw.Runtime, hosts: tuple[str, ...]) -> int:
-    return sum(
-        runtime.host(h).Health(pb.HealthRequest(), timeout=10).worker_store_bytes for h in hosts
-    )
+def store_bytes(runtime: pw.Runtime, hosts: tuple[str, ...], tokens: dict[str, str] | None = None) -> int:
+    """Bytes in the hosts' worker stores, asked with the client's token for each host or,
+    for a slice another client made, the slice's own (`tokens`)."""
+    replies = [
+        runtime.host(h).Health(pb.HealthRequest(), timeout=10, metadata=call_metadata((tokens or {}).get(h, "")))
+        for h in hosts
+    ]
+    assert all(r.detailed for r in replies), "a host did not take the token: its store is not told"
+    return sum(r.worker_store_bytes for r in replies)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
@@ -255,10 +261,11 @@ def test_a_killed_clients_objects_are_freed_within_its_lease(runtime: pw.Runtime
         assert hosts != ("",), "the child printed its hosts"
         slice_info = next(s for s in runtime.describe().slices if s.name == "orphans")
         assert {h.address for h in slice_info.hosts} == set(hosts)
-        wait_until("the child's objects held", lambda: store_bytes(runtime, hosts) >= 3 * BIG * 4, 30)
+        tokens = {h.address: host_token(runtime, slice_info, i) for i, h in enumerate(slice_info.hosts)}
+        wait_until("the child's objects held", lambda: store_bytes(runtime, hosts, tokens) >= 3 * BIG * 4, 30)
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
-        wait_until("the killed client's objects freed", lambda: store_bytes(runtime, hosts) == 0, 40)
+        wait_until("the killed client's objects freed", lambda: store_bytes(runtime, hosts, tokens) == 0, 40)
     finally:
         if child.poll() is None:
             child.kill()

@@ -4,7 +4,8 @@ Both host processes install `SliceTokenInterceptor` on their servers. It looks a
 call's metadata before any request message is read, so a caller without the token
 (another slice's pod, a stray client) learns nothing but ``UNAUTHENTICATED`` and a
 message saying which metadata entry it lacked; the servicer never sees the call. The
-comparison is constant-time. Methods in `slice_token.OPEN_METHODS` (Health) stay open.
+comparison is constant-time. Methods in `slice_token.OPEN_METHODS` (Health) stay open, and
+tell a caller without the token no more than that the host lives (`holds_token`).
 The slice's client token (`slice_token.client_token`) opens only the methods a host's
 server names as its clients' (the sidecar's Put and Fetch); every other method wants
 the slice token itself.
@@ -61,10 +62,7 @@ class SliceTokenInterceptor(_Interceptor):
         method = str(handler_call_details.method)
         if handler is None or not self._token or method in OPEN_METHODS:
             return handler
-        presented = ""
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == METADATA_KEY:
-                presented = value if isinstance(value, str) else value.decode(errors="replace")
+        presented = _presented(handler_call_details.invocation_metadata)
         if hmac.compare_digest(presented.encode(), self._token):
             return handler
         is_client = hmac.compare_digest(presented.encode(), self._client_token)
@@ -80,6 +78,25 @@ class SliceTokenInterceptor(_Interceptor):
         )
         log.warning("%s", message)
         return _refusal(handler, message)
+
+
+    def holds_token(self, metadata: Any) -> bool:
+        """Whether a call's metadata presents the slice's token or its client form (any
+        call does, on a host started without a token): what an open method asks before it
+        tells more than that the host lives."""
+        if not self._token:
+            return True
+        presented = _presented(metadata).encode()
+        return hmac.compare_digest(presented, self._token) or hmac.compare_digest(presented, self._client_token)
+
+
+def _presented(metadata: Any) -> str:
+    """The token a call's metadata presents ("" for none)."""
+    presented = ""
+    for key, value in metadata or ():
+        if key == METADATA_KEY:
+            presented = value if isinstance(value, str) else value.decode(errors="replace")
+    return presented
 
 
 def _refusal(handler: grpc.RpcMethodHandler[Any, Any], message: str) -> grpc.RpcMethodHandler[Any, Any]:

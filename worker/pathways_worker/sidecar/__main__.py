@@ -50,16 +50,17 @@ def serve(settings: SidecarSettings) -> None:
     if settings.insecure_no_token:
         log.warning("sidecar %s: started with --insecure-no-token: any caller that reaches it is served",
                     settings.host_name)
+    gate = SliceTokenInterceptor(
+        settings.slice_token, settings.host_name, insecure=settings.insecure_no_token,
+        client_methods=CLIENT_METHODS,
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=GRPC_THREADS),
         options=[
             ("grpc.max_receive_message_length", CONTROL_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
-        interceptors=[SliceTokenInterceptor(
-            settings.slice_token, settings.host_name, insecure=settings.insecure_no_token,
-            client_methods=CLIENT_METHODS,
-        )],
+        interceptors=[gate],
     )
     port = server.add_insecure_port(settings.listen)
     if port == 0:
@@ -72,7 +73,7 @@ def serve(settings: SidecarSettings) -> None:
                                settings.slice_token, ControlFrames(core).serve,
                                insecure=settings.insecure_no_token)
     core.control_port = control_port.port
-    pb_grpc.add_DataflowServicer_to_server(DataflowService(core), server)
+    pb_grpc.add_DataflowServicer_to_server(DataflowService(core, holds_token=gate.holds_token), server)
     server.start()
     metrics_port = None
     if settings.metrics_port is not None:

@@ -7,7 +7,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import grpc
 
@@ -31,8 +31,15 @@ RESOURCE_EXHAUSTED; clients put and fetch over the data channel, which holds no 
 
 
 class DataflowService(pb_grpc.DataflowServicer):
-    def __init__(self, core: Dataflow, max_value_streams: int = MAX_VALUE_STREAMS) -> None:
+    def __init__(
+        self, core: Dataflow, max_value_streams: int = MAX_VALUE_STREAMS,
+        holds_token: Callable[[Any], bool] = lambda metadata: False,
+    ) -> None:
+        """`holds_token(metadata)`: whether a call presents the slice's token or its client
+        form (`slice_auth.SliceTokenInterceptor.holds_token`); only such a caller of the open
+        `Health` learns more than that the host lives."""
         self._core = core
+        self._holds_token = holds_token
         self._value_streams = threading.BoundedSemaphore(max_value_streams)
         self._max_value_streams = max_value_streams
 
@@ -108,7 +115,14 @@ class DataflowService(pb_grpc.DataflowServicer):
             self._value_streams.release()
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
-        return self._core.health(request.wait_ready_s)
+        """Open to every caller (probes, the operator's watch of a forming gang), but only a
+        holder of the slice's token learns where the host's data channel is, what its stores
+        hold and which machine it is on (`HealthReply.detailed`)."""
+        reply = self._core.health(request.wait_ready_s)
+        if self._holds_token(context.invocation_metadata()):
+            reply.detailed = True
+            return reply
+        return pb.HealthReply(host=reply.host, worker_ready=reply.worker_ready)
 
     def Coordinator(self, request: pb.CoordinatorRequest, context: grpc.ServicerContext) -> pb.CoordinatorReply:
         try:

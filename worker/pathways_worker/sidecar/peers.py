@@ -246,9 +246,14 @@ class PeerPusher:
         if known is not None:
             return known
         try:
-            health: pb.HealthReply = self.stub(address).Health(pb.HealthRequest(), timeout=5.0)
+            health: pb.HealthReply = self.stub(address).Health(
+                pb.HealthRequest(), timeout=5.0, metadata=call_metadata(self._token_for(address))
+            )
         except grpc.RpcError as err:
             log.info("%s did not say where its data channel is (%s); using Put", address, _status(err)[0].name)
+            return None
+        if not health.detailed:  # it did not take the token this host holds for it
+            log.info("%s did not say where its data channel is (not to this host's token); using Put", address)
             return None
         same_node = (
             self.file_handover and bool(self._node) and health.node == self._node
