@@ -17,7 +17,10 @@ does its call whose link to the controller's calls port has to connect then
 loop goes on (`accept_each`). Past the hello, a port serves at most `MAX_SERVED`
 connections at once, a thread or two each: a client's token is in user code (a program's
 driver), and its connections, idle for minutes, must not take the threads of everyone
-else's. Past that bound a connection is refused, and the sender sees why.
+else's. Past that bound a connection is refused, and the sender sees why. On a port whose
+callers present tokens of their own (the controller's calls port: one per program), one
+token is served at most `MAX_SERVED_PER_CALLER` connections at once (`CallerCount`), so a
+single driver cannot hold all of them either.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ MAX_SERVED = 256
 """Connections a port serves at once once their hello passed: each client keeps one on the
 controller's calls port and at most a few idle ones on a host's data channel, and each peer
 host at most one per sending thread."""
+MAX_SERVED_PER_CALLER = 16
+"""Connections one caller's token is served at once on a port of many callers' tokens: a
+client keeps one on the controller's calls port (and makes a new one after a drop)."""
 WARN_EVERY_S = 60.0
 """A port says at most this often that it closed connections past the bound."""
 
@@ -78,6 +84,48 @@ class ConnectionCount:
         """A connection left the stage."""
         with self._lock:
             self._held -= 1
+
+
+class CallerCount:
+    """How many connections each caller (by the token its hello presented) is served on a
+    port at once, bounded by `limit` per caller; `name` is the port's, for its warning."""
+
+    def __init__(self, name: str, limit: int = MAX_SERVED_PER_CALLER) -> None:
+        self._name = name
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        self._refused = 0
+        self._warned = -WARN_EVERY_S
+
+    def held(self, caller: str) -> int:
+        with self._lock:
+            return self._held.get(caller, 0)
+
+    def take(self, caller: str) -> bool:
+        """Room for one more of `caller`'s connections; False past its bound."""
+        with self._lock:
+            held = self._held.get(caller, 0)
+            if held < self._limit:
+                self._held[caller] = held + 1
+                return True
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._warned < WARN_EVERY_S:
+                return False
+            self._warned, refused, self._refused = now, self._refused, 0
+        log.warning("%s: %d connection(s) refused: their caller's token is served %d already",
+                    self._name, refused, self._limit)
+        return False
+
+    def give_back(self, caller: str) -> None:
+        """One of `caller`'s connections ended."""
+        with self._lock:
+            left = self._held.get(caller, 0) - 1
+            if left > 0:
+                self._held[caller] = left
+            else:
+                self._held.pop(caller, None)
 
 
 def accept_each(

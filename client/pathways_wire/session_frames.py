@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError, Message
 
 from pathways_wire import host_port
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.port_connections import accept_each, awaiting_hello, served
+from pathways_wire.port_connections import CallerCount, accept_each, awaiting_hello, served
 from pathways_wire.transfer import TransferError
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,9 @@ class SessionPort:
     empty token otherwise is refused here, at construction."""
 
     def __init__(self, name: str, bind_host: str, token: str, serve: Serve | None, *, insecure: bool = False,
-                 admit: Admit | None = None) -> None:
+                 admit: Admit | None = None, per_caller: int | None = None) -> None:
+        """`per_caller`: on a port whose callers present tokens of their own (`admit`
+        checks them), the most connections one token is served at once."""
         if serve is None and admit is None:
             raise ValueError(f"{name}: a session port needs a way to serve its connections")
         if not token and not insecure and admit is None:
@@ -149,6 +151,7 @@ class SessionPort:
         self._closed = False
         self._pending = awaiting_hello(f"{name} port")
         self._served = served(f"{name} port")
+        self._callers = None if per_caller is None else CallerCount(f"{name} port", per_caller)
         threading.Thread(
             target=accept_each, args=(self._listener, self._pending, self._admit, f"{name}-session",
                                       lambda: self._closed),
@@ -167,8 +170,9 @@ class SessionPort:
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
         """Serves `conn` once its hello passes, while the port serves fewer than
-        `port_connections.MAX_SERVED`; the room it took among the connections awaiting their
-        hello goes back as soon as the hello is read."""
+        `port_connections.MAX_SERVED` (and, with `per_caller`, its token fewer than that);
+        the room it took among the connections awaiting their hello goes back as soon as the
+        hello is read."""
         try:
             stream = reader(tuned(conn))
         except OSError:
@@ -194,13 +198,20 @@ class SessionPort:
             if serve is None:
                 log.warning("%s port: %s presented a wrong token; closed", self._name, peer)
                 return
-            if not self._served.take():
-                return  # closed unanswered: a client then calls over gRPC, a host tries again
+            caller = hello.token
+            if self._callers is not None and not self._callers.take(caller):
+                return  # closed unanswered, as past the port's own bound
             try:
-                conn.settimeout(None)
-                serve(conn, stream, peer)
+                if not self._served.take():
+                    return  # closed unanswered: a client then calls over gRPC, a host tries again
+                try:
+                    conn.settimeout(None)
+                    serve(conn, stream, peer)
+                finally:
+                    self._served.give_back()
             finally:
-                self._served.give_back()
+                if self._callers is not None:
+                    self._callers.give_back(caller)
 
 
 def connect(address_host: str, port: int, token: str, first: Message,

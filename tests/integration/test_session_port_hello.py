@@ -109,3 +109,39 @@ def test_sessions_past_the_bound_of_served_connections_are_closed_unanswered(
         for sock, stream in held:
             stream.close()
             sock.close()
+
+
+def test_a_callers_sessions_past_its_own_bound_are_closed_while_another_caller_is_served() -> None:
+    """A port of many callers' tokens (the controller's calls port) serves one token at most
+    `per_caller` connections at once: the next is closed unanswered, another token's is
+    served, and once one of the first caller's ends, that caller is served again."""
+    served: list[str] = []
+
+    def serve(conn: socket.socket, stream: BinaryIO, peer: str) -> None:
+        served.append(peer)
+        frames.send_message(conn, frames.EVENT, pb.WorkerEvent())
+        stream.read()  # until the caller closes its end
+
+    def admit(hello: pb.SessionHello, peer: str) -> frames.Serve | None:
+        return serve if hello.token in ("driver-a", "driver-b") else None
+
+    p = frames.SessionPort("test calls", "127.0.0.1", "", None, admit=admit, per_caller=3)
+    held: list[tuple[socket.socket, BinaryIO]] = []
+    try:
+        for _ in range(3):
+            held.append(frames.connect("127.0.0.1", p.port, "driver-a", pb.WorkerEvent()))
+        with pytest.raises((OSError, ValueError)):
+            frames.connect("127.0.0.1", p.port, "driver-a", pb.WorkerEvent())
+        held.append(frames.connect("127.0.0.1", p.port, "driver-b", pb.WorkerEvent()))
+        assert len(served) == 4 and p.served == 4
+        sock, stream = held.pop(0)  # one of driver-a's ends
+        stream.close()
+        sock.close()
+        wait_until(lambda: p.served == 3, "the ended session given back")
+        held.append(frames.connect("127.0.0.1", p.port, "driver-a", pb.WorkerEvent()))
+        assert len(served) == 5
+    finally:
+        for sock, stream in held:
+            stream.close()
+            sock.close()
+        p.close()

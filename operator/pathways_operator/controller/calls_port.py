@@ -2,7 +2,8 @@
 
 What goes over it, and why, is `pathways_wire.calls_frames`. Here the port is served:
 each connection's hello names the client token and program, and is let in only if the
-gate knows the token (`ClientGate`); each request then goes through the same gate as a
+gate knows the token (`ClientGate`), at most `port_connections.MAX_SERVED_PER_CALLER` at
+once per token; each request then goes through the same gate as a
 gRPC call, to the same `ControllerService` method a gRPC call reaches. Every request
 is taken on the connection's reading thread, in the order it came. One that waits for
 a program call to end (`calls_frames.waits`: `WaitCall`, a `Run` with `wait`) is not
@@ -32,6 +33,7 @@ from pathways_wire import pathways_pb2 as pb
 from pathways_wire import session_frames as frames
 from pathways_wire.driver_protocol import CLIENT_TOKEN_METADATA, PROGRAM_METADATA
 from pathways_wire.env_flags import switch_on
+from pathways_wire.port_connections import MAX_SERVED_PER_CALLER
 from pathways_operator.controller.client_gate import ClientGate, Refused
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.service import ControllerService
@@ -79,7 +81,8 @@ class CallsPort:
     def __init__(self, service: ControllerService, gate: ClientGate, bind_host: str) -> None:
         self._service = service
         self._gate = gate
-        self._port = frames.SessionPort("controller calls", bind_host, "", None, admit=self._admit)
+        self._port = frames.SessionPort("controller calls", bind_host, "", None, admit=self._admit,
+                                        per_caller=MAX_SERVED_PER_CALLER)
         self.port = self._port.port
 
     def close(self) -> None:
