@@ -48,18 +48,35 @@ WARN_EVERY_S = 60.0
 """A port says at most this often that it closed connections past the bound."""
 
 
+class _Refusals:
+    """Counts a port's refused connections and says so at most every `WARN_EVERY_S`
+    (the caller holds its count's lock while it calls `refused`)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self._name = name
+        self._why = why
+        self._count = 0
+        self._warned = -WARN_EVERY_S
+
+    def refused(self) -> str:
+        """One more refused; the warning to log now (outside the lock), or ""."""
+        self._count += 1
+        now = time.monotonic()
+        if now - self._warned < WARN_EVERY_S:
+            return ""
+        self._warned, count, self._count = now, self._count, 0
+        return f"{self._name}: {count} connection(s) refused: {self._why}"
+
+
 class ConnectionCount:
     """How many of a port's connections are in one stage (awaiting their hello, or served),
     bounded by `limit`; `stage` says which in the port's warning ("await their hello")."""
 
     def __init__(self, name: str, limit: int, stage: str) -> None:
-        self._name = name
         self._limit = limit
-        self._stage = stage
         self._lock = threading.Lock()
         self._held = 0
-        self._refused = 0
-        self._warned = -WARN_EVERY_S
+        self._refusals = _Refusals(name, f"{limit} already {stage}")
 
     @property
     def held(self) -> int:
@@ -71,13 +88,9 @@ class ConnectionCount:
             if self._held < self._limit:
                 self._held += 1
                 return True
-            self._refused += 1
-            now = time.monotonic()
-            if now - self._warned < WARN_EVERY_S:
-                return False
-            self._warned, refused, self._refused = now, self._refused, 0
-        log.warning("%s: %d connection(s) refused: %d already %s",
-                    self._name, refused, self._limit, self._stage)
+            warning = self._refusals.refused()
+        if warning:
+            log.warning("%s", warning)
         return False
 
     def give_back(self) -> None:
@@ -91,12 +104,10 @@ class CallerCount:
     port at once, bounded by `limit` per caller; `name` is the port's, for its warning."""
 
     def __init__(self, name: str, limit: int = MAX_SERVED_PER_CALLER) -> None:
-        self._name = name
         self._limit = limit
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
-        self._refused = 0
-        self._warned = -WARN_EVERY_S
+        self._refusals = _Refusals(name, f"their caller's token is served {limit} already")
 
     def held(self, caller: str) -> int:
         with self._lock:
@@ -109,13 +120,9 @@ class CallerCount:
             if held < self._limit:
                 self._held[caller] = held + 1
                 return True
-            self._refused += 1
-            now = time.monotonic()
-            if now - self._warned < WARN_EVERY_S:
-                return False
-            self._warned, refused, self._refused = now, self._refused, 0
-        log.warning("%s: %d connection(s) refused: their caller's token is served %d already",
-                    self._name, refused, self._limit)
+            warning = self._refusals.refused()
+        if warning:
+            log.warning("%s", warning)
         return False
 
     def give_back(self, caller: str) -> None:
