@@ -109,10 +109,6 @@ class CallerCount:
         self._held: dict[str, int] = {}
         self._refusals = _Refusals(name, f"their caller's token is served {limit} already")
 
-    def held(self, caller: str) -> int:
-        with self._lock:
-            return self._held.get(caller, 0)
-
     def take(self, caller: str) -> bool:
         """Room for one more of `caller`'s connections; False past its bound."""
         with self._lock:

@@ -79,7 +79,6 @@ class SliceTokenInterceptor(_Interceptor):
         log.warning("%s", message)
         return _refusal(handler, message)
 
-
     def holds_token(self, metadata: Any) -> bool:
         """Whether a call's metadata presents the slice's token or its client form (any
         call does, on a host started without a token): what an open method asks before it
