@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 from pathways_devcluster.node_agent import NodeSpec
+from pathways_wire.kube_names import ISLAND_LABEL
 
-from tests.cluster.builders import virtual_slice
+from tests.cluster.builders import inline_slice, program, virtual_slice
 from tests.cluster.harness import Objects, OperatorProcess
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
+DRIVER_STEPS = 10
 
 
 def ready_status(cluster: Any, node: str) -> str:
@@ -75,6 +77,43 @@ def test_dead_node_goes_not_ready_its_pod_is_evicted_and_the_slice_re_placed(
         assert not left, f"pods still bound to the dead Node {dead}: {left}"
         print(f"\nnode {dead} died: NotReady -> slice re-placed on {other} in "
               f"{re_placed_at - not_ready:.1f} s")
+    finally:
+        for agent in agents.values():
+            agent.stop()
+
+
+@pytest.mark.timeout(400, func_only=True)
+def test_a_driver_pod_on_a_dead_node_is_removed_and_the_run_starts_again_on_another(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    """The taint manager evicts the driver pod of a dead Node, but no kubelet confirms its end:
+    the operator removes it at once (grace 0), as it does a gang's, so the program's next
+    driver pod, of the same name, can be created on a live Node."""
+    agents = {name: objects.cluster.start_agent([NodeSpec(name, "island-g", 4)]) for name in ("g-0", "g-1")}
+    cluster = objects.cluster
+    try:
+        manifest = program("stranded", "examples.programs:paper_example", inline_slice("main", 4, island="island-a"),
+                           steps=DRIVER_STEPS, args={"step_seconds": 0.5})
+        manifest["spec"]["driver"] = {"nodeSelector": {ISLAND_LABEL: "island-g"}}
+        objects.apply(manifest)
+        objects.wait_steps("stranded", 2, 120, what="program 'stranded' mid-run")
+        first = cluster.core.read_namespaced_pod("stranded-driver", objects.namespace)
+        dead = first.spec.node_name
+        assert dead in agents, f"the driver pod went to {dead}, not to an island-g Node"
+        other = ({"g-0", "g-1"} - {dead}).pop()
+
+        agents[dead].kill()
+        objects.wait_event("stranded-driver", "TaintManagerEviction", timeout=120)
+
+        done = objects.wait_program("stranded", {"Succeeded", "Failed"}, 240, operator)
+        assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+        assert done["status"]["restarts"] == 1, "the run lost with its Node counts as a lost run"
+        assert done["status"]["stepsCompleted"] == DRIVER_STEPS
+        second = cluster.core.read_namespaced_pod("stranded-driver", objects.namespace)
+        assert second.metadata.uid != first.metadata.uid
+        assert second.spec.node_name == other, f"the next driver pod went to {second.spec.node_name}"
+        lost = objects.wait_event("stranded", "HostLost")
+        assert f"stranded-driver was lost with its Node {dead}" in lost.message, lost.message
     finally:
         for agent in agents.values():
             agent.stop()

@@ -255,3 +255,28 @@ def test_the_status_says_the_driver_runs_only_while_running_with_its_condition_t
 ) -> None:
     conditions = [] if running is None else [Condition("Running", running, "StepsRunning")]  # type: ignore[arg-type]
     assert driver_was_running(phase, conditions) is was
+
+
+@pytest.mark.parametrize(("reported", "started_here", "state", "lost"), [
+    (False, True, DriverState.EXITED,
+     "its pod train-driver was lost with its Node n-1, which stopped reporting, before it reported"),
+    (True, True, DriverState.EXITED, ""),
+    (False, False, DriverState.ABSENT, ""),  # deleted on purpose: the next driver may start at once
+])
+def test_a_driver_pod_deleted_on_an_unreachable_node_is_taken_as_gone_and_removed_at_once(
+    reported: bool, started_here: bool, state: DriverState, lost: str
+) -> None:
+    evicted = DriverPodFact(exists=True, phase="Running", deleting=True, node="n-1", node_unreachable=True)
+    where = driver_pod_state(evicted, reported=reported, started_here=started_here, pod_name=POD)
+    assert (where.state, where.lost, where.remove) == (state, lost, True)
+
+
+@pytest.mark.parametrize("pod", [
+    DriverPodFact(exists=True, phase="Running", deleting=True, node="n-1"),  # its kubelet will confirm
+    DriverPodFact(exists=True, phase="Running", node="n-1", node_unreachable=True),  # not evicted (yet)
+    DriverPodFact(exists=True, phase="Failed", exit_code=143, deleting=True, node="n-1", node_unreachable=True),
+])
+def test_a_driver_pod_is_removed_at_once_only_when_deleted_unconfirmable_and_still_running(
+    pod: DriverPodFact,
+) -> None:
+    assert not driver_pod_state(pod, reported=False, started_here=False, pod_name=POD).remove

@@ -189,6 +189,12 @@ class DriverPodFact:
     """The driver container's ``state.terminated.exitCode``, once it ended."""
     reason: str = ""
     """``status.reason`` (``Evicted``), or the terminated container's reason."""
+    node: str = ""
+    """``spec.nodeName``: the Node it is bound to ("" while unscheduled)."""
+    node_unreachable: bool = False
+    """Its Node is deleted, or its kubelet stopped reporting (tainted
+    ``node.kubernetes.io/unreachable:NoExecute``): nothing will confirm the pod's end.
+    Read only for a pod being deleted whose container has not ended."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +203,9 @@ class DriverPodState:
     exit_code: int | None = None
     lost: str = ""
     """Why the run is lost without an outcome (pod deleted or evicted); "" otherwise."""
+    remove: bool = False
+    """Delete the pod now, with no grace period: it is being deleted on a Node whose
+    kubelet will never confirm it, and the program's next driver pod needs its name."""
 
 
 def driver_was_running(phase: ProgramPhase | None, conditions: Iterable[Condition]) -> bool:
@@ -220,7 +229,19 @@ def driver_pod_state(pod: DriverPodFact, *, reported: bool, started_here: bool, 
     (``started_here`` is False then: a stop, a suspend, a run discarded) is waited out.
     A restarted operator that finds no pod and no outcome, where the status does not say
     the driver runs, starts one.
+
+    A pod being deleted on an unreachable Node (the taint manager evicted it from a dead
+    machine) is never confirmed gone by a kubelet, so it is not waited out: it is taken
+    as gone, as the pods of a gang on such a Node are, and removed at once (``remove``).
     """
+    if pod.deleting and pod.node_unreachable and pod.exit_code is None:
+        gone = driver_pod_state(DriverPodFact(exists=False), reported=reported, started_here=started_here,
+                                pod_name=pod_name)
+        lost = gone.lost and (
+            f"its pod {pod_name} was lost with its Node {pod.node or '(unknown)'}, which stopped "
+            "reporting, before it reported"
+        )
+        return DriverPodState(gone.state, gone.exit_code, lost, remove=True)
     if not pod.exists:
         if reported:
             return DriverPodState(DriverState.EXITED)

@@ -322,17 +322,24 @@ class AdmissionQueue:
     def driver_node(self, group: str, request: DriverRequest) -> str | None:
         """The Node the driver of the program whose uid is ``group`` goes to; None if none has room now.
 
-        A driver admitted with its group goes where admission put it; any other (a
-        program without a group, or one admitted before the operator restarted) is
-        placed now on the Nodes as they are, and promised there until its pod exists.
+        A driver admitted with its group goes where admission put it, while that Node
+        still takes it; any other (a program without a group, one admitted before the
+        operator restarted, or one whose promised Node went NotReady or was tainted
+        meanwhile, as a dead machine's is) is placed now on the Nodes as they are, and
+        promised there until its pod exists.
         """
         with self._lock:
+            listed = self._api.list_nodes()
             held = self._drivers.get(group)
             if held is not None:
-                return held.node
+                if any(n.name == held.node and request.accepts(n) for n in inventory.nodes(listed, {})):
+                    return held.node
+                log.info("%s: Node %s, promised to its driver, takes it no more; placing it again",
+                         request.program, held.node)
+                del self._drivers[group]
             all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
             used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
-            room = NodeRoom(inventory.nodes(self._api.list_nodes(), used))
+            room = NodeRoom(inventory.nodes(listed, used))
             where = room.place(request)
             if isinstance(where, str):
                 log.info("%s: %s; its pod is left to the Kubernetes scheduler", request.program, where)

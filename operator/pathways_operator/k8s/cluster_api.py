@@ -108,6 +108,11 @@ class ClusterApi:
         reply = self._call("listing Nodes", lambda: self.core.list_node(_preload_content=False))
         return list(_decode(reply).get("items", []))
 
+    def get_node(self, name: str) -> Json | None:
+        return self._get_or_none(
+            f"reading Node {name}", lambda: _decode(self.core.read_node(name, _preload_content=False))
+        )
+
     def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[Json]:
         """Pods in ``namespace`` (None: every namespace), optionally by label selector."""
         if namespace is None:

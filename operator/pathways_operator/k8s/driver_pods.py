@@ -47,7 +47,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -82,6 +82,7 @@ from pathways_operator.core.program_lifecycle import DriverPodFact, DriverState,
 from pathways_operator.k8s.cluster_api import AlreadyExists, ClusterApi, Json
 from pathways_operator.k8s.drivers import DriverLaunch, DriverStatus, read_outcome
 from pathways_operator.k8s.gang_pods import check_resources, requested_resources
+from pathways_operator.k8s.inventory import unreachable
 from pathways_operator.k8s.pathways_program import DriverSpec
 
 log = logging.getLogger(__name__)
@@ -275,6 +276,7 @@ def pod_fact(pod: Mapping[str, Any] | None) -> DriverPodFact:
         deleting=bool((pod.get("metadata") or {}).get("deletionTimestamp")),
         exit_code=exit_code,
         reason=reason,
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
 
 
@@ -342,8 +344,12 @@ class DriverPods:
         reported = (workdir / RESULTS_FILE).exists()
         with self._lock:
             started = program.key in self._started or ran_before
-        where = driver_pod_state(pod_fact(pod), reported=reported, started_here=started,
-                                 pod_name=driver_pod_name(name))
+        fact = self._with_node(pod_fact(pod))
+        where = driver_pod_state(fact, reported=reported, started_here=started, pod_name=driver_pod_name(name))
+        if where.remove and pod is not None:
+            log.warning("%s: driver pod %s is being deleted on Node %s, which stopped reporting; "
+                        "removing it now", program.key, driver_pod_name(name), fact.node)
+            self._delete(pod, grace_seconds=0)
         if where.state is DriverState.RUNNING and pod is not None:
             self._bind_if_unbound(ProgramKey(namespace, name, _owner_uid(pod) or uid), pod)
         if where.state is DriverState.RUNNING:
@@ -586,9 +592,18 @@ class DriverPods:
             if token is not None:
                 self._tokens.pop(token, None)
 
-    def _delete(self, pod: Json) -> None:
+    def _with_node(self, fact: DriverPodFact) -> DriverPodFact:
+        """The fact with its Node's reachability, read only for a pod being deleted whose
+        container has not ended: the one case where a dead Node would hold it forever."""
+        if not (fact.deleting and fact.node and fact.exit_code is None):
+            return fact
+        node = self._api.get_node(fact.node)
+        return replace(fact, node_unreachable=node is None or unreachable(node))
+
+    def _delete(self, pod: Json, grace_seconds: int | None = None) -> None:
         meta = pod.get("metadata") or {}
-        self._api.delete_pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+        self._api.delete_pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")),
+                             grace_seconds=grace_seconds)
 
 
 def _owner_uid(obj: Mapping[str, Any]) -> str:
