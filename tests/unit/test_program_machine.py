@@ -9,8 +9,8 @@ import pytest
 from pathways_operator.core.phases import InvalidTransition, ProgramPhase, SlicePhase
 from pathways_operator.core.program_lifecycle import DriverExit, DriverState, Reported
 from pathways_operator.core.program_look import (
-    DEFAULT_SUSPEND_GRACE_S, Attempt, CreateInlineSlice, Next, Order, ProgramDecision, ProgramLook, ProgramReport,
-    ProgramSliceFact, StartDriver, StoreResults, epoch,
+    DEFAULT_SUSPEND_GRACE_S, DELIBERATE_STOPS, Attempt, CreateInlineSlice, Next, Order, ProgramAction,
+    ProgramDecision, ProgramLook, ProgramReport, ProgramSliceFact, StartDriver, StoreResults, epoch, status_first,
 )
 from pathways_operator.core.program_machine import ProgramMachine
 from pathways_operator.core.reasons import Condition, Reason
@@ -292,3 +292,39 @@ def test_deleted_driver_pod_runs_again_from_its_last_step_counting_a_restart() -
     assert decision.status.phase is ProgramPhase.PENDING
     assert decision.status.restarts == 1
     assert "train-driver was deleted" in decision.status.message and "step 4" in decision.status.message
+
+
+# ------------------------------------------------------------------ the order of a look's writes
+
+
+def decided(program_look: ProgramLook) -> tuple[list[ProgramAction], ProgramDecision]:
+    machine = ProgramMachine(program_look)
+    machine.start()
+    return machine.take_actions(), machine.decision()
+
+
+def test_a_look_that_stops_the_driver_on_purpose_writes_its_status_first() -> None:
+    """Suspended after the grace, or Pending for a slice gone unready: written after the pod's
+    deletion, an operator stopped in between would come back to a run lost under the program."""
+    suspended = decided(after(running(), suspend=True, driver=DriverState.RUNNING, done=2,
+                              suspend_asked_at=1000.0 - DEFAULT_SUSPEND_GRACE_S))
+    unready = ProgramSliceFact("main", "train-main", True, SlicePhase.PENDING, 1, 4)
+    waiting = decided(after(running(), driver=DriverState.RUNNING, slices=(unready,)))
+    for actions, decision in (suspended, waiting):
+        assert any(a in DELIBERATE_STOPS for a in actions), actions
+        assert status_first(actions, decision)
+
+
+def test_looks_that_start_run_store_or_end_write_their_status_after_their_actions() -> None:
+    """Starting a driver: the status says it runs only once its pod was created. Results and
+    ends keep their order (results answer the machine; a driver's log precedes its end)."""
+    starting = decided(look())
+    steady = decided(after(running(), driver=DriverState.RUNNING, done=3))
+    failed = ProgramSliceFact("main", "train-main", True, SlicePhase.FAILED, 3, 4)
+    ended = decided(after(running(), driver=DriverState.RUNNING, slices=(failed,)))
+    assert Order.STOP_DRIVER in ended[0] and ended[1].status.phase is ProgramPhase.FAILED
+    storing = decided(after(running(), driver=DriverState.EXITED, driver_exit=exited(0, Reported.RESULTS),
+                            results={"loss": 0.5}, done=10, attempt=Attempt(1, {"main": 0})))
+    assert any(isinstance(a, StoreResults) for a in storing[0])
+    for actions, decision in (starting, steady, ended, storing):
+        assert not status_first(actions, decision)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from pathways_operator.core.phases import ProgramPhase, SlicePhase
-from pathways_operator.core.program_lifecycle import DriverExit, DriverState
+from pathways_operator.core.phases import ProgramPhase, SlicePhase, is_terminal
+from pathways_operator.core.program_lifecycle import DriverExit, DriverState, driver_was_running
 from pathways_operator.core.reasons import Condition, Reason, find_condition
 from pathways_operator.core.status_report import Event
 
@@ -181,6 +181,32 @@ class ProgramDecision:
     status: ProgramReport
     events: tuple[Event, ...]
     delay: float
+
+
+DELIBERATE_STOPS = (Order.STOP_DRIVER, Order.DISCARD_OUTCOME)
+"""The actions that delete the driver's pod on purpose."""
+
+
+def status_first(actions: Sequence[ProgramAction], decision: ProgramDecision) -> bool:
+    """Whether a look writes its status before it carries out its actions, not after.
+
+    So it does when it deletes the driver's pod on purpose and its status then no longer
+    says the driver runs (`driver_was_running`), and it neither stores results (those
+    answer the machine, and the status says how that went) nor ends the program (its
+    driver's log is kept before the phase says it ended; a look after a stop there ends
+    it again, as the deadline or slice that ended it is checked before the driver's
+    state). Written after, an operator that
+    stopped between the deletion and the write would come back to a status saying the
+    driver runs and to no pod: a run lost under the program, run again and counted
+    against ``spec.backoffLimit``, where it was stopped on purpose. Written first, a
+    deletion the operator did not get to is decided again: every look that finds a driver
+    running where the status says none should stops it.
+    """
+    if any(isinstance(a, StoreResults) for a in actions) or is_terminal(decision.status.phase or ProgramPhase.PENDING):
+        return False
+    if not any(a in DELIBERATE_STOPS for a in actions):
+        return False
+    return not driver_was_running(decision.status.phase, decision.status.conditions)
 
 
 def epoch(timestamp: str) -> float | None:

@@ -33,7 +33,7 @@ from pathways_operator.core.program_lifecycle import DriverExit, DriverState, dr
 from pathways_operator.core.program_look import (
     DEFAULT_SUSPEND_GRACE_S,
     Attempt, CreateInlineSlice, Next, Order, ProgramAction, ProgramDecision, ProgramLook, ProgramReport,
-    StartDriver, StoreResults, results_config_map,
+    StartDriver, StoreResults, results_config_map, status_first,
 )
 from pathways_operator.core.program_machine import IDLE, ProgramMachine
 from pathways_operator.k8s import program_checks, program_objects
@@ -113,6 +113,11 @@ class ProgramReconciler:
         machine = ProgramMachine(self._look(program))
         step = machine.start()
         actions = machine.take_actions()
+        decided = machine.decision()
+        if status_first(actions, decided):
+            self._write_status(program, decided)
+            self._carry_out(program, actions)
+            return decided.delay
         self._carry_out(program, actions)
         if step is Next.STORE_RESULTS:
             self._store_results(program, machine, next(a for a in actions if isinstance(a, StoreResults)))
