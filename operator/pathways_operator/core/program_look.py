@@ -195,12 +195,13 @@ def status_first(actions: Sequence[ProgramAction], decision: ProgramDecision) ->
     answer the machine, and the status says how that went) nor ends the program (its
     driver's log is kept before the phase says it ended; a look after a stop there ends
     it again, as the deadline or slice that ended it is checked before the driver's
-    state). Written after, an operator that
-    stopped between the deletion and the write would come back to a status saying the
-    driver runs and to no pod: a run lost under the program, run again and counted
-    against ``spec.backoffLimit``, where it was stopped on purpose. Written first, a
-    deletion the operator did not get to is decided again: every look that finds a driver
-    running where the status says none should stops it.
+    state).
+
+    Written after, an operator that stopped between the deletion and the write would
+    come back to a status saying the driver runs and to no pod: a run lost under the
+    program, run again and counted against ``spec.backoffLimit``, where it was stopped
+    on purpose. Written first, a deletion the operator did not get to is decided again:
+    every look that finds a driver running where the status says none should run stops it.
     """
     if any(isinstance(a, StoreResults) for a in actions) or is_terminal(decision.status.phase or ProgramPhase.PENDING):
         return False
