@@ -10,8 +10,8 @@ per host address; idle connections are kept per address, each opened with the
 slice's token of the moment, and one that its host closed is not reused. A host
 with no data channel, or one that cannot be reached there, gets gRPC `Put` and `Fetch`, as does
 every host where ``PATHWAYS_CLIENT_DATA_CHANNEL=off`` (a network that admits only
-the hosts' gRPC port), and a put whose connection the host closed unanswered goes over
-gRPC `Put` instead.
+the hosts' gRPC port), and a put or fetch whose connection the host closed unanswered, or
+turned away as one too many (`data_frames.BUSY`), goes over gRPC instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import grpc
 
 from pathways.host_channels import HostChannels
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.data_frames import DataConnection
+from pathways_wire.data_frames import BUSY, DataChannelError, DataConnection
 from pathways_wire.transfer import FetchTarget, Receive
 from pathways_wire.env_flags import switch_on
 
@@ -66,8 +66,10 @@ class HostData:
         as it may (`port_connections.MAX_PENDING_HELLOS`: a flood of connections that
         never say one), or when it closed an idle one just as it was taken. What it
         received of the values before the end needs no undoing: a host takes a piece it
-        already has once. Raises `DataChannelError` for a value the host refused (its
-        code and why) and `OSError` for a put that timed out."""
+        already has once. Likewise where the channel turned the connection away as one too
+        many (`BUSY`: it serves as many clients' connections as it may). Raises
+        `DataChannelError` for a value the host refused (its code and why) and `OSError`
+        for a put that timed out."""
         try:
             with self._connection(address) as conn:
                 if conn is None:
@@ -78,17 +80,29 @@ class HostData:
             log.info("the data channel of host %s closed the connection of a put (%s); putting over gRPC",
                      address, err)
             return False
+        except DataChannelError as err:
+            if err.code != BUSY:
+                raise
+            log.info("the data channel of host %s turned a put's connection away (%s); putting over gRPC",
+                     address, err)
+            return False
 
     def receive(self, address: str, fallback: Receive) -> Receive:
         """How a fetch gets the pieces of the host at `address`: over its data channel,
         read straight into the value, or by `fallback` (gRPC) where it has none."""
 
         def receive(request: pb.FetchRequest, target: FetchTarget, host: str) -> None:
-            with self._connection(address) as conn:
-                if conn is None:
-                    fallback(request, target, host)
-                else:
-                    conn.fetch(request, target, host)
+            try:
+                with self._connection(address) as conn:
+                    if conn is not None:
+                        conn.fetch(request, target, host)
+                        return
+            except DataChannelError as err:
+                if err.code != BUSY:
+                    raise
+                log.info("the data channel of host %s turned a fetch's connection away (%s); fetching over gRPC",
+                         address, err)
+            fallback(request, target, host)
 
         return receive
 

@@ -13,6 +13,8 @@ piece frames, each followed by its `nbytes` raw bytes, and the receiver answers 
 value with a `PutReply` (an `error` and gRPC-style `code` when it refused it). A client
 may instead send a `FetchRequest`: the host answers with a `PutReply` saying how many
 piece frames follow (or why none do), then its pieces of the value, each with its bytes.
+A receiver that serves as many connections as it may answers a new one's first exchange
+with a `PutReply` of code `BUSY` and closes it: the sender sends another way or later.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ MAX_FRAME_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 5.0
 JOINED_BYTES = 64 << 10
 """A piece up to this size goes in the same write as its header: one segment, not two."""
+BUSY = "UNAVAILABLE"
+"""The code of an answer that refuses the connection rather than a value: the receiver
+serves as many as it may (`port_connections.MAX_SERVED`, `MAX_CLIENTS_SERVED`). Nothing
+sent on it was taken, so the sender may send it all again another way (gRPC) or later."""
 
 
 class DataChannelError(Exception):

@@ -17,7 +17,10 @@ does its call whose link to the controller's calls port has to connect then
 loop goes on (`accept_each`). Past the hello, a port serves at most `MAX_SERVED`
 connections at once, a thread or two each: a client's token is in user code (a program's
 driver), and its connections, idle for minutes, must not take the threads of everyone
-else's. Past that bound a connection is refused, and the sender sees why. On a port whose
+else's. Past that bound a connection is refused, and the sender sees why. On a host's data
+channel, connections of clients (the client form of the slice's token) are served at most
+`MAX_CLIENTS_SERVED` of them, so the rest stays for the peer hosts that push the values
+other slices wait for. On a port whose
 callers present tokens of their own (the controller's calls port: one per program), one
 token is served at most `MAX_SERVED_PER_CALLER` connections at once (`CallerCount`), so a
 single driver cannot hold all of them either.
@@ -41,6 +44,11 @@ MAX_SERVED = 256
 """Connections a port serves at once once their hello passed: each client keeps one on the
 controller's calls port and at most a few idle ones on a host's data channel, and each peer
 host at most one per sending thread."""
+MAX_CLIENTS_SERVED = MAX_SERVED * 3 // 4
+"""Clients' connections a host's data channel serves at once: the other quarter of
+`MAX_SERVED` is kept for its peer hosts. Every client of a slice presents the same client
+token, from user code, so a driver that held connections by the hundred would otherwise
+turn away the pushes that every computation consuming another slice's value waits for."""
 MAX_SERVED_PER_CALLER = 16
 """Connections one caller's token is served at once on a port of many callers' tokens: a
 client keeps one on the controller's calls port (and makes a new one after a drop)."""
@@ -167,3 +175,8 @@ def awaiting_hello(name: str) -> ConnectionCount:
 def served(name: str) -> ConnectionCount:
     """A port's count of connections it serves, their hello passed."""
     return ConnectionCount(name, MAX_SERVED, "are served")
+
+
+def clients_served(name: str) -> ConnectionCount:
+    """A data channel's count of the clients' connections it serves (`MAX_CLIENTS_SERVED`)."""
+    return ConnectionCount(name, MAX_CLIENTS_SERVED, "of clients are served")

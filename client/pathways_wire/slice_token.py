@@ -16,9 +16,14 @@ no token, and only when no token file was named at all: for a host started by ha
 on one machine.
 
 A slice's clients never see that token. What they hold is its client form
-(`client_token`), derived one way from it: the controller gives clients and the
-peers of a cross-slice route only that, and a host lets it into the methods that
-put and fetch values (`CLIENT_METHODS`, and the data channel) and nowhere else.
+(`client_token`), derived one way from it: the controller gives clients only that,
+and a host lets it into the methods that put and fetch values (`CLIENT_METHODS`, and
+the data channel) and nowhere else. The sidecars that send values along a cross-slice
+route hold its route form (`route_token`), derived the same way under another context:
+it opens putting values (`ROUTE_METHODS`, and sending on the data channel) and nothing
+else, and it lets the host tell a route's pushes, which other slices' computations
+wait for, from its clients' connections, which come from user code
+(`port_connections.MAX_CLIENTS_SERVED`).
 The host-internal doors, the sidecar's `Control` stream and control port, and the
 worker's `Session` and session port, take the slice token alone: a driver (a
 program's own code) that could speak to them could tell its worker to map any
@@ -48,16 +53,28 @@ OPEN_METHODS = frozenset({"/pathways.v1alpha1.Dataflow/Health"})
 """Methods callable without the token: health probes carry no secret."""
 CLIENT_METHODS = frozenset({"/pathways.v1alpha1.Dataflow/Put", "/pathways.v1alpha1.Dataflow/Fetch"})
 """Methods a slice's client token opens besides the data channel: putting and fetching values."""
+ROUTE_METHODS = frozenset({"/pathways.v1alpha1.Dataflow/Put"})
+"""Methods a slice's route token opens besides sending on the data channel: putting values."""
 CLIENT_CONTEXT = b"pathways.v1alpha1 client access"
+ROUTE_CONTEXT = b"pathways.v1alpha1 route access"
 
 
 def client_token(token: str) -> str:
     """The client form of slice token `token` ("" for none): what the controller hands
-    its clients and the senders of cross-slice routes (see the module)."""
+    its clients (see the module)."""
     if not token:
         return ""
     digest = hmac.new(token.encode(), CLIENT_CONTEXT, hashlib.sha256).digest()
     return "c." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def route_token(token: str) -> str:
+    """The route form of slice token `token` ("" for none): what the controller hands
+    the sidecars that send values to the slice along a cross-slice route (see the module)."""
+    if not token:
+        return ""
+    digest = hmac.new(token.encode(), ROUTE_CONTEXT, hashlib.sha256).digest()
+    return "r." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def new_token() -> str:

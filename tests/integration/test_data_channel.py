@@ -27,10 +27,10 @@ import pytest
 from pathways.host_data import HostData
 from pathways_wire import transfer
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.slice_token import client_token
+from pathways_wire.slice_token import client_token, route_token
 from pathways_worker.sidecar.byte_budget import ByteBudget
 from pathways_wire.data_frames import HELLO, PIECE, REPLY, read_frame, send_frame
-from pathways_wire.data_frames import DataChannelError, DataConnection
+from pathways_wire.data_frames import BUSY, DataChannelError, DataConnection
 from pathways_worker.sidecar.data_channel import DataChannelServer, DataLink, Refusal
 from pathways_worker.shared_memory import KeptMaps, ShmDir, map_value
 from pathways_worker.sidecar.inbox import Inbox
@@ -573,22 +573,93 @@ def test_a_clients_put_that_a_flooded_channel_turns_away_unanswered_is_left_to_g
     data.close()
 
 
+def held_connections(receiver: Receiver, count: int, token: str = TOKEN) -> list[socket.socket]:
+    """`count` connections past their hello, each served, opened in steps the server takes
+    whole within the bound on unsaid hellos."""
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            held += [raw_connection(receiver, token) for _ in range(min(16, count - len(held)))]
+            wait_until(lambda: receiver.server.served == len(held), "the held connections served")
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    return held
+
+
 def test_senders_past_the_bound_of_served_connections_are_refused_saying_so(
     receiver: Receiver, tmp_path: Path,
 ) -> None:
     from pathways_wire.port_connections import MAX_SERVED
 
-    held: list[socket.socket] = []
+    held = held_connections(receiver, MAX_SERVED)
     try:
-        for _ in range(MAX_SERVED // 16):  # in steps the server takes whole, within the bound on hellos
-            held += [raw_connection(receiver) for _ in range(16)]
-            wait_until(lambda: receiver.server.served == len(held), "the held connections served")
         with raw_connection(receiver) as extra:
             reply = refusal(extra)
-        assert reply.code == "RESOURCE_EXHAUSTED" and f"{MAX_SERVED} connections are served" in reply.error
+        assert reply.code == BUSY and f"{MAX_SERVED} connections are served" in reply.error
     finally:
         for sock in held:
             sock.close()
     once_served(lambda: receiver.link().send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False),
                 (OSError, DataChannelError), "the data channel")
     np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+
+
+def test_clients_past_their_share_of_served_connections_are_turned_away_while_a_routes_sender_is_served(
+    receiver: Receiver, tmp_path: Path,
+) -> None:
+    """Every client of a slice presents its client token, so a driver holding connections
+    by the hundred takes the clients' share only: the pushes of a cross-slice route (its
+    route token) and of the slice's own hosts still get in."""
+    from pathways_wire.port_connections import MAX_CLIENTS_SERVED
+
+    held = held_connections(receiver, MAX_CLIENTS_SERVED, client_token(TOKEN))
+    try:
+        with raw_connection(receiver, client_token(TOKEN)) as extra:
+            reply = refusal(extra)
+        assert reply.code == BUSY, reply
+        assert f"{MAX_CLIENTS_SERVED} clients' connections are served" in reply.error, reply.error
+        receiver.link(token=route_token(TOKEN)).send(exported_value(tmp_path, VALUE, 2), handover=False, movable=False)
+        np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+        receiver.link().send(exported_value(tmp_path, VALUE * 2, 2, "call-2"), handover=False, movable=False)
+        assert [a.call_id for a in receiver.arrivals] == ["call-1", "call-2"]
+    finally:
+        for sock in held:
+            sock.close()
+    once_served(lambda: DataConnection(receiver.address, "client", client_token(TOKEN), 30.0).put(
+        [[transfer.whole_value_piece("call-3", pb.ValueRef(node=3, index=0), VALUE)]]
+    ), (OSError, DataChannelError), "a client's connection")
+
+
+def test_a_clients_put_and_fetch_that_the_channel_turns_away_as_one_too_many_go_over_grpc(
+    receiver: Receiver,
+) -> None:
+    from pathways_wire.port_connections import MAX_CLIENTS_SERVED
+
+    data = HostData(_HealthOf(receiver), "client", 30.0)  # type: ignore[arg-type]
+    piece = transfer.whole_value_piece("call-1", pb.ValueRef(node=3, index=0), VALUE)
+    over_grpc: list[pb.FetchRequest] = []
+    held = held_connections(receiver, MAX_CLIENTS_SERVED, client_token(TOKEN))
+    try:
+        assert data.put("host-a", [piece]) is False
+        data.receive("host-a", lambda request, target, host: over_grpc.append(request))(
+            fetch_request(), transfer.FetchTarget("v"), "host-a"
+        )
+        assert [r.call_id for r in over_grpc] == ["call-1"]
+        assert receiver.arrivals == []
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: data.put("host-a", [piece]), "a put over the data channel once the connections closed")
+    np.testing.assert_array_equal(arrived(receiver, VALUE), VALUE)
+    data.close()
+
+
+def test_a_routes_token_sends_values_but_fetches_nothing(receiver: Receiver) -> None:
+    conn = DataConnection(receiver.address, "route-sender", route_token(TOKEN), timeout_s=30.0)
+    assert conn.put([[transfer.whole_value_piece("call-1", pb.ValueRef(node=3, index=0), VALUE)]]) == 1
+    with pytest.raises(DataChannelError, match="route's token opens sending values only") as refused:
+        conn.fetch(fetch_request(), transfer.FetchTarget("v"), "receiver")
+    assert refused.value.code == "INVALID_ARGUMENT"
+    conn.close()

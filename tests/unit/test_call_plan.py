@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.slice_token import client_token
+from pathways_wire.slice_token import client_token, route_token
 from pathways_operator.controller.plans import (
     INLINE_OUTPUT_BYTES, call_launches, host_program, place_object, plan_call,
 )
@@ -118,14 +118,14 @@ def test_each_host_program_carries_only_its_own_slices_artifacts() -> None:
     assert [(c.index, c.artifact) for c in msg.program.computations] == [(0, b""), (1, b"artifact-1"), (2, b"")]
 
 
-def test_routes_and_the_reply_carry_each_hosts_client_token_never_its_slice_token() -> None:
+def test_routes_carry_each_hosts_route_token_and_the_reply_its_client_token_never_its_slice_token() -> None:
     slices = {"a": slice_record("a", 2, token="tok-a"), "b": slice_record("b", 1, token="tok-b")}
     reply, launches = plan_call(two_slice_program(), "c1", "prog", slices)
     (a_route,) = launches["a"][0].routes
     (b_route,) = launches["b"][0].routes
     a, b = client_token("tok-a"), client_token("tok-b")
-    assert list(a_route.destination_tokens) == [b]
-    assert list(b_route.destination_tokens) == [a, a]
+    assert list(a_route.destination_tokens) == [route_token("tok-b")]
+    assert list(b_route.destination_tokens) == [route_token("tok-a")] * 2
     assert dict(reply.host_tokens) == {"10.0.a.0:1": a, "10.0.a.1:1": a, "10.0.b.0:1": b}
     assert not {"tok-a", "tok-b"} & {*reply.host_tokens.values(), *a_route.destination_tokens}
 
@@ -162,7 +162,7 @@ def test_an_object_input_is_used_in_place_on_its_slice_and_sent_host_to_host_to_
     assert forward is not None
     assert (forward.call_id, forward.input.node, forward.input.index, forward.object) == ("c1", -1, 0, obj)
     assert list(forward.destinations) == ["10.0.b.0:1", "10.0.b.1:1", "10.0.c.0:1"]
-    assert list(forward.destination_tokens) == [client_token("tok-b")] * 2 + [client_token("tok-c")]
+    assert list(forward.destination_tokens) == [route_token("tok-b")] * 2 + [route_token("tok-c")]
     assert forward.spec == F32.to_proto()
 
 

@@ -14,7 +14,7 @@ import pytest
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.grant_runs import grants_in
-from pathways_wire.slice_token import client_token
+from pathways_wire.slice_token import route_token
 from pathways_operator.controller.calls import Calls
 from pathways_operator.controller.programs import Programs
 from pathways_operator.controller.slices import SliceRecord, SliceTable
@@ -88,7 +88,7 @@ def test_an_object_read_on_another_slice_is_forwarded_by_its_holding_hosts() -> 
     for link in holder.links:
         forward = link.sent[-1].forward  # type: ignore[attr-defined]
         assert (forward.call_id, forward.object.call_id, forward.input.index) == ("read", "made", 0)
-        assert list(forward.destinations) == ["10.0.r.0:1"] and list(forward.destination_tokens) == [client_token("tok-r")]
+        assert list(forward.destinations) == ["10.0.r.0:1"] and list(forward.destination_tokens) == [route_token("tok-r")]
     (launch,) = [c.launch for c in reader.links[0].sent if c.HasField("launch")]  # type: ignore[attr-defined]
     assert [(e.value.node, e.value.index, e.senders) for e in launch.expects] == [(-1, 0, 2)]
     assert not launch.aliases

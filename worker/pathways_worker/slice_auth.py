@@ -7,8 +7,9 @@ message saying which metadata entry it lacked; the servicer never sees the call.
 comparison is constant-time. Methods in `slice_token.OPEN_METHODS` (Health) stay open, and
 tell a caller without the token no more than that the host lives (`holds_token`).
 The slice's client token (`slice_token.client_token`) opens only the methods a host's
-server names as its clients' (the sidecar's Put and Fetch); every other method wants
-the slice token itself.
+server names as its clients' (the sidecar's Put and Fetch), its route token
+(`slice_token.route_token`) only those it names as its routes' (the sidecar's Put); every
+other method wants the slice token itself.
 An interceptor without a token is refused at construction unless its host was started
 with ``--insecure-no-token``: an empty token never silently means "let everyone in".
 """
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pathways_wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS, client_token
+from pathways_wire.slice_token import INSECURE_FLAG, METADATA_KEY, OPEN_METHODS, client_token, route_token
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,12 @@ class SliceTokenInterceptor(_Interceptor):
 
     ``insecure``: the host was started with ``--insecure-no-token``; only then may
     ``token`` be empty, and then every call is let in. ``client_methods``: those the
-    slice's client token also opens.
+    slice's client token also opens; ``route_methods``: those its route token also opens.
     """
 
     def __init__(
-        self, token: str, host_name: str, *, insecure: bool = False, client_methods: frozenset[str] = frozenset()
+        self, token: str, host_name: str, *, insecure: bool = False, client_methods: frozenset[str] = frozenset(),
+        route_methods: frozenset[str] = frozenset(),
     ) -> None:
         if not token and not insecure:
             raise ValueError(
@@ -51,6 +53,8 @@ class SliceTokenInterceptor(_Interceptor):
         self._token = token.encode()
         self._client_token = client_token(token).encode()
         self._client_methods = client_methods
+        self._route_token = route_token(token).encode()
+        self._route_methods = route_methods
         self._host = host_name
 
     def intercept_service(
@@ -68,8 +72,12 @@ class SliceTokenInterceptor(_Interceptor):
         is_client = hmac.compare_digest(presented.encode(), self._client_token)
         if is_client and method in self._client_methods:
             return handler
+        is_route = hmac.compare_digest(presented.encode(), self._route_token)
+        if is_route and method in self._route_methods:
+            return handler
         what = (
             "presented the slice's client token, which opens only putting and fetching values" if is_client
+            else "presented the slice's route token, which opens only putting values" if is_route
             else "presented another slice's token" if presented else f"presented no {METADATA_KEY} metadata"
         )
         message = (
@@ -80,13 +88,13 @@ class SliceTokenInterceptor(_Interceptor):
         return _refusal(handler, message)
 
     def holds_token(self, metadata: Any) -> bool:
-        """Whether a call's metadata presents the slice's token or its client form (any
-        call does, on a host started without a token): what an open method asks before it
-        tells more than that the host lives."""
+        """Whether a call's metadata presents the slice's token, its client form or its route
+        form (any call does, on a host started without a token): what an open method asks
+        before it tells more than that the host lives."""
         if not self._token:
             return True
         presented = _presented(metadata).encode()
-        return hmac.compare_digest(presented, self._token) or hmac.compare_digest(presented, self._client_token)
+        return any(hmac.compare_digest(presented, t) for t in (self._token, self._client_token, self._route_token))
 
 
 def _presented(metadata: Any) -> str:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from pathways_wire import host_blocks, ir
 from pathways_wire import pathways_pb2 as pb
-from pathways_wire.slice_token import client_token
+from pathways_wire.slice_token import client_token, route_token
 from pathways_operator.controller.programs import PlanKey, ProgramRecord
 
 INLINE_OUTPUT_BYTES = 64 << 10
@@ -107,6 +107,7 @@ def plan_call(
     """Per-host launches for one call: routes, expected senders and outputs."""
     addresses = {vid: [h.sidecar_address for h in rec.hosts] for vid, rec in slices.items()}
     tokens = {a: client_token(rec.token) for vid, rec in slices.items() for a in addresses[vid]}
+    route_tokens = {a: route_token(rec.token) for vid, rec in slices.items() for a in addresses[vid]}
     consumers = program.consumers()
     producer_slice = {
         ir.ValueRef(c.index, i): c.slice
@@ -160,7 +161,7 @@ def plan_call(
             routes=[
                 pb.Route(
                     value=ref.to_proto(), destinations=dests,
-                    destination_tokens=[tokens[a] for a in dests],
+                    destination_tokens=[route_tokens[a] for a in dests],
                     destination_blocks=destination_blocks(program, ref, readers[ref], dests),
                 )
                 for ref, dests in sorted(routes[vid].items())
@@ -254,7 +255,7 @@ def place_object(
         for host in gang.hosts:
             if host.sidecar_address not in destinations:
                 destinations.append(host.sidecar_address)
-                tokens.append(client_token(gang.token))
+                tokens.append(route_token(gang.token))
     if destinations:
         placed.forward = pb.Forward(
             object=obj, call_id=call_id, input=value, spec=program.inputs[index].to_proto(),

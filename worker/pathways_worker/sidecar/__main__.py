@@ -40,7 +40,7 @@ def serve(settings: SidecarSettings) -> None:
     from pathways_wire import host_port
     from pathways_wire import pathways_pb2_grpc as pb_grpc
     from pathways_wire.session_frames import SessionPort
-    from pathways_wire.slice_token import CLIENT_METHODS
+    from pathways_wire.slice_token import CLIENT_METHODS, ROUTE_METHODS
     from pathways_wire.transfer import MAX_MESSAGE_BYTES
     from pathways_worker.sidecar.dataflow import Dataflow
     from pathways_worker.sidecar.dataflow_service import GRPC_THREADS, ControlFrames, DataflowService
@@ -53,6 +53,7 @@ def serve(settings: SidecarSettings) -> None:
     gate = SliceTokenInterceptor(
         settings.slice_token, settings.host_name, insecure=settings.insecure_no_token,
         client_methods=CLIENT_METHODS,
+        route_methods=ROUTE_METHODS,
     )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=GRPC_THREADS),

@@ -8,10 +8,14 @@ its gRPC port and advertises it in `HealthReply.data_address`; gRPC `Put` stays
 as the fallback when a host has no data channel.
 
 A connection starts with a `DataHello` frame (sender, and the receiving slice's
-token or its client form, `slice_token.client_token`, which clients and route
-senders hold; compared in constant time; a hello without either is refused), whole within
+token, its client form `slice_token.client_token`, which clients hold, or its route
+form `slice_token.route_token`, which the senders of cross-slice routes hold; compared
+in constant time; a hello without one is refused), whole within
 `session_frames.HELLO_TIMEOUT_S`; at most `port_connections.MAX_PENDING_HELLOS` connections
-await theirs at once, and at most `port_connections.MAX_SERVED` are served. A server is made
+await theirs at once, and at most `port_connections.MAX_SERVED` are served, of which at
+most `port_connections.MAX_CLIENTS_SERVED` are clients': the rest stays for the route
+senders and the slice's own hosts. A connection past a bound is answered `BUSY`, and a
+client then puts over gRPC. A server is made
 without a token only for a host started with ``--insecure-no-token``.
 Then each value is a run of piece frames, exactly what a Put stream would
 carry: a `BufferHeader` (validated by `transfer.check_header`, like Put's)
@@ -53,6 +57,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pathways_wire.data_frames import (
+    BUSY,
     FETCH,
     HELLO,
     PIECE,
@@ -63,9 +68,11 @@ from pathways_wire.data_frames import (
     send_frame,
 )
 from pathways_wire import host_port
-from pathways_wire.port_connections import MAX_SERVED, accept_each, awaiting_hello, served
+from pathways_wire.port_connections import (
+    MAX_CLIENTS_SERVED, MAX_SERVED, accept_each, awaiting_hello, clients_served, served,
+)
 from pathways_wire.session_frames import read_hello, shut
-from pathways_wire.slice_token import client_token
+from pathways_wire.slice_token import client_token, route_token
 from pathways_wire.transfer import TransferError, check_header, exported_headers
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.shared_memory import KeptMaps, remove_pieces
@@ -127,13 +134,14 @@ class DataChannelServer:
         self._transfers = transfers or TransferStats()
         self._host_name = host_name
         self._token = token
-        self._tokens = (token.encode(), client_token(token).encode())
-        """What a hello may present: the slice token, or its client form."""
+        self._tokens = (token.encode(), client_token(token).encode(), route_token(token).encode())
+        """What a hello may present: the slice token, its client form, or its route form."""
         self._listener = socket.create_server((host, port), family=host_port.family(host), backlog=64)
         self._closed = threading.Event()
         self.port = int(self._listener.getsockname()[1])
         self._pending = awaiting_hello(f"host {host_name}: data channel")
         self._served = served(f"host {host_name}: data channel")
+        self._clients = clients_served(f"host {host_name}: data channel")
         threading.Thread(
             target=accept_each, args=(self._listener, self._pending, self._serve, "data-conn", self._closed.is_set),
             name="data-accept", daemon=True,
@@ -152,7 +160,8 @@ class DataChannelServer:
     def _serve(self, conn: socket.socket, peer: str) -> None:
         """Serves a sender's connection once its hello presents a token; the room it took
         among the connections awaiting their hello goes back once the hello is read, whole
-        within `HELLO_TIMEOUT_S`. Past `MAX_SERVED` connections served, one is refused."""
+        within `HELLO_TIMEOUT_S`. Past `MAX_SERVED` connections served, or a client's past
+        `MAX_CLIENTS_SERVED` clients' connections, one is refused (`BUSY`)."""
         with conn:
             try:
                 hello = pb.DataHello()
@@ -163,23 +172,37 @@ class DataChannelServer:
                     self._pending.give_back()
                 conn.settimeout(FRAME_TIMEOUT_S)
                 presented = hello.token.encode()
-                if self._token and not any(hmac.compare_digest(presented, t) for t in self._tokens):
+                own, client, route = (
+                    (hmac.compare_digest(presented, t) for t in self._tokens) if self._token else (True, False, False)
+                )
+                if not (own or client or route):
                     what = "presented another token" if hello.token else "presented no token"
                     raise TransferError(
                         "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
                     )
-                if not self._served.take():
-                    self._refuse(conn, "RESOURCE_EXHAUSTED", (
-                        f"host {self._host_name}: {MAX_SERVED} connections are served here already; "
-                        "send on one of yours, or once one has closed"
+                if client and not self._clients.take():
+                    self._refuse(conn, BUSY, (
+                        f"host {self._host_name}: {MAX_CLIENTS_SERVED} clients' connections are served here "
+                        "already, the rest being kept for the routes into its slice; send on one of yours, over gRPC, "
+                        "or once one has closed"
                     ))
                     return
                 try:
-                    bounce = memoryview(bytearray(BOUNCE_BYTES))
-                    while self._value(conn, bounce):
-                        pass
+                    if not self._served.take():
+                        self._refuse(conn, BUSY, (
+                            f"host {self._host_name}: {MAX_SERVED} connections are served here already; "
+                            "send on one of yours, over gRPC, or once one has closed"
+                        ))
+                        return
+                    try:
+                        bounce = memoryview(bytearray(BOUNCE_BYTES))
+                        while self._value(conn, bounce, may_fetch=not route):
+                            pass
+                    finally:
+                        self._served.give_back()
                 finally:
-                    self._served.give_back()
+                    if client:
+                        self._clients.give_back()
             except TransferError as err:
                 self._refuse(conn, "INVALID_ARGUMENT", f"host {self._host_name}: {err}")
             except BudgetError as err:
@@ -190,8 +213,9 @@ class DataChannelServer:
                 log.exception("data connection from %s failed", peer)
                 self._refuse(conn, "INTERNAL", f"host {self._host_name}: {type(err).__name__}: {err}")
 
-    def _value(self, conn: socket.socket, bounce: memoryview) -> bool:
-        """Receives one value's pieces from this sender and answers; False at a clean end."""
+    def _value(self, conn: socket.socket, bounce: memoryview, may_fetch: bool = True) -> bool:
+        """Receives one value's pieces from this sender and answers; False at a clean end.
+        A route sender (`may_fetch` False) only sends: its fetch is refused."""
         pieces = 0
         while True:
             conn.settimeout(IDLE_TIMEOUT_S if pieces == 0 else FRAME_TIMEOUT_S)
@@ -205,6 +229,8 @@ class DataChannelServer:
                 return False
             conn.settimeout(FRAME_TIMEOUT_S)
             if head[0] == FETCH and not pieces:
+                if not may_fetch:
+                    raise TransferError("fetch", "a route's token opens sending values only, not fetching them")
                 self._answer_fetch(conn)
                 return True
             header = pb.BufferHeader()
