@@ -19,6 +19,12 @@ the runtime (`bench.floors.BackgroundLoad`: the slice's CPU per step beyond `jax
 as a share of the cores at (a)'s step time) beside `jax.jit` alone, the two timed in
 turns: what that much CPU beside the computation costs `jax.jit` itself.
 
+What the batch's trip costs (a), same run: after each of (a)'s repeats, as many steps of
+a second training from (a)'s start whose batches an identity computation left on the slice
+beforehand, so no step sends one; their time against `jax.jit`'s, and the CPU each process
+spends per step then, show how much of (a)'s overhead is the batch going client →
+sidecar → worker every step.
+
 Every setup trains from the same parameters on the same batches for the same number of
 steps, and the note of each row gives both final losses, so a row whose computation
 differs shows. Batches are made before the clock starts.
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -140,41 +147,71 @@ LOSS_BYTES = 4
 """A float32 loss: what each repeat fetches to learn where training stands."""
 
 
+@dataclass
+class _Resident:
+    """(a) again with each step's batch already on the slice: ms per step of each repeat,
+    and each process's ms of CPU per step, by role."""
+
+    times: list[float] = field(default_factory=list)
+    cpu: dict[str, list[float]] = field(default_factory=dict)
+
+
 def _pathways(
     devices: int, steps: int, repeats: int, profile_steps: int = 0,
-    in_turns: Callable[[], None] | None = None,
+    in_turns: Callable[[], None] | None = None, resident: _Resident | None = None,
 ) -> tuple[list[float], float, pw.ClientTraffic, dict[str, list[float]]]:
     """ms per step of each repeat, the final loss, the client's traffic over the timed
     steps, and (``profile_steps`` > 0) each process's ms of CPU per step, by role, over
     that many more steps per repeat. `in_turns` runs before each repeat: the baseline's
-    own repeat, so the two take turns."""
+    own repeat, so the two take turns. With `resident`, each repeat is followed by as many
+    steps whose batches were put on the slice beforehand (the outputs of an identity
+    computation, so no step sends one), timed into `resident`, and profiled likewise."""
     vslice = pw.make_virtual_device_set().add_slice(devices=devices)
     step_fn = pw.jit(mlp.sgd_step, slice=vslice, in_shardings=(None, P("x"), P("x")),
                      out_shardings=(None, None))
+    keep = pw.jit(lambda x, y: (x + 0.0, y + 0.0), slice=vslice, in_shardings=(P("x"), P("x")),
+                  out_shardings=(P("x"), P("x")))
 
     @pw.program(name=f"mlp-step-{devices}")
     def train(params: Any, x: Any, y: Any) -> Any:
         return step_fn(params, x, y)
 
+    @pw.program(name=f"mlp-batch-{devices}")
+    def put_batch(x: Any, y: Any) -> Any:
+        return keep(x, y)
+
     data = _batches(WARM_STEPS + steps * repeats)
+    on_slice = [put_batch(x, y) for x, y in data[WARM_STEPS:WARM_STEPS + steps]] if resident else []
     params: Any = mlp.init_params()
     for x, y in data[:WARM_STEPS]:
         params, loss = train(params, x, y)
     float(np.asarray(loss))
+    resident_params = params  # a training of its own, so (a)'s losses stay jax.jit's
     runtime = pw.default_runtime()
-    before = runtime.traffic
+    traffic = pw.ClientTraffic()
     times, i = [], WARM_STEPS
     for _ in range(repeats):
         if in_turns is not None:
             in_turns()
+        before = runtime.traffic
         start = time.perf_counter()
         for x, y in data[i:i + steps]:
             params, loss = train(params, x, y)
         last = float(np.asarray(loss))
         times.append((time.perf_counter() - start) / steps * 1e3)
+        spent = runtime.traffic - before
+        traffic = pw.ClientTraffic(traffic.sent + spent.sent, traffic.received + spent.received)
         i += steps
-    traffic = runtime.traffic - before
-    cpu = _step_cpu(floors.cluster_pids(runtime), train, params, data, profile_steps, repeats)
+        if resident is not None:
+            start = time.perf_counter()
+            for x, y in on_slice:
+                resident_params, resident_loss = train(resident_params, x, y)
+            float(np.asarray(resident_loss))
+            resident.times.append((time.perf_counter() - start) / steps * 1e3)
+    pids = floors.cluster_pids(runtime)
+    cpu = _step_cpu(pids, train, params, data, profile_steps, repeats)
+    if resident is not None:
+        resident.cpu = _step_cpu(pids, train, resident_params, on_slice, profile_steps, repeats)
     return times, last, traffic, cpu
 
 
@@ -261,18 +298,40 @@ def _cpu_figures(jit_cpu: list[float], cpu: dict[str, list[float]], base: Figure
     return out
 
 
+def _resident_figures(resident: _Resident, cpu: dict[str, list[float]], base: Figure, a: Figure) -> list[Figure]:
+    """What the batch's trip from the client costs (a): the same steps with each batch
+    already on the slice, timed in turns with (a) and jax.jit, and the CPU per step each
+    process of the slice spends then."""
+    f = figure(EXP, "(a) floor: the 1-device slice with each step's batch already on it", "ms/step",
+               resident.times, baseline="jax.jit", baseline_samples=base.samples,
+               ratio=statistics.median(resident.times) / base.median,
+               note=f"each repeat right after (a)'s, on batches an identity computation left on the slice "
+                    f"beforehand, training parameters of its own from (a)'s start; (a) reads {a.ratio:.2f}× jax.jit: the rest is the "
+                    f"batch's trip, {a.median - statistics.median(resident.times):.2f} ms/step")
+    out = [f]
+    how = floors.per_step_note(PROFILE_STEPS)
+    for role, samples in resident.cpu.items():
+        beyond = statistics.median(cpu[role]) - statistics.median(samples) if role in cpu else float("nan")
+        out.append(figure(EXP, f"(a) CPU per step with the batch already on the slice: its {role}",
+                          "ms CPU/step", samples, note=f"{how}; (a)'s {role} spends {beyond:.2f} ms more"))
+    return out
+
+
 def run(steps: int, repeats: int) -> list[Figure]:
     batch_kib = mlp.batch_bytes() / 1024
     params_mib = mlp.param_bytes(mlp.init_params()) / 2**20
 
     jit = _JaxJit(steps, repeats)
     pw.connect(islands={"island-a": 8}, devices_per_host=4)
-    one_ms, one_loss, one_traffic, one_cpu = _pathways(1, steps, repeats, PROFILE_STEPS, in_turns=jit.repeat)
+    resident = _Resident()
+    one_ms, one_loss, one_traffic, one_cpu = _pathways(
+        1, steps, repeats, PROFILE_STEPS, in_turns=jit.repeat, resident=resident,
+    )
     jit_ms, jit_loss, jit_cpu = jit.times, jit.last, jit.step_cpu(PROFILE_STEPS, repeats)
     base_a = figure(EXP, "jax.jit, one process, 1 device (repeats in turns with (a)'s)", "ms/step", jit_ms)
     a = _against("(a) 1-device slice", one_ms, base_a, "jax.jit", 1.2, "≤ 1.2× jax.jit",
                  f"final loss {one_loss:.6f} (jax.jit {jit_loss:.6f}); {params_mib:.1f} MiB of parameters")
-    profile_a = _cpu_figures(jit_cpu, one_cpu, base_a, a)
+    profile_a = _cpu_figures(jit_cpu, one_cpu, base_a, a) + _resident_figures(resident, one_cpu, base_a, a)
 
     mc_ms, mc_loss = _multi_controller(2, 4, steps, repeats)
     base_b = figure(EXP, "multi-controller JAX, 2 processes x 4 devices (gloo)", "ms/step", mc_ms)
