@@ -407,7 +407,10 @@ class Runtime:
         arrays: dict[int, np.ndarray],
     ) -> None:
         """Each host's inputs go in one Put stream: one stream per host, not per input.
-        Each host of a multi-host slice gets only the block of an input its devices read."""
+        Each host of a multi-host slice gets only the block of an input its devices read.
+        The streams run side by side on the client's I/O threads, but for the last host,
+        whose stream this thread sends itself while the others run: a call to a 1-host
+        slice hands its batch to no other thread, and waits for none."""
         per_host: dict[str, list[tuple[ir.ValueRef, np.ndarray, Block | None]]] = {}
         for i, array in arrays.items():
             if array.nbytes > INLINE_BYTES:
@@ -421,10 +424,12 @@ class Runtime:
                         (ir.ValueRef(ir.PROGRAM_INPUT, i), array, blocks.get(host))
                     )
         in_flight: list[Future[Any]] = []
+        if not per_host:
+            return
+        *others, (last, last_values) = per_host.items()
         try:
-            in_flight += [
-                self._pool.submit(self._put, host, call_id, values) for host, values in per_host.items()
-            ]
+            in_flight += [self._pool.submit(self._put, host, call_id, values) for host, values in others]
+            self._put(last, call_id, last_values)
             for fut in in_flight:
                 interruptible.result(fut)
         except BaseException as err:

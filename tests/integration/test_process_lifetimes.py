@@ -121,14 +121,15 @@ _BLOCKED_CLIENT = textwrap.dedent(
     main = threading.main_thread().ident
 
     def report_when_blocked():
-        # "in the call": the main thread waits inside the runtime's call
+        # "in the call": the main thread waits inside the runtime's call (for another
+        # thread, for gRPC, or for the host's answer to the put it sends itself)
         for _ in range(600):
             frame = sys._current_frames().get(main)
             stack = []
             while frame is not None:
                 stack.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
                 frame = frame.f_back
-            waiting = "threading.py" in stack[0] or "grpc" in stack[0]
+            waiting = any(w in stack[0] for w in ("threading.py", "grpc", "pathways_wire/data_frames.py"))
             if waiting and any("pathways/runtime.py" in f for f in stack):
                 print("BLOCKED", stack[:4], flush=True)
                 return
