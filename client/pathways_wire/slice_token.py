@@ -62,19 +62,21 @@ ROUTE_CONTEXT = b"pathways.v1alpha1 route access"
 def client_token(token: str) -> str:
     """The client form of slice token `token` ("" for none): what the controller hands
     its clients (see the module)."""
-    if not token:
-        return ""
-    digest = hmac.new(token.encode(), CLIENT_CONTEXT, hashlib.sha256).digest()
-    return "c." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return _derived(token, CLIENT_CONTEXT, "c.")
 
 
 def route_token(token: str) -> str:
     """The route form of slice token `token` ("" for none): what the controller hands
     the sidecars that send values to the slice along a cross-slice route (see the module)."""
+    return _derived(token, ROUTE_CONTEXT, "r.")
+
+
+def _derived(token: str, context: bytes, prefix: str) -> str:
+    """A form of `token` derived one way under `context` (HMAC-SHA256), as URL-safe text."""
     if not token:
         return ""
-    digest = hmac.new(token.encode(), ROUTE_CONTEXT, hashlib.sha256).digest()
-    return "r." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    digest = hmac.new(token.encode(), context, hashlib.sha256).digest()
+    return prefix + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def new_token() -> str:
