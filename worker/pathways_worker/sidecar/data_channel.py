@@ -180,27 +180,17 @@ class DataChannelServer:
                     raise TransferError(
                         "hello.token", f"sender {hello.sender or peer!r} {what}; only holders of this slice's token may send"
                     )
-                if client and not self._clients.take():
-                    self._refuse(conn, BUSY, (
-                        f"host {self._host_name}: {MAX_CLIENTS_SERVED} clients' connections are served here "
-                        "already, the rest being kept for the routes into its slice; send on one of yours, over gRPC, "
-                        "or once one has closed"
-                    ))
+                busy = self._admit(client)
+                if busy:
+                    self._refuse(conn, BUSY, f"host {self._host_name}: {busy}; send on one of yours, over gRPC, "
+                                             "or once one has closed")
                     return
                 try:
-                    if not self._served.take():
-                        self._refuse(conn, BUSY, (
-                            f"host {self._host_name}: {MAX_SERVED} connections are served here already; "
-                            "send on one of yours, over gRPC, or once one has closed"
-                        ))
-                        return
-                    try:
-                        bounce = memoryview(bytearray(BOUNCE_BYTES))
-                        while self._value(conn, bounce, may_fetch=not route):
-                            pass
-                    finally:
-                        self._served.give_back()
+                    bounce = memoryview(bytearray(BOUNCE_BYTES))
+                    while self._value(conn, bounce, may_fetch=not route):
+                        pass
                 finally:
+                    self._served.give_back()
                     if client:
                         self._clients.give_back()
             except TransferError as err:
@@ -212,6 +202,18 @@ class DataChannelServer:
             except Exception as err:  # a bug, or an input no check foresaw: this sender's end only
                 log.exception("data connection from %s failed", peer)
                 self._refuse(conn, "INTERNAL", f"host {self._host_name}: {type(err).__name__}: {err}")
+
+    def _admit(self, client: bool) -> str:
+        """Takes room for one more connection served (and a client's among the clients'),
+        or says which bound is reached ("" once admitted)."""
+        if client and not self._clients.take():
+            return (f"{MAX_CLIENTS_SERVED} clients' connections are served here already, the rest being "
+                    "kept for the routes into its slice")
+        if not self._served.take():
+            if client:
+                self._clients.give_back()
+            return f"{MAX_SERVED} connections are served here already"
+        return ""
 
     def _value(self, conn: socket.socket, bounce: memoryview, may_fetch: bool = True) -> bool:
         """Receives one value's pieces from this sender and answers; False at a clean end.
