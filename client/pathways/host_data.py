@@ -44,6 +44,14 @@ def data_channel_wanted(env: Mapping[str, str]) -> bool:
     return switch_on(env, SWITCH)
 
 
+def _unless_busy(err: DataChannelError, address: str, whose: str, doing: str) -> None:
+    """Raises `err` unless the channel turned the connection away as one too many
+    (`BUSY`), which it logs: the exchange then goes over gRPC."""
+    if err.code != BUSY:
+        raise err
+    log.info("the data channel of host %s turned %s connection away (%s); %s over gRPC", address, whose, err, doing)
+
+
 class HostData:
     """Data connections to the hosts' sidecars, opened on first use and reused."""
 
@@ -81,10 +89,7 @@ class HostData:
                      address, err)
             return False
         except DataChannelError as err:
-            if err.code != BUSY:
-                raise
-            log.info("the data channel of host %s turned a put's connection away (%s); putting over gRPC",
-                     address, err)
+            _unless_busy(err, address, "a put's", "putting")
             return False
 
     def receive(self, address: str, fallback: Receive) -> Receive:
@@ -98,10 +103,7 @@ class HostData:
                         conn.fetch(request, target, host)
                         return
             except DataChannelError as err:
-                if err.code != BUSY:
-                    raise
-                log.info("the data channel of host %s turned a fetch's connection away (%s); fetching over gRPC",
-                         address, err)
+                _unless_busy(err, address, "a fetch's", "fetching")
             fallback(request, target, host)
 
         return receive
