@@ -41,6 +41,9 @@ class FakeApi:
     def list_nodes(self) -> list[Json]:
         return self.nodes
 
+    def get_node(self, name: str) -> Json | None:
+        return next((n for n in self.nodes if n["metadata"]["name"] == name), None)
+
     def get_program(self, namespace: str, name: str) -> Json | None:
         return self.programs.get(name)
 

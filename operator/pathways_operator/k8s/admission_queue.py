@@ -329,17 +329,17 @@ class AdmissionQueue:
         promised there until its pod exists.
         """
         with self._lock:
-            listed = self._api.list_nodes()
             held = self._drivers.get(group)
             if held is not None:
-                if any(n.name == held.node and request.accepts(n) for n in inventory.nodes(listed, {})):
+                promised = self._api.get_node(held.node)
+                if promised is not None and all(request.accepts(n) for n in inventory.nodes([promised], {})):
                     return held.node
                 log.info("%s: Node %s, promised to its driver, takes it no more; placing it again",
                          request.program, held.node)
                 del self._drivers[group]
             all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
             used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
-            room = NodeRoom(inventory.nodes(listed, used))
+            room = NodeRoom(inventory.nodes(self._api.list_nodes(), used))
             where = room.place(request)
             if isinstance(where, str):
                 log.info("%s: %s; its pod is left to the Kubernetes scheduler", request.program, where)
