@@ -199,8 +199,7 @@ def _pathways(
             params, loss = train(params, x, y)
         last = float(np.asarray(loss))
         times.append((time.perf_counter() - start) / steps * 1e3)
-        spent = runtime.traffic - before
-        traffic = pw.ClientTraffic(traffic.sent + spent.sent, traffic.received + spent.received)
+        traffic += runtime.traffic - before
         i += steps
         if resident is not None:
             start = time.perf_counter()
@@ -306,8 +305,9 @@ def _resident_figures(resident: _Resident, cpu: dict[str, list[float]], base: Fi
                resident.times, baseline="jax.jit", baseline_samples=base.samples,
                ratio=statistics.median(resident.times) / base.median,
                note=f"each repeat right after (a)'s, on batches an identity computation left on the slice "
-                    f"beforehand, training parameters of its own from (a)'s start; (a) reads {a.ratio:.2f}× jax.jit: the rest is the "
-                    f"batch's trip, {a.median - statistics.median(resident.times):.2f} ms/step")
+                    f"beforehand, training parameters of its own from (a)'s start; (a) reads "
+                    f"{a.ratio:.2f}× jax.jit: the rest is the batch's trip, "
+                    f"{a.median - statistics.median(resident.times):.2f} ms/step")
     out = [f]
     how = floors.per_step_note(PROFILE_STEPS)
     for role, samples in resident.cpu.items():

@@ -135,6 +135,9 @@ class ClientTraffic:
     def __sub__(self, other: ClientTraffic) -> ClientTraffic:
         return ClientTraffic(self.sent - other.sent, self.received - other.received)
 
+    def __add__(self, other: ClientTraffic) -> ClientTraffic:
+        return ClientTraffic(self.sent + other.sent, self.received + other.received)
+
 
 class Runtime:
     """A connection to one controller and the hosts it places slices on."""
@@ -423,10 +426,10 @@ class Runtime:
                     per_host.setdefault(host, []).append(
                         (ir.ValueRef(ir.PROGRAM_INPUT, i), array, blocks.get(host))
                     )
-        in_flight: list[Future[Any]] = []
         if not per_host:
             return
         *others, (last, last_values) = per_host.items()
+        in_flight: list[Future[Any]] = []
         try:
             in_flight += [self._pool.submit(self._put, host, call_id, values) for host, values in others]
             self._put(last, call_id, last_values)
