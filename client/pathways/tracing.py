@@ -26,6 +26,7 @@ import numpy as np
 from pathways_wire import ir
 from pathways_wire.compiled_program import CompiledProgram, Feed
 from pathways_wire.errors import InvalidProgramError
+from pathways_wire.transfer import numeric_dtype
 from pathways_wire.wording import plural
 from pathways.array import Array
 from pathways.functions import SliceFunction
@@ -103,7 +104,7 @@ class Trace:
                     )
                 value = leaf
             else:
-                value = self.add_constant(_as_array(leaf))
+                value = self.add_constant(_as_array(leaf, f"{fn.describe()}: a constant argument"))
             refs.append(value.ref)
             specs.append(value.spec)
             producers.append(value.producer)
@@ -208,13 +209,21 @@ def _as_input(leaf: Any) -> np.ndarray | Array:
     return leaf if isinstance(leaf, Array) else _as_array(leaf)
 
 
-def _as_array(leaf: Any) -> np.ndarray:
+def _as_array(leaf: Any, what: str = "a value") -> np.ndarray:
     """A program argument as the array hosts receive: JAX's canonical dtype
-    (float64 becomes float32 unless jax_enable_x64 is set), C-contiguous."""
+    (float64 becomes float32 unless jax_enable_x64 is set), C-contiguous, of the
+    argument's own shape (a scalar stays one). `what` names it in an error."""
     if isinstance(leaf, Value):
         raise InvalidProgramError(f"{leaf!r} passed to a program call from outside its trace")
     array = np.asarray(leaf)
-    return np.ascontiguousarray(array, dtype=jax.dtypes.canonicalize_dtype(array.dtype))
+    if not numeric_dtype(array.dtype):
+        raise InvalidProgramError(
+            f"{what} is {type(leaf).__name__} of dtype {array.dtype.str!r} (numpy kind "
+            f"{array.dtype.kind!r}); a program takes numbers, booleans and arrays of them: "
+            "convert it, or keep it out of the call's arguments"
+        )
+    # not np.ascontiguousarray, which makes a scalar an array of one element
+    return np.asarray(array, dtype=jax.dtypes.canonicalize_dtype(array.dtype), order="C")
 
 
 class ProgramFunction:
@@ -238,7 +247,11 @@ class ProgramFunction:
     def _traced(self, args: tuple[Any, ...]) -> tuple[TracedProgram, list[np.ndarray | Array]]:
         """The trace for these arguments' shapes, and the arguments as the call's leaves."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
-        arrays = [_as_input(x) for x in leaves]
+        try:
+            arrays = [_as_input(x) for x in leaves]
+        except InvalidProgramError:
+            self._name_bad_argument(args)
+            raise
         specs = tuple(TensorSpec.of(a.shape, a.dtype) for a in arrays)
         key = (in_tree, specs)
         with self._lock:
@@ -247,6 +260,13 @@ class ProgramFunction:
                 hit = self._trace(in_tree, specs)
                 self._cache[key] = hit
             return hit, arrays
+
+    def _name_bad_argument(self, args: tuple[Any, ...]) -> None:
+        """Raises the error of the first argument leaf a program cannot take, naming it
+        by its place in the arguments (``args[1]['w']``)."""
+        for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+            if not isinstance(leaf, Array):
+                _as_array(leaf, f"program '{self.name}' argument args{jax.tree_util.keystr(path)}")
 
     def _trace(self, in_tree: Any, specs: tuple[TensorSpec, ...]) -> TracedProgram:
         if current_trace() is not None:
@@ -265,7 +285,7 @@ class ProgramFunction:
         refs: list[ValueRef] = []
         for leaf in out_leaves:
             if not isinstance(leaf, Value):
-                leaf = trace.add_constant(_as_array(leaf))
+                leaf = trace.add_constant(_as_array(leaf, f"program '{self.name}': a constant it returns"))
             refs.append(leaf.ref)
         if not trace.computations:
             raise InvalidProgramError(
@@ -289,10 +309,11 @@ class ProgramFunction:
         the next step (``{0: 0}``: the first returned value is the next first argument);
         each pair must have the same pytree structure, shapes and dtypes."""
         traced = self.trace(*args)
-        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(tuple(args))]
-        canonical = [
-            np.ascontiguousarray(a, dtype=jax.dtypes.canonicalize_dtype(a.dtype)) for a in leaves
-        ]
+        try:
+            canonical = [_as_array(x) for x in jax.tree_util.tree_leaves(tuple(args))]
+        except InvalidProgramError:
+            self._name_bad_argument(tuple(args))
+            raise
         inputs = tuple(np.asarray(x) for x in traced.flat_inputs(canonical))
         return CompiledProgram(traced.ir, inputs, traced.weight, traced.flat_feeds(feeds or {}))
 

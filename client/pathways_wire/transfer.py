@@ -109,6 +109,14 @@ def parse_dtype(name: str, field: str = "spec.dtype") -> np.dtype[Any]:
     return dtype
 
 
+def numeric_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether arrays of `dtype` can be values of a program: booleans, integers, floats,
+    complex numbers and ml_dtypes' types (what `parse_dtype` takes, byte order aside)."""
+    return dtype.names is None and dtype.subdtype is None and (
+        dtype.kind in "biufc" or dtype.name in _ML_DTYPES
+    )
+
+
 MAX_RANK = 64
 """numpy's bound on an array's dimensions: a spec with more describes no value."""
 

@@ -95,6 +95,25 @@ def test_a_handle_says_its_partition_spec_over_its_slice_mesh(runtime: pw.Runtim
 
 
 @pytest.mark.parametrize("devices", [1, 8])
+def test_scalar_inputs_and_outputs_stay_scalars_as_under_jax_jit(runtime: pw.Runtime, devices: int) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=devices)
+    step = pw.jit(lambda w, lr: (w - lr * w, lr * 0.5), slice=vslice)
+
+    @pw.program(name=f"scalars-{devices}")
+    def decay(w: Any, lr: Any) -> Any:
+        return step(w, lr)
+
+    w, lr = np.float32(4.0), np.float32(0.5)
+    expected = jax.jit(lambda w, lr: (w - lr * w, lr * 0.5))(w, lr)
+    for _ in range(2):  # the second step reads the first step's scalar handles on the hosts
+        w, lr = decay(w, lr)
+        assert (w.shape, lr.shape) == ((), ())
+    assert np.asarray(w).shape == ()
+    assert (float(w), float(lr)) == (4.0 * 0.5 * 0.75, 0.125)
+    assert [np.asarray(v).shape for v in expected] == [(), ()]
+
+
+@pytest.mark.parametrize("devices", [1, 8])
 def test_a_training_loop_sends_only_its_batches_after_the_first_step(
     runtime: pw.Runtime, devices: int
 ) -> None:

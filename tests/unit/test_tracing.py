@@ -127,3 +127,41 @@ def test_symbolic_values_refuse_python_control_flow() -> None:
 def test_program_weight_must_be_positive() -> None:
     with pytest.raises(pw.InvalidProgramError, match="weight"):
         pw.program(lambda x: x, weight=0)
+
+
+def test_scalar_arguments_and_constants_keep_their_rank() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    scale = pw.jit(lambda x, k: x * k, slice=s)
+
+    @pw.program
+    def g(x, k):  # type: ignore[no-untyped-def]
+        return scale(x, k), 2.0
+
+    for k in (np.float32(3.0), np.array(3.0), 3.0):
+        prog = g.trace(np.ones((2,), np.float32), k).ir
+        # the returned constant 2.0 is a third input, a scalar too
+        assert prog.inputs == (ir.TensorSpec((2,), "float32"),) + (ir.TensorSpec((), "float32"),) * 2
+    assert prog.computations[0].outputs == (ir.TensorSpec((2,), "float32"),)
+    compiled = g.compiled((np.ones((2,), np.float32), np.float32(3.0)))
+    assert [a.shape for a in compiled.inputs] == [(2,), (), ()]
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [(np.array(["a", "b"]), "'<U1'"), ("text", "'<U4'"), (np.array([object()]), "'|O'"),
+     (np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f4")]), "numpy kind 'V'")],
+)
+def test_a_non_numeric_argument_is_refused_naming_its_place_and_dtype(bad: object, named: str) -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    ident = pw.jit(lambda x: x, slice=s)
+
+    @pw.program
+    def g(x, params):  # type: ignore[no-untyped-def]
+        return ident(x)
+
+    with pytest.raises(pw.InvalidProgramError) as err:
+        g.trace(np.ones(2, np.float32), {"lr": np.float32(0.1), "w": bad})
+    assert "program 'g' argument args[1]['w']" in str(err.value)
+    assert named in str(err.value)
+    with pytest.raises(pw.InvalidProgramError, match=r"args\[1\]\['w'\]"):
+        g.compiled((np.ones(2, np.float32), {"lr": np.float32(0.1), "w": bad}))
