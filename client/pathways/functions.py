@@ -150,6 +150,28 @@ class SliceFunction:
         return compiled
 
     def _export(self, in_tree: Any, in_specs: tuple[TensorSpec, ...]) -> Compiled:
+        """`_exported`, where anything JAX raises for the function and these inputs (its
+        shapes, its shardings, its lowering) is an InvalidProgramError naming the function
+        and the inputs, the cause chained."""
+        try:
+            return self._exported(in_tree, in_specs)
+        except InvalidProgramError:
+            raise
+        except Exception as err:  # jax raises many types; all mean "cannot compile"
+            text = str(err)
+            hint = ""
+            if "callback" in text.lower() or "custom_call" in text.lower():
+                hint = (
+                    " Host callbacks (jax.debug.print, pure_callback, io_callback) cannot run "
+                    "on Pathways hosts: remove them from the function."
+                )
+            shown = ", ".join(str(s) for s in in_specs)
+            raise InvalidProgramError(
+                f"{self.describe()} cannot be compiled for inputs ({shown}): "
+                f"{type(err).__name__}: {text.splitlines()[0] if text else ''}{hint}"
+            ) from err
+
+    def _exported(self, in_tree: Any, in_specs: tuple[TensorSpec, ...]) -> Compiled:
         n = self.slice.devices_count
         structs = [jax.ShapeDtypeStruct(s.shape, np.dtype(s.dtype)) for s in in_specs]
         args = jax.tree_util.tree_unflatten(in_tree, structs)
@@ -205,25 +227,9 @@ class SliceFunction:
             jax.ShapeDtypeStruct(s.shape, np.dtype(s.dtype), sharding=sh)
             for s, sh in zip(in_specs, in_sh)
         ]
-        try:
-            jitted = jax.jit(flat_fn, in_shardings=tuple(in_sh), out_shardings=out_sh_all)
-            exported = jax.export.export(jitted, platforms=["cpu"])(*sharded)
-            artifact = bytes(exported.serialize())
-        except InvalidProgramError:
-            raise
-        except Exception as err:  # jax raises many types; all mean "cannot compile"
-            text = str(err)
-            hint = ""
-            if "callback" in text.lower() or "custom_call" in text.lower():
-                hint = (
-                    " Host callbacks (jax.debug.print, pure_callback, io_callback) cannot run "
-                    "on Pathways hosts: remove them from the function."
-                )
-            shown = ", ".join(str(s) for s in in_specs)
-            raise InvalidProgramError(
-                f"{self.describe()} cannot be compiled for inputs ({shown}): "
-                f"{type(err).__name__}: {text.splitlines()[0] if text else ''}{hint}"
-            ) from err
+        jitted = jax.jit(flat_fn, in_shardings=tuple(in_sh), out_shardings=out_sh_all)
+        exported = jax.export.export(jitted, platforms=["cpu"])(*sharded)
+        artifact = bytes(exported.serialize())
         out_specs = tuple(TensorSpec.of(a.shape, a.dtype) for a in exported.out_avals)
         return Compiled(
             artifact=artifact,

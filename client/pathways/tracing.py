@@ -246,6 +246,11 @@ class ProgramFunction:
 
     def _traced(self, args: tuple[Any, ...]) -> tuple[TracedProgram, list[np.ndarray | Array]]:
         """The trace for these arguments' shapes, and the arguments as the call's leaves."""
+        if current_trace() is not None:
+            raise InvalidProgramError(
+                f"program '{self.name}' called inside another program's trace; "
+                "call its body function directly instead"
+            )
         leaves, in_tree = jax.tree_util.tree_flatten(args)
         try:
             arrays = [_as_input(x) for x in leaves]
@@ -269,11 +274,6 @@ class ProgramFunction:
                 _as_array(leaf, f"program '{self.name}' argument args{jax.tree_util.keystr(path)}")
 
     def _trace(self, in_tree: Any, specs: tuple[TensorSpec, ...]) -> TracedProgram:
-        if current_trace() is not None:
-            raise InvalidProgramError(
-                f"program '{self.name}' called inside another program's trace; "
-                "call its body function directly instead"
-            )
         trace = Trace(self.name)
         symbolic = [trace.add_input(s, f"program input {i}") for i, s in enumerate(specs)]
         _local.trace = trace

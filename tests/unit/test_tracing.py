@@ -165,3 +165,43 @@ def test_a_non_numeric_argument_is_refused_naming_its_place_and_dtype(bad: objec
     assert named in str(err.value)
     with pytest.raises(pw.InvalidProgramError, match=r"args\[1\]\['w'\]"):
         g.compiled((np.ones(2, np.float32), {"lr": np.float32(0.1), "w": bad}))
+
+
+@pytest.mark.parametrize(
+    ("fn", "shardings", "cause"),
+    [(lambda x: x @ x, None, "TypeError: dot_general requires contracting dimensions"),
+     (lambda x: x, P("y"), "ValueError: Resource axis: y")],
+    ids=["shape error in the function", "unknown mesh axis"],
+)
+def test_a_jit_function_jax_refuses_is_an_invalid_program_naming_function_and_inputs(
+    fn: object, shardings: object, cause: str
+) -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    bad = pw.jit(fn, slice=s, in_shardings=shardings)  # type: ignore[arg-type]
+
+    @pw.program
+    def p(x):  # type: ignore[no-untyped-def]
+        return bad(x)
+
+    with pytest.raises(pw.InvalidProgramError) as info:
+        p.trace(np.ones((2, 3), np.float32))
+    text = str(info.value)
+    assert "cannot be compiled for inputs (float32[2, 3])" in text and "jit over 2 devices" in text, text
+    assert cause in text, text
+    assert info.value.__cause__ is not None, "JAX's own error stays chained"
+
+
+def test_a_program_called_inside_another_programs_trace_says_to_call_its_body() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    inc = pw.jit(lambda x: x + 1, slice=s)
+
+    @pw.program
+    def inner(x):  # type: ignore[no-untyped-def]
+        return inc(x)
+
+    @pw.program
+    def outer(x):  # type: ignore[no-untyped-def]
+        return inner(x)
+
+    with pytest.raises(pw.InvalidProgramError, match="program 'inner' called inside another program's trace"):
+        outer.trace(np.ones(2, np.float32))
