@@ -16,6 +16,7 @@ import grpc
 
 from pathways.credentials import PresentToken, slice_token
 from pathways_wire import pathways_pb2_grpc as pb_grpc
+from pathways_wire.errors import RuntimeUnavailableError
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -36,6 +37,7 @@ class HostChannels:
         self._channels: list[grpc.Channel] = []
         self._tokens: dict[str, str] = {}
         """Host address -> its slice's token, as the controller last said."""
+        self._closed = False
 
     def learn(self, tokens: Iterable[tuple[str, str]]) -> None:
         """Hosts' tokens the controller gave (the caller holds the lock)."""
@@ -50,7 +52,10 @@ class HostChannels:
         return self._tokens.get(address, "")
 
     def stub(self, address: str) -> pb_grpc.DataflowStub:
+        """The host's stub; after `close`, a RuntimeUnavailableError (never a closed channel)."""
         with self._lock:
+            if self._closed:
+                raise RuntimeUnavailableError(f"host {address}: this client's channels to the hosts are closed")
             stub = self._stubs.get(address)
             if stub is None:
                 channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
@@ -70,5 +75,9 @@ class HostChannels:
             channel.close()
 
     def close(self) -> None:
-        for channel in self._channels:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = self._channels, []
+            self._stubs.clear()
+        for channel in channels:
             channel.close()

@@ -163,6 +163,8 @@ class Runtime:
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pw-finish")
         self._fingerprints: dict[int, tuple[ir.Program, str]] = {}
         self._closing = False
+        self._closed = False
+        """Closed (`close`): its channels are gone, and nothing may use them (`_check_open`)."""
         self._controller_id = ""
         """The controller process this client placed its slices with ("" until the first)."""
         self.calls = 0
@@ -257,10 +259,11 @@ class Runtime:
         A call whose start loses its controller runs again, once, on the controller that replaces
         it within ``PATHWAYS_RECONNECT_S`` (:data:`RECONNECT_S`); its inputs are the client's.
         """
+        self._check_open(f"calling program '{program.name}'")
         try:
             return self._run(program, inputs, weight)
         except RuntimeUnavailableError:
-            if not self._controller_replaced():
+            if self._closed or not self._controller_replaced():
                 raise
         except PathwaysError:
             # A controller that restarted between two calls answers the next one, refusing a
@@ -560,8 +563,19 @@ class Runtime:
             except RuntimeError:
                 pass  # closing: releasing the slices, or stopping the embedded cluster, frees the call
 
+    def _check_open(self, doing: str) -> None:
+        """Refuses what would use a closed runtime's channels (gRPC may crash the process on a
+        closed channel, where it should raise)."""
+        if self._closed:
+            raise RuntimeUnavailableError(
+                f"{doing}: this client's runtime was shut down (pw.shutdown() or Runtime.close()), "
+                "and the values it held went with it; fetch what you need (numpy.asarray, pw.fetch) "
+                "before shutting down"
+            )
+
     def _fetch_object(self, handle: Array) -> np.ndarray:
         assert handle.call is not None and handle.ref is not None
+        self._check_open(f"fetching {handle!r}")
         handle.call.wait()
         spec = ir.TensorSpec.of(handle.shape, handle.dtype)
         try:
@@ -761,6 +775,7 @@ class Runtime:
             if isinstance(self._calls_link, CallsLink):
                 self._calls_link.close()
             self._channel.close()
+            self._closed = True
             if self.cluster is not None:
                 self.cluster.stop()
 

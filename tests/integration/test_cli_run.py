@@ -25,6 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 
 PATHWAYS = Path(sys.executable).parent / "pathways"
 COMMAND_TIMEOUT_S = 240
+BIG_ELEMENTS = 100_000
+"""float32 elements of an output too large to come back inline (`runtime.INLINE_BYTES`)."""
 
 
 def _env(**variables: str) -> dict[str, str]:
@@ -46,6 +48,30 @@ def test_pathways_run_calls_the_program_on_the_embedded_runtime(tmp_path: Path) 
     assert json.loads(done.stdout) == [3.0, 5.0]
     assert "running 'double-inc' on the embedded local runtime (2 steps)" in done.stderr
     assert "step 2/2 done" in done.stderr
+
+
+def test_pathways_run_prints_an_output_too_large_to_come_back_inline(tmp_path: Path) -> None:
+    """The output stays on its hosts until it is fetched: before the runtime shuts down."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent(
+        f"""
+        import numpy as np
+        import pathways as pw
+
+        pool = pw.make_virtual_device_set().add_slice(devices=2)
+        double = pw.jit(lambda x: x * 2.0, slice=pool)
+
+        @pw.program(name="double-big")
+        def program(v):
+            return double(v)
+
+        def example_args():
+            return (np.arange({BIG_ELEMENTS}, dtype=np.float32),)
+        """
+    ))
+    done = _run([str(PATHWAYS), "run", str(prog), "-o", "json"], _env(), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    np.testing.assert_array_equal(json.loads(done.stdout), np.arange(BIG_ELEMENTS, dtype=np.float32) * 2.0)
 
 
 def test_pathways_run_feeds_each_steps_weights_into_the_next(tmp_path: Path) -> None:

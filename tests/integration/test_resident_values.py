@@ -291,6 +291,40 @@ def test_a_killed_clients_objects_are_freed_within_its_lease(runtime: pw.Runtime
             child.wait(timeout=30)
 
 
+AFTER_SHUTDOWN = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import pathways as pw
+
+    pw.connect(islands={"island-a": 8}, devices_per_host=4)
+    pool = pw.make_virtual_device_set().add_slice(devices=2)
+    double = pw.jit(lambda x: x * 2.0, slice=pool)
+
+    @pw.program(name="double")
+    def program(v):
+        return double(v)
+
+    y = program(np.ones(int(sys.argv[1]), np.float32)).block_until_ready()
+    pw.shutdown()
+    try:
+        np.asarray(y)
+    except pw.RuntimeUnavailableError as err:
+        print("refused:", err)
+    """
+)
+
+
+def test_a_handle_used_after_its_runtime_shut_down_is_refused_naming_the_shutdown() -> None:
+    """Its hosts went with the runtime: the fetch is refused, and the process lives on (gRPC
+    crashed it on the closed channel before). A process of its own: it shuts its runtime down."""
+    done = subprocess.run([sys.executable, "-c", AFTER_SHUTDOWN, str(BIG)], capture_output=True, text=True,
+                          timeout=240, env={k: v for k, v in os.environ.items() if k != "PATHWAYS_CONTROLLER"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"refused: fetching pw.Array(float32[{BIG}]" in done.stdout, done.stdout
+    assert "this client's runtime was shut down (pw.shutdown() or Runtime.close())" in done.stdout
+
+
 def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtime) -> None:
     plus_one = plus_one_on("lost", devices=4)
     held = plus_one(np.zeros(BIG, np.float32)).block_until_ready()

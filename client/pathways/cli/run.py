@@ -32,12 +32,13 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             outputs = loaded.function(*step_args)
             jax.block_until_ready(outputs)
             err.write(f"step {step + 1}/{args.steps} done in {time.monotonic() - started:.2f} s\n")
+        values = pw.fetch(outputs)  # while the hosts that hold them still run
     except PathwaysError as e:
         raise CliError(f"{args.file}: {e}") from None
     finally:
         pw.shutdown()
     if args.output == "json":
-        out.write(json.dumps(jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), outputs)) + "\n")
+        out.write(json.dumps(jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), values)) + "\n")
     else:
-        out.write(repr(jax.tree_util.tree_map(np.asarray, outputs)) + "\n")
+        out.write(repr(jax.tree_util.tree_map(np.asarray, values)) + "\n")
     return EXIT_OK
