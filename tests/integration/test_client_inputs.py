@@ -19,11 +19,13 @@ from jax.sharding import PartitionSpec as P
 
 import pathways as pw
 from pathways_wire import pathways_pb2 as pb
+from pathways_worker.shared_memory import WARM_LIMIT_BYTES
 from tests.integration.test_routed_blocks import bytes_in_by_path
 
 pytestmark = pytest.mark.timeout(300)
 
 ROWS, COLS = 64, 1024
+MIB = 1 << 20
 
 
 @pytest.fixture(scope="module", params=["on", "off"])
@@ -76,6 +78,26 @@ def test_each_host_receives_and_sends_its_rows_by_the_path_the_switch_says(
             assert now[used] - was[used] == 3 * x.nbytes // 2, (h, direction, was, now)
             assert now[unused] == was[unused], (h, direction, was, now)
             assert now["handover"] == was["handover"]
+
+
+def test_an_input_larger_than_a_hosts_bound_on_kept_mappings_arrives_whole(
+    runtime: tuple[pw.Runtime, str],
+) -> None:
+    """A mapping over the bound alone is the receiver's to use, not kept: before, keeping it
+    within the bound closed it under the receiver ("mmap closed or invalid")."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=4)
+    total = pw.jit(lambda v: (v.sum(), v[-1]), slice=vslice)  # replicated: the host takes all of it
+
+    @pw.program(name="sum-over-bound")
+    def prog(v: np.ndarray) -> np.ndarray:
+        return total(v)
+
+    n = (WARM_LIMIT_BYTES + 4 * MIB) // 4
+    x = np.ones(n, np.float32)
+    x[-1] = 3.0
+    whole, last = prog(x)
+    assert float(last) == 3.0
+    assert float(whole) == pytest.approx(n + 2.0, rel=1e-6)
 
 
 def _connections_to(ports: set[int]) -> int:

@@ -8,7 +8,8 @@ asked for; a file that comes back as a spare is written through the mapping kept
 from its last write, and read through the mapping its reader kept from its last
 read; a value JAX adopted from such a mapping keeps its file until the array
 goes; a reader keeps a bounded number of mappings, and a value whose mapping it
-let go meanwhile stays readable; a kept mapping whose file is gone is let go; and
+let go meanwhile stays readable; a mapping larger than the bound alone is the
+caller's, not kept (nor closed under it); a kept mapping whose file is gone is let go; and
 cleanup leaves nothing behind.
 """
 
@@ -138,6 +139,24 @@ def test_a_file_come_back_as_a_spare_is_written_through_its_kept_mapping(tmp_pat
     finally:
         shm.cleanup()
     assert shm.maps.kept_bytes == 0
+
+
+def test_a_value_larger_than_the_kept_mappings_bound_is_mapped_but_not_kept(tmp_path: Path) -> None:
+    root = Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path
+    shm = ShmDir(str(root / f"test-shm-{os.getpid()}-over"), "t", warm_limit_bytes=MIB)
+    try:
+        small_path, small = shm.create_value((MIB // 2,), np.dtype(np.uint8))
+        small[:] = 1
+        path, big = shm.create_value((2 * MIB,), np.dtype(np.uint8))  # alone over the bound
+        big[:] = 7
+
+        assert shm.maps.kept_bytes == MIB // 2, "the earlier mapping is kept, the one over the bound is not"
+        read = shm.read_maps.mapping(path, 2 * MIB)  # a reader's, over its bound too
+        assert not read.closed and read[:4] == b"\x07" * 4 and read[-1] == 7
+        assert shm.read_maps.kept_bytes == 0
+        del small, big, read
+    finally:
+        shm.cleanup()
 
 
 def test_a_kept_mapping_whose_file_another_process_removed_is_let_go_at_the_next_look(tmp_path: Path) -> None:

@@ -77,7 +77,9 @@ class KeptMaps:
     kept and a file at the same path with the same inode is the same file. One whose
     file this process removed is let go at once (`let_go`); one whose file another
     process removed, at the first use `SWEEP_S` or more after the last look, so it pins
-    no pages for long; one still exported to an array is unmapped when the array goes."""
+    no pages for long; one still exported to an array is unmapped when the array goes. A
+    mapping larger than `limit_bytes` alone is not kept: it is the caller's, unmapped when
+    the arrays over it go."""
 
     def __init__(self, limit_bytes: int, writable: bool = True) -> None:
         self._limit = limit_bytes
@@ -109,6 +111,9 @@ class KeptMaps:
         except BaseException:
             os.close(fd)
             raise
+        if nbytes > self._limit:  # over the bound alone: the caller's, never closed under it
+            os.close(fd)  # the mapping holds a descriptor of its own
+            return mapped
         with self._lock:
             self._kept[st.st_ino] = (fd, mapped)
             total = sum(len(m) for _, m in self._kept.values())
