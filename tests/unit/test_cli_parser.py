@@ -44,3 +44,23 @@ def test_conflicting_or_bad_values_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         build_parser().parse_args(argv)
     assert stop.value.code == 2
+
+
+@pytest.mark.parametrize("command", ["describe", "logs"])
+@pytest.mark.parametrize(
+    ("given", "kind"),
+    [("slice", "slice"), ("vslice", "slice"), ("VirtualSlices", "slice"), ("vs", "slice"),
+     ("vslice.pathways.dev", "slice"), ("program", "program"), ("pwprog", "program"),
+     ("pwp", "program"), ("pathwaysprogram", "program"), ("programs", "program")],
+)
+def test_a_kind_may_be_named_as_kubectl_names_its_resource(command: str, given: str, kind: str) -> None:
+    assert build_parser().parse_args([command, given, "x"]).kind == kind
+
+
+def test_an_unknown_kind_is_refused_listing_the_names_of_each(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["describe", "pod", "x"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "'pod' names no kind: use slice (or slices, virtualslice" in err
+    assert "or program (or programs, pathwaysprogram, pathwaysprograms, pwprog, pwp)" in err

@@ -12,6 +12,29 @@ from pathways.cli.connection import add_cluster_options
 from pathways.cli.durations import parse_duration, positive_int
 from pathways.cli.program_file import PROGRAM_FILE_HELP
 from pathways_wire.kube_names import SIDECAR_CONTAINER, WORKER_CONTAINER
+KIND_NAMES = {
+    "slice": ("slice", "slices", "virtualslice", "virtualslices", "vslice", "vs"),
+    "program": ("program", "programs", "pathwaysprogram", "pathwaysprograms", "pwprog", "pwp"),
+}
+"""What each kind may be called: its own word, and kubectl's names for its resource (the
+CRDs' plural, singular and short names), with or without the group (``vslice.pathways.dev``)."""
+
+
+KIND_HELP = "or as kubectl names it: vslice, vs, virtualslice(s); pwprog, pwp, pathwaysprogram(s)"
+
+
+def object_kind(text: str) -> str:
+    """A kind argument as ``slice`` or ``program``, whichever name of it is given."""
+    word = text.lower().removesuffix(".pathways.dev")
+    for kind, names in KIND_NAMES.items():
+        if word in names:
+            return kind
+    raise argparse.ArgumentTypeError(
+        f"{text!r} names no kind: use slice (or {', '.join(KIND_NAMES['slice'][1:])}) "
+        f"or program (or {', '.join(KIND_NAMES['program'][1:])})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pathways",
@@ -38,14 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     describe = commands.add_parser("describe", help="conditions, hosts, events and why a slice waits")
     add_cluster_options(describe, suppress=True)
-    describe.add_argument("kind", choices=("slice", "program"))
+    describe.add_argument("kind", type=object_kind, metavar="{slice,program}", help=KIND_HELP)
     describe.add_argument("name")
 
     logs = commands.add_parser(
         "logs", help="a program's driver log and its workers' logs, each line prefixed by where it came from"
     )
     add_cluster_options(logs, suppress=True)
-    logs.add_argument("kind", choices=("program", "slice"))
+    logs.add_argument("kind", type=object_kind, metavar="{program,slice}", help=KIND_HELP)
     logs.add_argument("name")
     which = logs.add_mutually_exclusive_group()
     which.add_argument(
