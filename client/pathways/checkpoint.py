@@ -1,9 +1,10 @@
 """Snapshots of a program's persistent state, written with orbax-checkpoint.
 
-Parameters live in the client between program calls (each training step is a
-call: params in, params out), so a program's *state* is whatever pytree of
-arrays its entrypoint holds between steps. :class:`Checkpointer` keeps
-snapshots of that pytree in a directory, one orbax checkpoint per snapshot::
+A program's *state* is whatever pytree its entrypoint holds between steps: usually
+`pw.Array` handles, whose values stay on the hosts from one call to the next and
+come to the client only when a snapshot is taken (all of them at once, `pw.fetch`).
+:class:`Checkpointer` keeps snapshots of that pytree in a directory, one orbax
+checkpoint per snapshot::
 
     <directory>/<step>/state      the pytree (orbax StandardSave: OCDBT + tensorstore)
     <directory>/<step>/meta       JSON: {"step": <step>, "time": ...}
@@ -96,7 +97,10 @@ class Checkpointer:
 
 
 def _host_tree(state: Any) -> Any:
-    """The pytree with every leaf a numpy array (orbax saves them as-is; scalars become 0-d)."""
+    """The pytree with every leaf a numpy array (orbax saves them as-is; scalars become 0-d):
+    its `pw.Array` handles fetched side by side, not one after another."""
     import jax
 
-    return jax.tree_util.tree_map(np.asarray, state)
+    from pathways.array import fetch
+
+    return jax.tree_util.tree_map(np.asarray, fetch(state))
