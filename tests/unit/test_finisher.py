@@ -200,3 +200,30 @@ def test_consecutive_grants_that_succeeded_go_as_one_completion_and_a_failure_br
         assert h.finisher.pending == 0, "every grant counted off, runs by their count"
     finally:
         h.stop()
+
+
+class Failing(Value):
+    """An output whose computation fails after its dispatch, as XLA reports it."""
+
+    def __init__(self) -> None:
+        super().__init__(ready=False)
+
+    def block_until_ready(self) -> None:
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 640000000768 bytes.")
+
+
+def test_a_computation_failing_after_dispatch_is_reported_naming_program_computation_and_host() -> None:
+    h = Harness()
+    try:
+        label = "program 'p' computation 'big' (index 3)"
+        h.finisher.put(FinishBatch((Finished(GrantId(1, "p-1", 3), (Failing(),), "", label=label),)))
+        event = h.outbox.take_event(WAIT_S)
+        assert event is not None
+        (completion,) = event.completions
+        assert not completion.ok
+        assert completion.error == (
+            f"{label} of call p-1 failed on host host-0: RuntimeError: RESOURCE_EXHAUSTED: "
+            "Out of memory allocating 640000000768 bytes."
+        )
+    finally:
+        h.stop()

@@ -264,6 +264,9 @@ def test_single_process_slice_hands_a_chain_to_the_finisher_as_one_batch(run_lim
     (batch,) = only(FinishBatch, said)
     assert [f.grant.node for f in batch.grants] == [0, 1, 2]
     assert not any(f.error for f in batch.grants) and not batch.report
+    assert [f.label for f in batch.grants] == [
+        f"program 'prog' computation 'f{i}' (index {i})" for i in range(3)
+    ], "each names its computation for an error the finisher finds later"
 
 
 @pytest.mark.parametrize("run_limit", [1, RUN_LIMIT])

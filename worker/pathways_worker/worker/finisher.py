@@ -177,8 +177,8 @@ class Finisher:
                         wait_until_ready(job.outputs)
                     except Exception as err:
                         error = (
-                            f"computation {grant.node} of call {grant.call_id} failed on host "
-                            f"{self.host_name}: {type(err).__name__}: {err}"
+                            f"{job.label or f'computation {grant.node}'} of call {grant.call_id} failed "
+                            f"on host {self.host_name}: {type(err).__name__}: {err}"
                         )
                         self._report(ComputationFailedLate(grant, job.outputs, error))
                 in_done += 1

@@ -368,7 +368,9 @@ class HostState:
         call.busy_s += done.busy_s
         self._batch_bytes += nbytes
         ends_call = call.computations >= len(plan.computations)
-        self._finished(Finished(done.grant, done.outputs, error, routed, inline, ends_call), out)
+        comp = plan.computations.get(done.grant.node)
+        label = comp.label if comp is not None else ""
+        self._finished(Finished(done.grant, done.outputs, error, routed, inline, ends_call, label), out)
 
     def _transient(
         self, records: list[GrantRecord | None], done: RunDispatched

@@ -74,6 +74,8 @@ class Finished(NamedTuple):
     """Outputs whose bytes go back inline with the completion."""
     ends_call: bool = False
     """The call's last computation on this host: its completion goes without lingering."""
+    label: str = ""
+    """How errors name the computation ("program 'p' computation 'f' (index 3)")."""
 
 
 @dataclass(frozen=True, slots=True)
