@@ -80,6 +80,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 from pathways_wire import host_blocks, host_port, ir, transfer
 from pathways_wire.data_frames import DataChannelError
 from pathways_wire.host_blocks import Block
+from pathways_wire.env_flags import env_number
 from pathways import interruptible
 from pathways.array import Array, CallFuture
 from pathways.calls_link import CallsLink, credentials_of
@@ -100,13 +101,13 @@ from pathways_wire import pathways_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-CALL_TIMEOUT_S = float(os.environ.get("PATHWAYS_CALL_TIMEOUT_S", "600"))
-SLICE_TIMEOUT_S = float(os.environ.get("PATHWAYS_SLICE_TIMEOUT_S", "180"))
-INLINE_BYTES = int(os.environ.get("PATHWAYS_INLINE_BYTES", str(64 << 10)))
+CALL_TIMEOUT_S = env_number(os.environ, "PATHWAYS_CALL_TIMEOUT_S", 600.0, positive=True)
+SLICE_TIMEOUT_S = env_number(os.environ, "PATHWAYS_SLICE_TIMEOUT_S", 180.0, positive=True)
+INLINE_BYTES = env_number(os.environ, "PATHWAYS_INLINE_BYTES", 64 << 10, minimum=0)
 """Inputs and outputs up to this size travel in the call's own messages."""
-MAX_OUTSTANDING_CALLS = int(os.environ.get("PATHWAYS_MAX_OUTSTANDING_CALLS", "32"))
+MAX_OUTSTANDING_CALLS = env_number(os.environ, "PATHWAYS_MAX_OUTSTANDING_CALLS", 32, minimum=1)
 """Calls of one client running at once, at most: past it `run` waits for one to end."""
-RECONNECT_S = float(os.environ.get("PATHWAYS_RECONNECT_S", "0"))
+RECONNECT_S = env_number(os.environ, "PATHWAYS_RECONNECT_S", 0.0, minimum=0.0)
 """How long a call waits for a controller that went away to come back (0: it fails at once).
 
 Driver pods set it: their operator may restart under them. A controller that comes back

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+N = TypeVar("N", int, float)
 
 
 class _FromEnvironment(str):
@@ -83,3 +85,28 @@ def switch_on(env: Mapping[str, str], variable: str) -> bool:
     if value not in ("on", "off"):
         raise ValueError(f"{variable}={env[variable]!r} is neither on nor off; set it to on (the default) or off")
     return value == "on"
+
+
+def env_number(env: Mapping[str, str], variable: str, default: N, *, minimum: N | None = None,
+               positive: bool = False) -> N:
+    """`env[variable]` as a number of `default`'s type (`default` when unset or blank), at
+    least `minimum`, or above 0 with `positive`; ValueError naming the variable, its value
+    and what it may be for anything else (a library's knobs, read as it is imported)."""
+    text = env.get(variable, "")
+    if not text.strip():
+        return default
+    kind = type(default)
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(
+            f"{variable}={text!r} is not {'a whole number' if kind is int else 'a number'}; "
+            f"set it to one, or unset it for the default {default}"
+        ) from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{variable}={text!r} is not a finite number; unset it for the default {default}")
+    if positive and not value > 0:
+        raise ValueError(f"{variable}={text!r} must be above 0; unset it for the default {default}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{variable}={text!r} must be at least {minimum}; unset it for the default {default}")
+    return value

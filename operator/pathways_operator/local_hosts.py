@@ -44,6 +44,7 @@ from pathlib import Path
 
 import grpc
 
+from pathways_wire.env_flags import env_number
 from pathways_wire import process_tree
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire import pathways_pb2_grpc as pb_grpc
@@ -55,7 +56,7 @@ from pathways_operator.coordinator_port import HeldPort
 log = logging.getLogger(__name__)
 
 READY_POLL_S = 0.02
-HOST_START_TIMEOUT_S = float(os.environ.get("PATHWAYS_HOST_START_TIMEOUT_S", "120"))
+HOST_START_TIMEOUT_S = env_number(os.environ, "PATHWAYS_HOST_START_TIMEOUT_S", 120.0, positive=True)
 STOP_GRACE_S = 5.0
 SHM_ROOT = Path("/dev/shm")
 _SHM_NAME = re.compile(r"pathways-(\d+)-127\.0\.0\.\d+")

@@ -1,13 +1,17 @@
 """Flags with environment defaults: the flag wins, else the variable, else the default, and
-a variable that does not parse stops the process naming both it and the flag."""
+a variable that does not parse stops the process naming both it and the flag. A library's
+numeric knobs (`env_number`) are refused the same way, naming the variable and the bound."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
-from pathways_wire.env_flags import env_option
+from pathways_wire.env_flags import env_number, env_option
 from pathways_wire.slice_token import ENV_INSECURE
 from pathways_worker.settings import parse_sidecar_args, parse_worker_args
 
@@ -101,3 +105,35 @@ def test_the_operator_names_a_bad_metrics_port_variable(
     assert "fix PATHWAYS_METRICS_PORT or pass --metrics-port" in err
     monkeypatch.setenv("PATHWAYS_METRICS_PORT", "any")
     assert _parser().parse_args([]).metrics_port == -1
+
+
+def test_a_numeric_knob_is_its_default_when_unset_or_blank_and_its_value_when_set() -> None:
+    assert env_number({}, "K", 32, minimum=1) == 32
+    assert env_number({"K": "  "}, "K", 0.5) == 0.5
+    assert env_number({"K": "7"}, "K", 32, minimum=1) == 7 and isinstance(env_number({"K": "7"}, "K", 1.0), float)
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "bounds", "said"),
+    [("abc", 32, {"minimum": 1}, "K='abc' is not a whole number; set it to one, or unset it for the default 32"),
+     ("2.5", 32, {"minimum": 1}, "K='2.5' is not a whole number"),
+     ("ten", 600.0, {"positive": True}, "K='ten' is not a number"),
+     ("0", 32, {"minimum": 1}, "K='0' must be at least 1; unset it for the default 32"),
+     ("0", 600.0, {"positive": True}, "K='0' must be above 0; unset it for the default 600.0"),
+     ("-1", 0.0, {"minimum": 0.0}, "K='-1' must be at least 0.0"),
+     ("nan", 600.0, {"positive": True}, "K='nan' is not a finite number"),
+     ("inf", 600.0, {}, "K='inf' is not a finite number")],
+)
+def test_a_numeric_knob_out_of_its_bounds_is_refused_naming_variable_value_and_bound(
+    text: str, default: float, bounds: dict[str, object], said: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        env_number({"K": text}, "K", default, **bounds)  # type: ignore[arg-type]
+    assert said in str(err.value)
+
+
+def test_importing_the_client_with_a_bad_knob_names_the_variable() -> None:
+    done = subprocess.run([sys.executable, "-c", "import pathways"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATHWAYS_MAX_OUTSTANDING_CALLS": "many"})
+    assert done.returncode != 0
+    assert "PATHWAYS_MAX_OUTSTANDING_CALLS='many' is not a whole number" in done.stderr

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pathways_wire.env_flags import env_number
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.grant_runs import runs_of, seqs_of
 from pathways_operator.controller.call_watch import CallWatch, Once
@@ -121,7 +122,7 @@ class Calls:
         """Computations granted so far (the operator's metric)."""
         self.objects = ObjectTable()
         self._watch = CallWatch()
-        self.lease_s = float(os.environ.get("PATHWAYS_CLIENT_LEASE_S", str(DEFAULT_LEASE_S)))
+        self.lease_s = env_number(os.environ, "PATHWAYS_CLIENT_LEASE_S", DEFAULT_LEASE_S, positive=True)
         self._seen: dict[str, float] = {}
         """Clients holding a lease -> when they last said KeepAlive (monotonic)."""
 

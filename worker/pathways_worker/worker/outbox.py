@@ -24,13 +24,14 @@ import os
 import threading
 from collections.abc import Callable
 
+from pathways_wire.env_flags import env_number
 from pathways_wire import pathways_pb2 as pb
 from pathways_worker.batch_queue import BatchQueue
 
-EVENT_LINGER_S = float(os.environ.get("PATHWAYS_EVENT_LINGER_S", "0.02"))
+EVENT_LINGER_S = env_number(os.environ, "PATHWAYS_EVENT_LINGER_S", 0.02, minimum=0.0)
 """How long completions wait for company at most: how stale the controller's count
 of a busy host's work may get."""
-STATS_LINGER_S = float(os.environ.get("PATHWAYS_STATS_LINGER_S", "0.02"))
+STATS_LINGER_S = env_number(os.environ, "PATHWAYS_STATS_LINGER_S", 0.02, minimum=0.0)
 
 
 class WorkerOutbox:
