@@ -78,6 +78,13 @@ def env_option(
     return parser.add_argument(*flags, type=parse, default=start, choices=choices, help=help)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def switch_on(env: Mapping[str, str], variable: str) -> bool:
     """Whether the on/off switch `variable` is on in `env` (default: on, any case, spaces
     ignored); ValueError naming the variable and its value for anything else."""

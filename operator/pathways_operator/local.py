@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pathways_wire import host_port, process_tree
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE
+from pathways_wire.env_flags import env_option, positive_int
 from pathways_wire.slice_token import new_token
 from pathways_wire.island_config import check_islands, parse_devices_per_host, parse_islands
 from pathways_wire import pathways_pb2_grpc as pb_grpc
@@ -56,14 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--parent-pid", type=int, default=0,
                         help="exit when this process ends (besides the parent link, if given)")
-    parser.add_argument(
-        "--window", type=int, default=int(os.environ.get("PATHWAYS_WINDOW", "256")),
+    env_option(
+        parser, "--window", variable="PATHWAYS_WINDOW", env=os.environ, type=positive_int, default=256,
         help="grants outstanding per slice while one call has work for it",
     )
-    parser.add_argument(
-        "--shared-window", type=int,
-        default=int(os.environ.get("PATHWAYS_SHARED_WINDOW", str(SHARED_WINDOW))),
-        help="grants outstanding per slice while several calls compete for it",
+    env_option(
+        parser, "--shared-window", variable="PATHWAYS_SHARED_WINDOW", env=os.environ, type=positive_int,
+        default=SHARED_WINDOW, help="grants outstanding per slice while several calls compete for it",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -137,3 +137,19 @@ def test_importing_the_client_with_a_bad_knob_names_the_variable() -> None:
                           env={**os.environ, "PATHWAYS_MAX_OUTSTANDING_CALLS": "many"})
     assert done.returncode != 0
     assert "PATHWAYS_MAX_OUTSTANDING_CALLS='many' is not a whole number" in done.stderr
+
+
+@pytest.mark.parametrize(("variable", "flag"), [("PATHWAYS_WINDOW", "--window"),
+                                                ("PATHWAYS_SHARED_WINDOW", "--shared-window")])
+def test_the_embedded_controller_names_a_bad_window_variable(
+    variable: str, flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathways_operator import local
+
+    monkeypatch.setenv(variable, "0")
+    with pytest.raises(SystemExit) as stop:
+        local.main(["--state-dir", "/nonexistent-never-made"])
+    assert stop.value.code == 2
+    assert f"{variable}='0' is not valid ('0' is not a positive integer): fix {variable} or pass {flag}" in (
+        capsys.readouterr().err
+    )

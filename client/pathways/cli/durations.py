@@ -38,9 +38,3 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 30s, 5m or 1h30m")
     h, m, s = match.groups()
     return int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)
-
-
-def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from pathways.cli.connection import add_cluster_options
-from pathways.cli.durations import parse_duration, positive_int
+from pathways.cli.durations import parse_duration
+from pathways_wire.env_flags import positive_int
 from pathways.cli.program_file import PROGRAM_FILE_HELP
 from pathways_wire.kube_names import SIDECAR_CONTAINER, WORKER_CONTAINER
 KIND_NAMES = {

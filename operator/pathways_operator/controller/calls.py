@@ -107,14 +107,7 @@ class Calls:
         self._changed = slices.changed
         self._programs = programs
         self._calls: dict[str, CallRecord] = {}
-        raw = os.environ.get("PATHWAYS_SHARED_AHEAD_MS", str(SHARED_AHEAD_MS))
-        try:
-            ahead_ms = float(raw)
-        except ValueError:
-            raise ValueError(
-                f"PATHWAYS_SHARED_AHEAD_MS={raw!r} is not a number of milliseconds; unset it for "
-                f"the default ({SHARED_AHEAD_MS:g}) or set 0 to hold contended slices to the shared window"
-            ) from None
+        ahead_ms = env_number(os.environ, "PATHWAYS_SHARED_AHEAD_MS", SHARED_AHEAD_MS, minimum=0.0)
         self._scheduler = IslandScheduler(
             window=window, shared_window=min(window, shared_window), shared_ahead_s=ahead_ms / 1e3
         )
