@@ -178,8 +178,10 @@ def _start(state: Path, hold: int, islands: dict[str, int], per_host: int) -> Lo
         process_tree.stop_group(process, 5.0)
         raise
     tail = process_tree.log_tail(log_path)
+    exited = process.poll()
     process_tree.stop_group(process, 5.0)
-    raise RuntimeUnavailableError(
-        f"the local Pathways controller did not start within {START_TIMEOUT_S:.0f} s "
-        f"(exit status {process.returncode}); its log ends:\n{tail}"
+    what = (
+        f"exited with status {exited} before it was ready" if exited is not None
+        else f"did not start within {START_TIMEOUT_S:.0f} s (stopped)"
     )
+    raise RuntimeUnavailableError(f"the local Pathways controller {what}; its log ends:\n{tail}")

@@ -129,3 +129,11 @@ def test_a_bad_islands_variable_is_named_before_anything_starts(tmp_path: Path) 
     done = _run([sys.executable, "-c", "import pathways as pw; pw.connect()"], env, tmp_path)
     assert done.returncode != 0
     assert "PATHWAYS_LOCAL_ISLANDS" in done.stderr and "north:six" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_controller_that_exits_at_start_is_reported_as_exited_with_its_error(tmp_path: Path) -> None:
+    env = _env(PATHWAYS_WINDOW="0")
+    done = _run([sys.executable, "-c", "import pathways as pw; pw.connect()"], env, tmp_path)
+    assert done.returncode != 0
+    assert "the local Pathways controller exited with status 2 before it was ready" in done.stderr, done.stderr
+    assert "PATHWAYS_WINDOW='0' is not valid" in done.stderr, done.stderr[-3000:]
