@@ -208,6 +208,20 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         shape = ",".join(str(d) for d in self.shape)
         return f"pw.Array({self.dtype.name}[{shape}])"
 
+    def __copy__(self) -> Array:
+        """The handle itself: a value is never written, and a second handle of one object
+        would free it on the hosts when the first one went (`on_delete`)."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Array:
+        return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"{self.label()} cannot be pickled: it names a value in the stores of this client's "
+            "hosts; pickle its bytes instead (numpy.asarray(x), or pw.fetch(tree) for a pytree)"
+        )
+
     def __repr__(self) -> str:
         label = self.label()[:-1]
         if self._deleted:

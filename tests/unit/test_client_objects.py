@@ -3,6 +3,9 @@ table, and what a `pw.Array` handle says and does before any bytes move."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import jax
 import numpy as np
 import pytest
@@ -129,3 +132,13 @@ def test_a_deleted_handle_frees_its_object_once_and_cannot_be_used() -> None:
     assert freed == [1]
     with pytest.raises(pw.ExecutionError, match=r"pw.Array\(float32\[2,3\]\) was deleted"):
         np.asarray(handle)
+
+
+def test_a_copied_handle_is_the_handle_itself_and_pickling_one_says_to_pickle_its_bytes() -> None:
+    handle, _ = pending_handle()
+    params = {"w": handle, "lr": 0.1}
+
+    assert copy.copy(handle) is handle
+    assert copy.deepcopy(params)["w"] is handle, "a second handle would free the object when the first goes"
+    with pytest.raises(TypeError, match=r"pw.Array\(float32\[2,3\]\) cannot be pickled: .*numpy.asarray\(x\)"):
+        pickle.dumps(params)
