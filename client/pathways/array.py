@@ -193,9 +193,11 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         return self.value().item()
 
     def __getattr__(self, name: str) -> Any:
-        """Numpy's methods and attributes (`sum`, `tolist`, `T`...), on the fetched copy."""
-        if name.startswith("_"):
-            raise AttributeError(name)
+        """Numpy's methods and attributes (`sum`, `tolist`, `T`...), on the fetched copy. A
+        name numpy arrays do not have is an AttributeError at once, fetching nothing (a
+        library's `hasattr(x, "devices")` must not copy the value to the client)."""
+        if name.startswith("_") or not hasattr(np.ndarray, name):
+            raise AttributeError(f"'pw.Array' object has no attribute {name!r}")
         return getattr(self.value(), name)
 
     def _check_live(self) -> None:

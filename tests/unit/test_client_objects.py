@@ -142,3 +142,17 @@ def test_a_copied_handle_is_the_handle_itself_and_pickling_one_says_to_pickle_it
     assert copy.deepcopy(params)["w"] is handle, "a second handle would free the object when the first goes"
     with pytest.raises(TypeError, match=r"pw.Array\(float32\[2,3\]\) cannot be pickled: .*numpy.asarray\(x\)"):
         pickle.dumps(params)
+
+
+def test_a_name_numpy_arrays_lack_is_an_attribute_error_that_fetches_nothing() -> None:
+    call = CallFuture("train", "train-1")
+    fetched: list[int] = []
+    handle = Array(ir.TensorSpec.of((2, 3), np.float32), call=call, ref=ir.ValueRef(0, 0),
+                   fetch=lambda _: fetched.append(1) or np.ones((2, 3), np.float32))
+    call.end("")
+
+    assert not hasattr(handle, "devices") and not hasattr(handle, "addressable_shards")
+    with pytest.raises(AttributeError, match="'pw.Array' object has no attribute 'devices'"):
+        handle.devices()
+    assert fetched == [], "no fetch for a name the copy would not have either"
+    assert handle.tolist() == [[1.0] * 3] * 2 and fetched == [1], "numpy's own names fetch, once"
