@@ -19,7 +19,7 @@ every host (`Runtime` batches those drops); `delete()` frees it at once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -240,24 +240,46 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         return f"{label}, {where} (call {self.call.call_id}); {state})"
 
 
+FETCH_THREADS = 16
+"""Handles `fetch` copies at once, at most: a model's hundreds of parameters take as many
+turns of this many threads, not a thread (and a data connection per host) each."""
+
+
 def fetch(tree: Any) -> Any:
     """The pytree with every `pw.Array` replaced by its value as numpy, fetched in parallel."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    handles = [x for x in leaves if isinstance(x, Array) and x._value is None]
+    handles = list({id(x): x for x in leaves if isinstance(x, Array) and x._value is None}.values())
     if len(handles) > 1:
-        threads = [threading.Thread(target=_quietly_fetch, args=(h,)) for h in handles]
+        left = iter(handles)
+        lock = threading.Lock()
+        threads = [
+            threading.Thread(target=_quietly_fetch, args=(left, lock), name=f"pw-fetch-{i}", daemon=True)
+            for i in range(min(FETCH_THREADS, len(handles)))
+        ]
         for t in threads:
             t.start()
-        for t in threads:
-            interruptible.join(t)
+        try:
+            for t in threads:
+                interruptible.join(t)
+        except BaseException:  # interrupted: the threads start no other fetch
+            with lock:
+                for _ in left:
+                    pass
+            raise
     return jax.tree_util.tree_unflatten(
         treedef, [x.value() if isinstance(x, Array) else x for x in leaves]
     )
 
 
-def _quietly_fetch(handle: Array) -> None:
-    """Fetches ahead; an error surfaces again when `fetch` asks for the value itself."""
-    try:
-        handle.value()
-    except Exception:
-        pass
+def _quietly_fetch(handles: Iterator[Array], lock: threading.Lock) -> None:
+    """Fetches handles ahead, the next one each time, until none is left; an error
+    surfaces again when `fetch` asks for the value itself."""
+    while True:
+        with lock:
+            handle = next(handles, None)
+        if handle is None:
+            return
+        try:
+            handle.value()
+        except Exception:
+            pass

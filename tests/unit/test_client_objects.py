@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 
 import jax
 import numpy as np
 import pytest
 
 import pathways as pw
-from pathways.array import Array, CallFuture
+from pathways.array import FETCH_THREADS, Array, CallFuture
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.objects import ObjectRecord, ObjectTable, object_ref
 from pathways_operator.core.client_leases import lapsed
@@ -156,3 +157,33 @@ def test_a_name_numpy_arrays_lack_is_an_attribute_error_that_fetches_nothing() -
         handle.devices()
     assert fetched == [], "no fetch for a name the copy would not have either"
     assert handle.tolist() == [[1.0] * 3] * 2 and fetched == [1], "numpy's own names fetch, once"
+
+
+def test_fetch_copies_each_handle_once_on_at_most_its_bound_of_threads() -> None:
+    running, most, calls, lock = [0], [0], [0], threading.Lock()
+    first_turn = threading.Barrier(FETCH_THREADS, timeout=10)
+
+    def slow(handle: Array) -> np.ndarray:
+        with lock:
+            running[0] += 1
+            calls[0] += 1
+            most[0] = max(most[0], running[0])
+            waits = calls[0] <= FETCH_THREADS
+        if waits:
+            first_turn.wait()  # the first turn: every thread busy at once, none more
+        with lock:
+            running[0] -= 1
+        return np.full((1,), handle.shape[0], np.float32)
+
+    handles = []
+    for i in range(3 * FETCH_THREADS + 5):
+        call = CallFuture("p", f"p-{i}")
+        call.end("")
+        handles.append(Array(ir.TensorSpec.of((i + 1,), np.float32), call=call, ref=ir.ValueRef(0, 0), fetch=slow))
+
+    got = pw.fetch({"all": handles, "again": handles[0]})
+
+    assert [float(v[0]) for v in got["all"]] == [float(i + 1) for i in range(len(handles))]
+    assert float(got["again"][0]) == 1.0
+    assert calls[0] == len(handles), "each handle fetched once, the one named twice too"
+    assert most[0] == FETCH_THREADS, f"{most[0]} fetches ran at once"
