@@ -88,7 +88,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         """The name of the virtual slice whose hosts hold the value ("" if carried along)."""
         self.generation = generation
         """The launch of the slice's gang that holds it: a relaunched gang lost it."""
-        self._value, self._fetch = value, fetch
+        self._value, self._fetch = (_frozen(value) if value is not None else None), fetch
         self._sharding = sharding
         self.on_delete: Callable[[], Any] | None = None
         """Frees the object (once): run by `delete`, or when the last reference goes."""
@@ -148,19 +148,23 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
     # ------------------------------------------------------------ bytes
 
     def value(self) -> np.ndarray:
-        """The value as numpy, copied to the client once."""
+        """The value as numpy, copied to the client once (read-only: every use shares it)."""
         self._check_live()
         with self._lock:
             if self._value is None:
                 if self.call is not None:
                     self.call.wait()  # the call's error surfaces here
                 assert self._fetch is not None
-                self._value = self._fetch(self)
+                self._value = _frozen(self._fetch(self))
             return self._value
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """The fetched copy, read-only as JAX's is (`np.asarray(x)`); a writable array of
+        its own where numpy asks for a copy (`np.array(x)`) or another dtype."""
         value = self.value()
-        return value if dtype is None else value.astype(dtype)
+        if dtype is not None and np.dtype(dtype) != value.dtype:
+            return value.astype(dtype)
+        return value.copy() if copy else value
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """On the fetched copy; a handle is never written (`x += 1` makes `x` a new numpy array)."""
@@ -238,6 +242,14 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         else:
             state = "ready"
         return f"{label}, {where} (call {self.call.call_id}); {state})"
+
+
+def _frozen(value: np.ndarray) -> np.ndarray:
+    """A read-only view of `value`: a handle's bytes are never written, by the client
+    either (a carried input passed through stays the caller's to write)."""
+    view = value.view()
+    view.flags.writeable = False
+    return view
 
 
 FETCH_THREADS = 16

@@ -187,3 +187,24 @@ def test_fetch_copies_each_handle_once_on_at_most_its_bound_of_threads() -> None
     assert float(got["again"][0]) == 1.0
     assert calls[0] == len(handles), "each handle fetched once, the one named twice too"
     assert most[0] == FETCH_THREADS, f"{most[0]} fetches ran at once"
+
+
+def test_a_fetched_value_is_read_only_as_jaxs_and_numpy_copies_are_the_callers() -> None:
+    handle, call = pending_handle()
+    call.end("")
+
+    shared = np.asarray(handle)
+    with pytest.raises(ValueError, match="read-only"):
+        shared += 1
+    own = np.array(handle)
+    own += 1
+    wider = np.asarray(handle, dtype=np.float64)
+    wider += 1
+    assert float(np.asarray(handle).sum()) == 6.0, "the handle's value is what its call made"
+    assert float(own.sum()) == float(wider.sum()) == 12.0 and wider.dtype == np.float64
+    assert not pw.fetch({"w": handle})["w"].flags.writeable
+
+    mine = np.zeros(2, np.float32)
+    carried = Array.carried(mine)
+    mine[0] = 5.0  # the caller's own array stays writable
+    assert not np.asarray(carried).flags.writeable
