@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import yaml
+
 from pathways.kube_views import EventView, PodView, json_list, json_map, json_str
 from pathways_wire.errors import PathwaysError
 from pathways_wire.kube_names import GROUP, PROGRAM_KIND, PROGRAM_PLURAL, SLICE_PLURAL, VERSION
@@ -78,6 +80,10 @@ class Kube:
             contexts, active = config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
         except ConfigException as err:
             raise KubeError(f"kubeconfig {path}: {err}") from None
+        except yaml.YAMLError as err:
+            raise KubeError(f"kubeconfig {path} is not valid YAML: {' '.join(str(err).split())}") from None
+        except OSError as err:
+            raise KubeError(f"kubeconfig {path} cannot be read: {err}") from None
         names = [c["name"] for c in contexts or []]
         if context is not None and context not in names:
             raise KubeError(

@@ -355,6 +355,15 @@ def test_missing_kubeconfig_fails_with_what_to_do(tmp_path: Path) -> None:
     assert "pass --kubeconfig FILE, set KUBECONFIG" in err.getvalue()
 
 
+@pytest.mark.parametrize("text", ["not: [valid\n", "a: 1\n---\nb: 2\n"], ids=["broken", "two documents"])
+def test_a_kubeconfig_that_is_not_yaml_fails_naming_the_file_not_with_a_traceback(tmp_path: Path, text: str) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(text)
+    err = io.StringIO()
+    assert main(["status", "--kubeconfig", str(config)], err=err) == EXIT_FAILED
+    assert f"kubeconfig {config} is not valid YAML: " in err.getvalue(), err.getvalue()
+
+
 def kubeconfig(path: Path, contexts: list[dict[str, Any]]) -> Path:
     """A kubeconfig whose current context is ``a``, with one unreachable cluster and user."""
     path.write_text(yaml.safe_dump({
