@@ -247,7 +247,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
 def _frozen(value: np.ndarray) -> np.ndarray:
     """A read-only view of `value`: a handle's bytes are never written, by the client
     either (a carried input passed through stays the caller's to write)."""
-    view = value.view()
+    view = np.asarray(value).view()
     view.flags.writeable = False
     return view
 

@@ -22,7 +22,10 @@ once all of the program's VirtualSlices are Ready. ``ctx`` is a
 ``ctx.step_done(step, metrics, state=None)``
     records that ``step`` finished (reported to the controller by a driver pod,
     or one JSON line in a progress file); the operator turns it into
-    ``status.stepsCompleted``. It is also where a
+    ``status.stepsCompleted``. A step whose metrics or state hold `pw.Array`
+    handles is reported once their values exist, without waiting for them in
+    ``step_done``: the entrypoint dispatches the next steps meanwhile, at most
+    :data:`PENDING_STEPS` ahead of its reports. It is also where a
     program is *suspended*: when a suspend was asked for (``spec.suspend``, a
     preemption, ``run.suspend()`` locally), ``step_done`` snapshots ``state``
     and raises :class:`ProgramSuspended`, which unwinds the entrypoint.
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +67,13 @@ from pathways.driver_reports import FileReporter, Reporter
 from pathways_wire.errors import InvalidProgramError
 
 if TYPE_CHECKING:
+    from pathways.array import Array
     from pathways.checkpoint import Checkpointer
+
+PENDING_STEPS = 8
+"""Steps `ProgramContext.step_done` holds while the handles of their metrics and state are
+still being computed: the entrypoint runs that far ahead of its reports; past it,
+``step_done`` waits for the oldest."""
 
 
 class ProgramSuspended(Exception):
@@ -137,6 +147,9 @@ class ProgramContext:
         """Where completed steps are recorded: a progress file, or the controller (a driver pod)."""
         self._slices: dict[str, VirtualSlice] = {}
         self._devices = make_virtual_device_set()
+        self._pending: deque[tuple[int, Mapping[str, Any], tuple[Array, ...]]] = deque()
+        """Steps done but not reported yet, oldest first: the step, its metrics, and the
+        handles among its metrics and state, whose values it waits for."""
 
     @property
     def slice_names(self) -> list[str]:
@@ -176,20 +189,47 @@ class ProgramContext:
         """Record that ``step`` completed, with scalar ``metrics`` (e.g. loss).
 
         ``state`` is the program's persistent state after the step: snapshotted every
-        ``every_steps`` steps, and always before a suspend. Raises
+        ``every_steps`` steps, and always before a suspend. A step whose metrics or state
+        hold `pw.Array` handles is reported once they exist (`PENDING_STEPS`); a failed
+        step's error is raised by the ``step_done`` (or `flush`) that reports it. Raises
         :class:`ProgramSuspended` when a suspend was asked for.
         """
-        self._record(step, metrics)
+        from pathways.array import Array
+
+        import jax
+
+        handles = tuple(x for x in jax.tree_util.tree_leaves((metrics, state)) if isinstance(x, Array))
+        self._pending.append((int(step), dict(metrics or {}), handles))
+        self._report(PENDING_STEPS)
         done = int(step) + 1
         suspending = self.suspend_event.is_set()
         if self._checkpointer is not None:
             periodic = state is not None and self.every_steps > 0 and done % self.every_steps == 0
             if periodic or suspending:
+                self.flush()  # a snapshot follows the steps it says are done
                 self._snapshot(done, state)
         if suspending:
+            self.flush()
             if self._checkpointer is not None:
                 self._checkpointer.wait()
             raise ProgramSuspended(done)
+
+    def flush(self) -> None:
+        """Report every step `step_done` holds, waiting for their handles' values (the
+        driver calls it when the entrypoint returns)."""
+        self._report(0)
+
+    def _report(self, hold: int) -> None:
+        """Reports held steps in order: each whose handles' values exist, and, waiting for
+        them, the oldest while more than ``hold`` are held."""
+        while self._pending:
+            step, metrics, handles = self._pending[0]
+            if len(self._pending) <= hold and not all(h.is_ready() for h in handles):
+                return
+            self._pending.popleft()
+            for handle in handles:
+                handle.block_until_ready()  # a failed step's error surfaces here
+            self._record(step, metrics)
 
     def _snapshot(self, done: int, state: Any) -> None:
         assert self._checkpointer is not None

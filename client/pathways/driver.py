@@ -411,7 +411,9 @@ def run(args: argparse.Namespace, reporter: Reporter) -> int:
         print(run_start.line, flush=True)
         reporter.started(run_start)
         try:
-            results = results_json(pw.fetch(fn(ctx)))  # a failed call raises here, as itself
+            returned = fn(ctx)
+            ctx.flush()  # every step reported before the results
+            results = results_json(pw.fetch(returned))  # a failed call raises here, as itself
         except SystemExit as err:
             if isinstance(err, _Stopped):
                 raise

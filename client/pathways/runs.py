@@ -106,6 +106,7 @@ class Run:
         state: RunState
         try:
             results = self._fn(ctx)
+            ctx.flush()
         except ProgramSuspended as stop:
             self.steps_completed = stop.steps_completed
             state = RunState.SUSPENDED
