@@ -862,6 +862,7 @@ def connect(
         if _default is not None:
             _default.close()
             _default = None
+        named = "connect(address)" if address else "PATHWAYS_CONTROLLER"
         address = address or os.environ.get("PATHWAYS_CONTROLLER") or None
         if address is None:
             cluster = start_local_cluster(islands=islands, devices_per_host=devices_per_host)
@@ -872,6 +873,10 @@ def connect(
                     f"connect({address!r}): reach a Kubernetes operator through its "
                     "controller address (HOST:PORT of the operator's gRPC service)"
                 )
+            try:
+                host_port.split(address, f"{named}: the controller address")
+            except ValueError as err:
+                raise RuntimeUnavailableError(str(err)) from None
             runtime = Runtime(address)
         _default = runtime
         return runtime

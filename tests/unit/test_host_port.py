@@ -1,11 +1,14 @@
-"""HOST:PORT addresses: IPv6 hosts in brackets, a pod's bare IPv6 address read too."""
+"""HOST:PORT addresses: IPv6 hosts in brackets, a pod's bare IPv6 address read too, and a
+client's controller address checked before it connects."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
 
+import pathways as pw
 from pathways_wire import host_port
 
 
@@ -44,3 +47,17 @@ def test_a_listening_socket_takes_its_hosts_family() -> None:
     assert host_port.family("::1") is socket.AF_INET6
     with socket.create_server(("::1", 0), family=host_port.family("::1")) as server:
         assert server.getsockname()[0] == "::1"
+
+
+@pytest.mark.parametrize(("given", "env", "named"), [
+    ("nonsense", {}, "connect(address): the controller address 'nonsense'"),
+    ("127.0.0.1:abc", {}, "connect(address): the controller address '127.0.0.1:abc'"),
+    (None, {"PATHWAYS_CONTROLLER": "oops"}, "PATHWAYS_CONTROLLER: the controller address 'oops'"),
+])
+def test_connect_refuses_a_controller_address_that_is_not_host_port_naming_where_it_came_from(
+    given: str | None, env: dict[str, str], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(pw.RuntimeUnavailableError, match=re.escape(named) + " is not HOST:PORT"):
+        pw.connect(given)
