@@ -335,7 +335,7 @@ class Runtime:
             except BaseException:
                 self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
                 raise
-            return [Array.carried(v) for v in values]
+            return self._carried(program, values)
         try:
             interruptible.acquire(self._outstanding)
         except BaseException:
@@ -474,6 +474,24 @@ class Runtime:
         with self._lock:
             self._blocks[key] = found
         return found
+
+    @staticmethod
+    def _carried(program: ir.Program, values: Sequence[np.ndarray]) -> list[Array]:
+        """Handles for the values of a call whose values all came back with its reply: each
+        a computation made still says its slice and its declared sharding, as a handle of a
+        value on the hosts does."""
+        names = {d.id: d.name for d in program.slices}
+        out = []
+        for ref, value in zip(program.outputs, values, strict=True):
+            if ref.is_program_input:
+                out.append(Array.carried(value))
+                continue
+            comp = program.computations[ref.node]
+            out.append(Array(
+                ir.TensorSpec.of(value.shape, value.dtype), value=value, slice_name=names.get(comp.slice, comp.slice),
+                sharding=functools.partial(_output_sharding, comp, ref.index),
+            ))
+        return out
 
     def _handles(
         self,

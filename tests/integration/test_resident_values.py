@@ -81,15 +81,17 @@ def test_a_call_returns_handles_that_say_what_and_where_their_value_is(runtime: 
     assert float(doubled(np.ones(BIG, np.float32))["y"][3]) == 2.0
 
 
-def test_a_handle_says_its_partition_spec_over_its_slice_mesh(runtime: pw.Runtime) -> None:
-    vslice = pw.make_virtual_device_set().add_slice(devices=4, name="specs")
+@pytest.mark.parametrize("columns", [BIG, 8], ids=["on the hosts", "carried back with the reply"])
+def test_a_handle_says_its_partition_spec_over_its_slice_mesh(runtime: pw.Runtime, columns: int) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=4, name=f"specs-{columns}")
     both = pw.jit(
         lambda a: (a * 2.0, a + 1.0), slice=vslice, in_shardings=P("x"), out_shardings=(P("x"), P())
     )
-    x = np.ones((4, BIG), np.float32)
+    x = np.ones((4, columns), np.float32)
     by_rows, replicated = both(x)
 
     assert (by_rows.sharding, replicated.sharding) == (P("x"), P())
+    assert by_rows.slice == f"specs-{columns}"
     np.testing.assert_allclose(np.asarray(by_rows), x * 2.0)
     np.testing.assert_allclose(np.asarray(replicated), x + 1.0)
 
