@@ -195,9 +195,9 @@ class Runtime:
         """The physical slice for a virtual one (placed on first use)."""
         with self._lock:
             info = self._slices.get(decl.id)
-        if info is not None:
+        if info is not None and _answers(info, decl):
             return info
-        try:
+        try:  # a first ask, or one the slice bound under this name may not answer: the controller says
             info = self.controller.CreateSlice(
                 pb.CreateSliceRequest(
                     spec=decl.to_proto(),
@@ -817,6 +817,16 @@ def _declared_shardings(
     return (
         tuple(spec(s) for s in exported.in_shardings_jax(mesh)),
         tuple(spec(s) for s in exported.out_shardings_jax(mesh)),
+    )
+
+
+def _answers(info: pb.SliceInfo, decl: ir.SliceDecl) -> bool:
+    """Whether the slice bound under a name is what `decl` asks for: its size, and the
+    island and host size it pins, if any."""
+    return (
+        info.devices == decl.devices
+        and (not decl.island or decl.island == info.island)
+        and (not decl.devices_per_host or decl.devices_per_host * len(info.hosts) == info.devices)
     )
 
 

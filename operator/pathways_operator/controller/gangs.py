@@ -196,12 +196,9 @@ class EmbeddedGangs:
             while True:
                 rec = self._slices.get(key)
                 if rec is not None:
-                    if rec.decl.devices != decl.devices:
-                        raise ControllerError(
-                            "INVALID_ARGUMENT",
-                            f"slice '{decl.name}' exists with {plural(rec.decl.devices, 'device')}; "
-                            f"a program asked for {decl.devices}. Use another name or the same size",
-                        )
+                    refusal = rec.reuse_refusal(f"slice '{decl.name}'", decl)
+                    if refusal:
+                        raise ControllerError("INVALID_ARGUMENT", refusal)
                     rec.clients.add(client)
                     self._slices.wait_ready(rec, ask.deadline)
                     return rec.info()
@@ -303,12 +300,9 @@ class KubernetesGangs:
             while True:
                 rec = self._slices.get(key)
                 if rec is not None and rec.ready:
-                    if rec.decl.devices != decl.devices:
-                        raise ControllerError(
-                            "INVALID_ARGUMENT",
-                            f"VirtualSlice {key} has {plural(rec.decl.devices, 'device')}; the program "
-                            f"asked for {decl.devices}",
-                        )
+                    refusal = rec.reuse_refusal(f"VirtualSlice {key}", decl)
+                    if refusal:
+                        raise ControllerError("INVALID_ARGUMENT", refusal)
                     rec.clients.add(ask.client)
                     return rec.info()
                 remaining = ask.deadline - time.monotonic()

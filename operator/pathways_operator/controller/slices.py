@@ -20,6 +20,7 @@ from typing import Protocol
 from pathways_wire import ir
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.slice_token import client_token
+from pathways_wire.wording import plural
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.host_link import HostLink
 from pathways_operator.core.call_tracking import GangState, check_gang_move
@@ -57,6 +58,23 @@ class SliceRecord:
     def move(self, new: GangState, failure: str = "") -> None:
         self.gang = check_gang_move(self.decl.name, self.gang, new)
         self.failure = failure
+
+    def reuse_refusal(self, what: str, asked: ir.SliceDecl) -> str:
+        """Why a client's ask for this named slice (`what`, as errors name it) is not this
+        slice: its size, or an island or host size it pins that this slice does not have;
+        "" when it is."""
+        use = "Use another name, or ask for the slice as it is"
+        if asked.devices != self.decl.devices:
+            return (f"{what} has {plural(self.decl.devices, 'device')}; a program asked for "
+                    f"{asked.devices}. {use}")
+        if asked.island and asked.island != self.placement.island:
+            return (f"{what} is on island '{self.placement.island}'; a program pinned it to island "
+                    f"'{asked.island}'. {use} (no island, or '{self.placement.island}')")
+        per_host = self.placement.devices_per_host
+        if asked.devices_per_host and per_host and asked.devices_per_host != per_host:
+            return (f"{what} has {plural(per_host, 'device')} per host; a program asked for "
+                    f"{asked.devices_per_host}. {use}")
+        return ""
 
     def info(self) -> pb.SliceInfo:
         """What a client of the slice learns, its client token included (`Describe` strips
