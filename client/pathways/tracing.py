@@ -317,9 +317,13 @@ class ProgramFunction:
         inputs = tuple(np.asarray(x) for x in traced.flat_inputs(canonical))
         return CompiledProgram(traced.ir, inputs, traced.weight, traced.flat_feeds(feeds or {}))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from pathways.runtime import default_runtime
 
+        if kwargs:
+            raise InvalidProgramError(
+                f"program '{self.name}': pass arguments positionally (got keywords {sorted(kwargs)})"
+            )
         traced, leaves = self._traced(args)
         outputs = default_runtime().run(traced.ir, traced.flat_inputs(leaves), traced.weight)
         return jax.tree_util.tree_unflatten(traced.out_tree, outputs)

@@ -205,3 +205,15 @@ def test_a_program_called_inside_another_programs_trace_says_to_call_its_body() 
 
     with pytest.raises(pw.InvalidProgramError, match="program 'inner' called inside another program's trace"):
         outer.trace(np.ones(2, np.float32))
+
+
+def test_a_program_called_with_keywords_says_to_pass_them_positionally() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    inc = pw.jit(lambda x: x + 1, slice=s)
+
+    @pw.program
+    def p(x, k):  # type: ignore[no-untyped-def]
+        return inc(x) * k
+
+    with pytest.raises(pw.InvalidProgramError, match=r"program 'p': pass arguments positionally \(got keywords \['k'\]\)"):
+        p(np.ones(2, np.float32), k=2.0)
