@@ -75,9 +75,7 @@ class HostChannels:
             channel.close()
 
     def close(self) -> None:
+        """`abort`, and no channel opens again (`stub` refuses)."""
         with self._lock:
             self._closed = True
-            channels, self._channels = self._channels, []
-            self._stubs.clear()
-        for channel in channels:
-            channel.close()
+        self.abort()
