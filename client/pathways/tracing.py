@@ -308,12 +308,8 @@ class ProgramFunction:
         ``feeds`` maps a returned value's position to the argument position it becomes at
         the next step (``{0: 0}``: the first returned value is the next first argument);
         each pair must have the same pytree structure, shapes and dtypes."""
-        traced = self.trace(*args)
-        try:
-            canonical = [_as_array(x) for x in jax.tree_util.tree_leaves(tuple(args))]
-        except InvalidProgramError:
-            self._name_bad_argument(tuple(args))
-            raise
+        traced = self.trace(*args)  # refuses an argument it cannot take, naming its place
+        canonical = [_as_array(x) for x in jax.tree_util.tree_leaves(args)]
         inputs = tuple(np.asarray(x) for x in traced.flat_inputs(canonical))
         return CompiledProgram(traced.ir, inputs, traced.weight, traced.flat_feeds(feeds or {}))
 
