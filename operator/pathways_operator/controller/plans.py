@@ -98,6 +98,12 @@ def destination_blocks(
     ]
 
 
+def _by_host(addresses: Mapping[str, list[str]], by_slice: Mapping[str, str]) -> dict[str, str]:
+    """Each host address of the slices in `by_slice` with its slice's form of the token:
+    derived once per slice, not per host."""
+    return {a: form for vid, form in by_slice.items() for a in addresses[vid]}
+
+
 def plan_call(
     program: ir.Program,
     call_id: str,
@@ -106,8 +112,7 @@ def plan_call(
 ) -> tuple[pb.RunReply, dict[str, list[pb.Launch]]]:
     """Per-host launches for one call: routes, expected senders and outputs."""
     addresses = {vid: [h.sidecar_address for h in rec.hosts] for vid, rec in slices.items()}
-    tokens = {a: client_token(rec.token) for vid, rec in slices.items() for a in addresses[vid]}
-    route_tokens = {a: route_token(rec.token) for vid, rec in slices.items() for a in addresses[vid]}
+    tokens = _by_host(addresses, {vid: client_token(rec.token) for vid, rec in slices.items()})
     consumers = program.consumers()
     producer_slice = {
         ir.ValueRef(c.index, i): c.slice
@@ -138,6 +143,8 @@ def plan_call(
                 if a not in dests:
                     dests.append(a)
             expects[target][ref] = len(addresses[source])
+    targets = {vid for reading in readers.values() for vid in reading}  # the slices routes send to
+    route_tokens = _by_host(addresses, {vid: route_token(slices[vid].token) for vid in targets})
     outputs_by_slice: dict[str, list[ir.ValueRef]] = defaultdict(list)
     reply = pb.RunReply(host_tokens={a: t for a, t in tokens.items() if t})
     for ref in program.outputs:
