@@ -320,7 +320,7 @@ class Runtime:
                 request.inputs.add(
                     value=pb.ValueRef(node=ir.PROGRAM_INPUT, index=i),
                     spec=transfer.spec_of(array),
-                    data=np.ascontiguousarray(array).tobytes(),
+                    data=transfer.wire_bytes(array),
                 )
                 self._count(sent=array.nbytes)
         small_outputs = all(

@@ -211,8 +211,9 @@ def _as_input(leaf: Any) -> np.ndarray | Array:
 
 def _as_array(leaf: Any, what: str = "a value") -> np.ndarray:
     """A program argument as the array hosts receive: JAX's canonical dtype
-    (float64 becomes float32 unless jax_enable_x64 is set), C-contiguous, of the
-    argument's own shape (a scalar stays one). `what` names it in an error."""
+    (float64 becomes float32 unless jax_enable_x64 is set) in this machine's byte order
+    (the wire names a dtype, not its byte order, as `jax.jit` takes one), C-contiguous, of
+    the argument's own shape (a scalar stays one). `what` names it in an error."""
     if isinstance(leaf, Value):
         raise InvalidProgramError(f"{leaf!r} passed to a program call from outside its trace")
     array = np.asarray(leaf)
@@ -223,7 +224,8 @@ def _as_array(leaf: Any, what: str = "a value") -> np.ndarray:
             "convert it, or keep it out of the call's arguments"
         )
     # not np.ascontiguousarray, which makes a scalar an array of one element
-    return np.asarray(array, dtype=jax.dtypes.canonicalize_dtype(array.dtype), order="C")
+    dtype = jax.dtypes.canonicalize_dtype(array.dtype)
+    return np.asarray(array, dtype=dtype.newbyteorder("="), order="C")
 
 
 class ProgramFunction:

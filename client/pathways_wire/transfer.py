@@ -186,8 +186,16 @@ class ShardedLike(Protocol):
 
 
 def _c_order(array: np.ndarray) -> np.ndarray:
-    """C-contiguous without the rank-0 -> rank-1 promotion of np.ascontiguousarray."""
+    """C-contiguous, in this machine's byte order (a spec names a dtype, not its byte
+    order: `spec_of`), without the rank-0 -> rank-1 promotion of np.ascontiguousarray."""
+    if not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="), order="C")
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def wire_bytes(array: np.ndarray) -> bytes:
+    """An array's bytes as a value of its `spec_of` travels: C order, native byte order."""
+    return _bytes_of(array).tobytes()
 
 
 def _bounds(index: tuple[slice, ...], shape: Shape) -> tuple[Shape, Shape]:

@@ -115,6 +115,22 @@ def test_scalar_inputs_and_outputs_stay_scalars_as_under_jax_jit(runtime: pw.Run
     assert [np.asarray(v).shape for v in expected] == [(), ()]
 
 
+@pytest.mark.parametrize("columns", [BIG, 8], ids=["through the hosts", "inline with the call"])
+def test_a_big_endian_argument_computes_on_its_values_not_its_bytes_misread(runtime: pw.Runtime, columns: int) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=8)
+    double = pw.jit(lambda x: x * 2, slice=vslice, in_shardings=P(None, "x"))
+
+    @pw.program(name=f"double-{columns}")
+    def twice(x: Any) -> Any:
+        return double(x)
+
+    x = np.arange(2 * columns * 8, dtype=">f4").reshape(2, columns * 8)
+    got = twice(x)
+    assert got.dtype == np.float32
+    # jax.jit refuses a big-endian argument outright; a program takes its values
+    np.testing.assert_array_equal(np.asarray(got), x.astype(np.float32) * 2)
+
+
 @pytest.mark.parametrize("devices", [1, 8])
 def test_a_training_loop_sends_only_its_batches_after_the_first_step(
     runtime: pw.Runtime, devices: int

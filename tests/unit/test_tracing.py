@@ -217,3 +217,18 @@ def test_a_program_called_with_keywords_says_to_pass_them_positionally() -> None
 
     with pytest.raises(pw.InvalidProgramError, match=r"program 'p': pass arguments positionally \(got keywords \['k'\]\)"):
         p(np.ones(2, np.float32), k=2.0)
+
+
+def test_a_big_endian_argument_enters_the_program_in_native_byte_order() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    double = pw.jit(lambda x: x * 2, slice=s)
+
+    @pw.program
+    def g(x):  # type: ignore[no-untyped-def]
+        return double(x)
+
+    x = np.arange(4, dtype=">f4")
+    assert g.trace(x).ir.inputs == (ir.TensorSpec((4,), "float32"),)
+    (given,) = g.compiled((x,)).inputs
+    assert given.dtype.isnative
+    np.testing.assert_array_equal(given, [0.0, 1.0, 2.0, 3.0])

@@ -97,6 +97,20 @@ def test_whole_value_roundtrip_through_assembler() -> None:
     np.testing.assert_array_equal(assembler.target, array)
 
 
+@pytest.mark.parametrize("dtype", [">f4", ">i2", ">c8"])
+def test_a_big_endian_array_travels_in_native_byte_order_as_its_spec_says(dtype: str) -> None:
+    array = np.arange(-3, 9, dtype=dtype).reshape(3, 4)
+    native = array.astype(np.dtype(dtype).newbyteorder("="))
+    spec = transfer.spec_of(array)
+    assert transfer.wire_bytes(array) == native.tobytes()
+    assert transfer.wire_bytes(array[:, ::2]) == np.ascontiguousarray(native[:, ::2]).tobytes()
+    chunks = list(transfer.whole_value_chunks("call", ref(-1, 0), array, chunk_bytes=10))
+    assembled = assemble(chunks, np.zeros(*transfer.parse_spec(spec)))
+    np.testing.assert_array_equal(assembled.target, native)
+    header, data = transfer.block_piece("call", ref(-1, 0), array, (1, 0), (3, 4))
+    assert bytes(data) == native[1:].tobytes()
+
+
 def test_a_block_travels_as_its_piece_and_is_kept_as_a_value_of_its_own_shape() -> None:
     array = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     chunks = list(transfer.block_chunks("call", ref(-1, 0), array, (4, 0), (8, 6), chunk_bytes=40))
