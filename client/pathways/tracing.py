@@ -114,7 +114,7 @@ class Trace:
             sources = ", ".join(
                 f"input {i} {spec} from {src}" for i, (spec, src) in enumerate(zip(specs, producers))
             )
-            raise InvalidProgramError(f"{err} [in program '{self.name}': {sources}]") from err
+            raise InvalidProgramError(f"{err} [in program '{self.name}': {sources or 'no array inputs'}]") from err
         index = len(self.computations)
         self.slices.setdefault(fn.slice.id, fn.slice.decl())
         self.computations.append(

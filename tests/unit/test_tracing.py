@@ -232,3 +232,17 @@ def test_a_big_endian_argument_enters_the_program_in_native_byte_order() -> None
     (given,) = g.compiled((x,)).inputs
     assert given.dtype.isnative
     np.testing.assert_array_equal(given, [0.0, 1.0, 2.0, 3.0])
+
+
+def test_a_computation_given_no_arrays_that_fails_to_compile_says_it_had_none() -> None:
+    s = pw.make_virtual_device_set().add_slice(devices=1)
+    double = pw.jit(lambda x: x * 2, slice=s)
+
+    @pw.program
+    def g(x):  # type: ignore[no-untyped-def]
+        return double(x)
+
+    with pytest.raises(pw.InvalidProgramError) as err:
+        g.trace(None)
+    assert "NoneType" in str(err.value)
+    assert str(err.value).endswith("[in program 'g': no array inputs]")
