@@ -100,6 +100,12 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         """A handle for a value the client has (a small output, or an input passed through)."""
         return Array(ir.TensorSpec.of(value.shape, value.dtype), value=value)
 
+    @staticmethod
+    def passed_through(given: np.ndarray) -> Array:
+        """A handle for an input a program returns as it is: a copy of it, so that what the
+        caller writes into its array later does not change the output, as under `jax.jit`."""
+        return Array.carried(np.array(given, copy=True))
+
     # ------------------------------------------------------------ where it is
 
     @property
@@ -246,7 +252,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
 
 def _frozen(value: np.ndarray) -> np.ndarray:
     """A read-only view of `value`: a handle's bytes are never written, by the client
-    either (a carried input passed through stays the caller's to write)."""
+    either."""
     view = np.asarray(value).view()
     view.flags.writeable = False
     return view

@@ -484,7 +484,7 @@ class Runtime:
         out = []
         for ref, value in zip(program.outputs, values, strict=True):
             if ref.is_program_input:
-                out.append(Array.carried(value))
+                out.append(Array.passed_through(value))
                 continue
             comp = program.computations[ref.node]
             out.append(Array(
@@ -509,7 +509,7 @@ class Runtime:
         for j, ref in enumerate(program.outputs):
             if ref.is_program_input:
                 given = inputs[ref.index]
-                outputs.append(given if isinstance(given, Array) else Array.carried(np.asarray(given)))
+                outputs.append(given if isinstance(given, Array) else Array.passed_through(np.asarray(given)))
                 continue
             handle = made.get(ref)
             if handle is None:

@@ -116,6 +116,24 @@ def test_scalar_inputs_and_outputs_stay_scalars_as_under_jax_jit(runtime: pw.Run
 
 
 @pytest.mark.parametrize("columns", [BIG, 8], ids=["through the hosts", "inline with the call"])
+def test_an_input_a_program_returns_as_it_is_keeps_its_value_when_the_caller_writes_its_array(
+    runtime: pw.Runtime, columns: int
+) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=1)
+    inc = pw.jit(lambda y: y + 1, slice=vslice)
+
+    @pw.program(name=f"pass-through-{columns}")
+    def both(x: Any, y: Any) -> Any:
+        return x, inc(y)
+
+    x = np.ones((2, columns), np.float32)
+    same, _ = both(x, np.zeros_like(x))
+    x[0, 0] = 5.0
+    np.testing.assert_array_equal(np.asarray(same), np.ones((2, columns), np.float32))
+    assert float(np.asarray(same).sum()) == 2 * columns
+
+
+@pytest.mark.parametrize("columns", [BIG, 8], ids=["through the hosts", "inline with the call"])
 def test_a_big_endian_argument_computes_on_its_values_not_its_bytes_misread(runtime: pw.Runtime, columns: int) -> None:
     vslice = pw.make_virtual_device_set().add_slice(devices=8)
     double = pw.jit(lambda x: x * 2, slice=vslice, in_shardings=P(None, "x"))
