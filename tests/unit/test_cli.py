@@ -474,6 +474,41 @@ def test_compile_refuses_a_program_too_big_for_a_configmap(tmp_path: Path) -> No
     assert "make example_args() smaller" in err.getvalue()
 
 
+@pytest.mark.parametrize(
+    ("source", "doing", "shown"),
+    [
+        ("import helper\n", "importing it raised ZeroDivisionError", "helper.py\", line 2, in half"),
+        ("def f(:\n", "importing it raised SyntaxError", "def f(:"),
+        ("import pathways as pw\nprogram = pw.program(lambda x: x)\ndef example_args():\n    return {}['k']\n",
+         "example_args() raised KeyError", "in example_args"),
+    ],
+    ids=["a module it imports raises", "a syntax error", "example_args raises"],
+)
+def test_a_program_file_whose_own_code_fails_shows_that_codes_traceback_not_the_commands(
+    tmp_path: Path, source: str, doing: str, shown: str
+) -> None:
+    (tmp_path / "helper.py").write_text("def half(x):\n    return x / 0\nhalf(1)\n")
+    path = tmp_path / "prog.py"
+    path.write_text(source)
+    for command in ("compile", "run"):
+        err = io.StringIO()
+        assert main([command, str(path)], out=io.StringIO(), err=err) == EXIT_FAILED
+        text = err.getvalue()
+        assert text.startswith(f"error: {path}: {doing}")
+        assert shown in text
+        assert "pathways/cli" not in text and "importlib" not in text
+
+
+def test_compile_to_an_output_it_cannot_write_says_so_without_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM_FILE.replace("{extra}", ""))
+    err = io.StringIO()
+    assert main(["compile", str(path), "-o", str(tmp_path / "missing" / "out.yaml")], err=err) == EXIT_FAILED
+    assert f"-o {tmp_path / 'missing' / 'out.yaml'}: cannot write the manifest there (No such file or directory)" in err.getvalue()
+    assert main(["compile", str(path), "-o", str(tmp_path)], err=err) == EXIT_FAILED
+    assert "(Is a directory)" in err.getvalue()
+
+
 def test_compile_of_a_file_without_the_convention_says_what_to_define(tmp_path: Path) -> None:
     path = tmp_path / "plain.py"
     path.write_text("x = 1\n")

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import IO
 
-from pathways.cli.errors import EXIT_OK
+from pathways.cli.errors import EXIT_OK, CliError
 from pathways.cli.program_file import compile_program_file
 from pathways.cli.render import to_yaml
 
@@ -17,7 +17,11 @@ def cmd_compile(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if args.output == "-":
         out.write(text)
     else:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise CliError(f"-o {args.output}: cannot write the manifest there ({e.strerror}); "
+                           "give a file path in a directory that exists and can be written") from None
         err.write(
             f"{summary}\nwrote {args.output}: ConfigMap {config_map['metadata']['name']} and "
             f"PathwaysProgram {program['metadata']['name']}; apply with `kubectl apply --server-side -f {args.output}`\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ def load_program_file(path: Path) -> ProgramFile:
         spec.loader.exec_module(module)
     except PathwaysError as err:
         raise CliError(f"{path}: {err}") from None
+    except Exception as err:
+        raise user_code_failed(path, "importing it", err) from None
     function = getattr(module, "program", None)
     if not isinstance(function, ProgramFunction):
         found = f"`program` is a {type(function).__name__}" if function is not None else "it has no `program`"
@@ -74,7 +77,12 @@ def load_program_file(path: Path) -> ProgramFile:
     example_args = getattr(module, "example_args", None)
     if not callable(example_args):
         raise CliError(f"{path}: it has no `example_args()`; {PROGRAM_FILE_HELP}")
-    args = example_args()
+    try:
+        args = example_args()
+    except PathwaysError as err:
+        raise CliError(f"{path}: example_args(): {err}") from None
+    except Exception as err:
+        raise user_code_failed(path, "example_args()", err) from None
     args = args if isinstance(args, tuple) else (args,)
     feeds = getattr(module, "feeds", None) or {}
     pairs_ok = isinstance(feeds, dict) and all(
@@ -84,6 +92,24 @@ def load_program_file(path: Path) -> ProgramFile:
     if not pairs_ok:
         raise CliError(f"{path}: `feeds` is {feeds!r}; {FEEDS_HELP}")
     return ProgramFile(path, function, args, feeds)
+
+
+def user_code_failed(path: Path, doing: str, err: Exception) -> CliError:
+    """The error for an exception the user's own code raised: its traceback from the
+    first frame outside this package and Python's import machinery (the user's code, and
+    what it called), not the command's frames before it; a syntax error as Python shows it."""
+    tb = err.__traceback__
+    while tb is not None and _not_users(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    shown = "".join(traceback.format_exception(type(err), err, tb)).rstrip()
+    return CliError(f"{path}: {doing} raised {type(err).__name__}:\n{shown}")
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def _not_users(filename: str) -> bool:
+    return filename.startswith("<frozen ") or str(Path(filename).resolve()).startswith(_PACKAGE_DIR)
 
 
 def compile_program_file(
