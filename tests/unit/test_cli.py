@@ -474,27 +474,33 @@ def test_compile_refuses_a_program_too_big_for_a_configmap(tmp_path: Path) -> No
     assert "make example_args() smaller" in err.getvalue()
 
 
+IMPORTING = "importing it raised"
+
+
 @pytest.mark.parametrize(
-    ("source", "doing", "shown"),
+    ("source", "compile_says", "run_says", "shown"),
     [
-        ("import helper\n", "importing it raised ZeroDivisionError", "helper.py\", line 2, in half"),
-        ("def f(:\n", "importing it raised SyntaxError", "def f(:"),
+        ("import helper\n", f"{IMPORTING} ZeroDivisionError", f"{IMPORTING} ZeroDivisionError",
+         "helper.py\", line 2, in half"),
+        ("def f(:\n", f"{IMPORTING} SyntaxError", f"{IMPORTING} SyntaxError", "def f(:"),
         ("import pathways as pw\nprogram = pw.program(lambda x: x)\ndef example_args():\n    return {}['k']\n",
-         "example_args() raised KeyError", "in example_args"),
+         "example_args() raised KeyError", "example_args() raised KeyError", "in example_args"),
+        ("import pathways as pw\n@pw.program\ndef program(x):\n    return x.missing\ndef example_args():\n    return 1.0\n",
+         "tracing `program` raised AttributeError", "calling `program` raised AttributeError", "in program"),
     ],
-    ids=["a module it imports raises", "a syntax error", "example_args raises"],
+    ids=["a module it imports raises", "a syntax error", "example_args raises", "the program's body raises"],
 )
 def test_a_program_file_whose_own_code_fails_shows_that_codes_traceback_not_the_commands(
-    tmp_path: Path, source: str, doing: str, shown: str
+    tmp_path: Path, source: str, compile_says: str, run_says: str, shown: str
 ) -> None:
     (tmp_path / "helper.py").write_text("def half(x):\n    return x / 0\nhalf(1)\n")
     path = tmp_path / "prog.py"
     path.write_text(source)
-    for command in ("compile", "run"):
+    for command, says in (("compile", compile_says), ("run", run_says)):
         err = io.StringIO()
         assert main([command, str(path)], out=io.StringIO(), err=err) == EXIT_FAILED
         text = err.getvalue()
-        assert text.startswith(f"error: {path}: {doing}")
+        assert f"\nerror: {path}: {says}" in f"\n{text}"
         assert shown in text
         assert "pathways/cli" not in text and "importlib" not in text
 

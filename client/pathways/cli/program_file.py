@@ -97,10 +97,13 @@ def load_program_file(path: Path) -> ProgramFile:
 def user_code_failed(path: Path, doing: str, err: Exception) -> CliError:
     """The error for an exception the user's own code raised: its traceback from the
     first frame outside this package and Python's import machinery (the user's code, and
-    what it called), not the command's frames before it; a syntax error as Python shows it."""
+    what it called), not the command's frames before it; a syntax error as Python shows it.
+    An exception with no frame of the user's keeps its whole traceback."""
     tb = err.__traceback__
     while tb is not None and _not_users(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
+    if tb is None and not isinstance(err, SyntaxError):
+        tb = err.__traceback__
     shown = "".join(traceback.format_exception(type(err), err, tb)).rstrip()
     return CliError(f"{path}: {doing} raised {type(err).__name__}:\n{shown}")
 
@@ -112,6 +115,27 @@ def _not_users(filename: str) -> bool:
     return filename.startswith("<frozen ") or str(Path(filename).resolve()).startswith(_PACKAGE_DIR)
 
 
+def call_program(loaded: ProgramFile, args: tuple[Any, ...]) -> Any:
+    """One call of the file's `program`, its own code's failure shown as `user_code_failed`."""
+    try:
+        return loaded.function(*args)
+    except PathwaysError:
+        raise
+    except Exception as err:
+        raise user_code_failed(loaded.path, "calling `program`", err) from None
+
+
+def _compiled(loaded: ProgramFile) -> Any:
+    """The file's `program` traced and compiled for its example arguments, its own code's
+    failure shown as `user_code_failed`."""
+    try:
+        return loaded.function.compiled(loaded.args, loaded.feeds)
+    except PathwaysError:
+        raise
+    except Exception as err:
+        raise user_code_failed(loaded.path, "tracing `program`", err) from None
+
+
 def compile_program_file(
     path: Path, name: str | None, namespace: str | None, steps: int
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -120,7 +144,7 @@ def compile_program_file(
 
     loaded = load_program_file(path)
     try:
-        compiled = loaded.function.compiled(loaded.args, loaded.feeds)
+        compiled = _compiled(loaded)
         program_name = resource_name(name or compiled.program.name)
         cm_name = resource_name(program_name, "-compiled")
         config_map = compiled.to_config_map(cm_name, namespace)
