@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from pathways_wire.errors import InvalidProgramError
+from pathways_wire.transfer import numeric_dtype
+
 _KEEP = 2
 """Committed snapshots kept: the latest, and one before it in case the latest is cut short."""
 
@@ -41,6 +44,7 @@ class Checkpointer:
 
         self.directory = Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._closed = False
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -76,13 +80,18 @@ class Checkpointer:
         """Start writing ``state`` as the snapshot of ``step``; returns seconds the caller was held.
 
         Returns as soon as the arrays are copied off the caller's buffers; the
-        files are committed in the background.
+        files are committed in the background. A state orbax cannot write (a string leaf)
+        is refused here, naming the leaf, rather than failing the write in the background.
         """
+        if self._closed:
+            raise ValueError(f"the Checkpointer of {self.directory} is closed; make a new one to save")
+        if int(step) < 0:
+            raise ValueError(f"snapshot step {step}: a step is a count of steps done, 0 or more")
         ocp = self._ocp
         start = time.perf_counter()
         args: dict[str, Any] = {"meta": ocp.args.JsonSave({"step": int(step), "time": time.time()})}
         if state is not None:
-            args["state"] = ocp.args.StandardSave(_host_tree(state))
+            args["state"] = ocp.args.StandardSave(_host_tree(_savable(state)))
         self._manager.save(int(step), args=ocp.args.Composite(**args), force=True)
         return time.perf_counter() - start
 
@@ -92,6 +101,9 @@ class Checkpointer:
 
     def close(self) -> None:
         """Commit what is in flight and stop orbax's background threads."""
+        if self._closed:
+            return
+        self._closed = True
         self._manager.wait_until_finished()
         self._manager.close()
 
@@ -104,3 +116,19 @@ def _host_tree(state: Any) -> Any:
     from pathways.array import fetch
 
     return jax.tree_util.tree_map(np.asarray, fetch(state))
+
+
+def _savable(tree: Any) -> Any:
+    """`tree` if orbax can write each of its leaves (arrays of numbers and booleans; a
+    number, a boolean and None are such leaves), else an error naming the first that is not."""
+    import jax
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype  # a handle's, unfetched
+        if not numeric_dtype(dtype):
+            raise InvalidProgramError(
+                f"snapshot state{jax.tree_util.keystr(path)} is {type(leaf).__name__} of dtype "
+                f"{dtype.str!r}: a snapshot holds arrays of numbers and booleans; keep this leaf "
+                "out of the state, or hold it as numbers"
+            )
+    return tree
