@@ -19,13 +19,13 @@ once all of the program's VirtualSlices are Ready. ``ctx`` is a
     ``spec.slices``: a *named* slice, so the controller runs it on that
     VirtualSlice's gang of worker pods. Use ``.devices`` with ``pw.pmap`` or the
     slice itself with ``pw.jit``, exactly as with ``add_slice`` locally.
-``ctx.step_done(step, metrics, state=None)``
+``ctx.step_done(step, metrics, state=None, outputs=None)``
     records that ``step`` finished (reported to the controller by a driver pod,
     or one JSON line in a progress file); the operator turns it into
-    ``status.stepsCompleted``. A step whose metrics or state hold `pw.Array`
-    handles is reported once their values exist, without waiting for them in
-    ``step_done``: the entrypoint dispatches the next steps meanwhile, at most
-    :data:`PENDING_STEPS` ahead of its reports. It is also where a
+    ``status.stepsCompleted``. A step whose metrics, state or other ``outputs``
+    hold `pw.Array` handles is reported once their values exist, without waiting
+    for them in ``step_done``: the entrypoint dispatches the next steps meanwhile,
+    at most :data:`PENDING_STEPS` ahead of its reports. It is also where a
     program is *suspended*: when a suspend was asked for (``spec.suspend``, a
     preemption, ``run.suspend()`` locally), ``step_done`` snapshots ``state``
     and raises :class:`ProgramSuspended`, which unwinds the entrypoint.
@@ -184,21 +184,25 @@ class ProgramContext:
         return self._restored[1]
 
     def step_done(
-        self, step: int, metrics: Mapping[str, Any] | None = None, *, state: Any = None
+        self, step: int, metrics: Mapping[str, Any] | None = None, *, state: Any = None, outputs: Any = None
     ) -> None:
         """Record that ``step`` completed, with scalar ``metrics`` (e.g. loss).
 
         ``state`` is the program's persistent state after the step: snapshotted every
-        ``every_steps`` steps, and always before a suspend. A step whose metrics or state
-        hold `pw.Array` handles is reported once they exist (`PENDING_STEPS`); a failed
-        step's error is raised by the ``step_done`` (or `flush`) that reports it. Raises
+        ``every_steps`` steps, and always before a suspend. ``outputs`` is whatever else
+        the step made that it is done only once made (a pytree of handles; neither
+        reported nor snapshotted). A step whose metrics, state or outputs hold `pw.Array`
+        handles is reported once they exist (`PENDING_STEPS`); a failed step's error is
+        raised by the ``step_done`` (or `flush`) that reports it. Raises
         :class:`ProgramSuspended` when a suspend was asked for.
         """
         from pathways.array import Array
 
         import jax
 
-        handles = tuple(x for x in jax.tree_util.tree_leaves((metrics, state)) if isinstance(x, Array))
+        handles = tuple(
+            x for x in jax.tree_util.tree_leaves((metrics, state, outputs)) if isinstance(x, Array)
+        )
         self._pending.append((int(step), dict(metrics or {}), handles))
         self._report(PENDING_STEPS)
         done = int(step) + 1

@@ -212,11 +212,11 @@ def run_compiled(ctx: ProgramContext, compiled: CompiledProgram) -> dict[str, An
     outputs: list[Any] | None = None
     for step in range(ctx.start_step, ctx.steps):
         outputs = runtime.run(program, inputs, ctx.weight)
-        for output in outputs:  # a step is done when its outputs exist (errors surface here)
-            output.block_until_ready()
         inputs = compiled.next_inputs(inputs, outputs)
-        # The fed inputs are the state: they come to the client only for a snapshot.
-        ctx.step_done(step, state={_state_key(i): inputs[i] for i in fed} if fed else None)
+        # The fed inputs are the state: they come to the client only for a snapshot. The
+        # step is reported once all its outputs exist (a failed one raises there), while
+        # the next steps are dispatched (`ProgramContext.step_done`).
+        ctx.step_done(step, state={_state_key(i): inputs[i] for i in fed} if fed else None, outputs=outputs)
     if outputs is None:
         outputs = runtime.run(program, inputs, ctx.weight)
     return dict(zip(compiled.output_names(), outputs))

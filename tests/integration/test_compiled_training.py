@@ -5,7 +5,8 @@
 (``INLINE_BYTES``), compiled on the embedded cluster: each step's new weights
 are the next step's weights, as handles, so no weight byte passes through the client;
 a run stopped after a snapshot and started again continues from the snapshot's weights
-and ends where an uninterrupted run of plain numpy does.
+and ends where an uninterrupted run of plain numpy does. The driver dispatches a step
+before the one before it is done.
 """
 
 from __future__ import annotations
@@ -84,3 +85,72 @@ def test_a_compiled_program_trains_with_its_weights_on_the_hosts_and_resumes_fro
     assert loss == pytest.approx(want_loss, rel=1e-3)
     first_loss = example_module(program_file).reference(1)[1]
     assert loss < first_loss / 10, "twelve steps of training, not the first step twelve times"
+
+
+SLOW_PROGRAM = '''
+import jax.numpy as jnp
+import numpy as np
+import pathways as pw
+
+main = pw.make_virtual_device_set().add_slice(devices=1)
+
+
+def slow_step(w):
+    for _ in range(40):  # tens of milliseconds of matmuls: a step is never done as it is dispatched
+        w = jnp.tanh(w @ w) * 0.5
+    return w, w.sum()
+
+
+step = pw.jit(slow_step, slice=main)
+
+
+@pw.program(name="slow-steps")
+def program(w):
+    return step(w)
+
+
+feeds = {0: 0}
+
+
+def example_args():
+    return (np.eye(256, dtype=np.float32),)
+'''
+
+
+class _CallsAtEachReport:
+    """A reporter that notes how many calls the client had started when each step was reported."""
+
+    def __init__(self, runtime: pw.Runtime) -> None:
+        self.runtime = runtime
+        self.seen: list[tuple[int, int]] = []
+
+    def step(self, step: int, metrics: object) -> None:
+        self.seen.append((step, self.runtime.calls))
+
+    def outcome(self, payload: object) -> None:
+        pass
+
+    def started(self, run: object) -> None:
+        pass
+
+
+def test_a_compiled_programs_driver_dispatches_the_next_step_before_a_step_is_done(
+    runtime: pw.Runtime, tmp_path: Path
+) -> None:
+    path = tmp_path / "slow_program.py"
+    path.write_text(SLOW_PROGRAM)
+    compiled = _compiled(path)
+    (decl,) = compiled.program.slices
+    reporter = _CallsAtEachReport(runtime)
+    ctx = ProgramContext(args={}, steps=4, start_step=0, slices={decl.id: SliceBinding("slow", decl.devices)},
+                         reporter=reporter)
+    started = runtime.calls
+    got = run_compiled(ctx, compiled)
+    ctx.flush()
+    assert [step for step, _ in reporter.seen] == [0, 1, 2, 3]
+    _, calls_then = reporter.seen[0]
+    assert calls_then - started >= 2, "step 1 was dispatched before step 0 was reported done"
+    want = np.eye(256, dtype=np.float32)
+    for _ in range(4 * 40):
+        want = np.tanh(want @ want) * 0.5
+    np.testing.assert_allclose(np.asarray(got["output_0"]), want, rtol=1e-4, atol=1e-5)
