@@ -9,7 +9,8 @@ builds through the Go module proxy and caches outside the repository:
    certificate, an RSA key pair (openssl) signs and verifies service-account tokens, a
    static token file authenticates the admin (group ``system:masters``), the
    controller-manager and the scheduler, and authorization is ``RBAC,Node`` -- so RBAC
-   rules shipped by the project are enforced exactly as in a real cluster;
+   rules shipped by the project are enforced exactly as in a real cluster; it asks the
+   node agent for pod logs as it would a kubelet, with a client certificate of that CA;
 3. kube-controller-manager, with every controller but node IPAM (pods get loopback
    addresses from the node agent, not from a Node's podCIDR): one service account per
    controller; the CA published as ``kube-root-ca.crt`` so in-cluster clients can verify
@@ -371,6 +372,12 @@ class ControlPlane:
                 f"--default-unreachable-toleration-seconds={self.toleration_seconds}",
                 "--profiling=false",
                 f"--cert-dir={self.run_dir / 'apiserver-certs'}",
+                # Pod logs: the node agent serves them on Node.status.daemonEndpoints, at
+                # the Node's InternalIP (its Hostname does not resolve), to this certificate
+                # only; its serving certificate is its own, self-signed, so it is not verified.
+                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
             ],
             log=self.log_file("kube-apiserver"),
             health_url=f"{self.server}/readyz",

@@ -1,8 +1,10 @@
 """The test control plane's credentials: a throw-away CA and the kubeconfigs that use it.
 
 ``write_pki`` makes, with openssl, a CA (valid 7 days), the API server's serving
-certificate for 127.0.0.1 and the in-cluster names of the ``kubernetes`` Service, and
-the RSA key pair that signs and verifies service-account tokens. ``write_kubeconfig``
+certificate for 127.0.0.1 and the in-cluster names of the ``kubernetes`` Service, the
+client certificate the API server presents to a node's kubelet endpoint (`KUBELET_CLIENT`:
+the node agent serves container logs only to it), and the RSA key pair that signs and
+verifies service-account tokens. ``write_kubeconfig``
 writes a self-contained kubeconfig (the CA inlined) for a bearer token, which is how the
 admin, the controller-manager, the scheduler and service accounts under test log in.
 """
@@ -19,6 +21,10 @@ import yaml
 from pathways_devcluster.components import ControlPlaneError
 
 
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
+"""The common name of the API server's client certificate towards the kubelets."""
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     result = subprocess.run(
         ["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
@@ -28,7 +34,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def write_pki(pki: Path) -> None:
-    """CA, API server serving certificate (for 127.0.0.1) and the service-account key pair."""
+    """CA, API server serving and kubelet-client certificates, and the service-account key pair."""
     if shutil.which("openssl") is None:
         raise ControlPlaneError("the cluster test tier needs the `openssl` command")
     pki.mkdir(parents=True, exist_ok=True)
@@ -57,6 +63,21 @@ def write_pki(pki: Path) -> None:
     _openssl(
         "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
         "-CAcreateserial", "-out", "apiserver.crt", "-days", "7", "-extfile", "apiserver.ext",
+        cwd=pki,
+    )  # fmt: skip
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key", "-out",
+        "kubelet-client.csr", "-subj", f"/O=system:masters/CN={KUBELET_CLIENT}",
+        cwd=pki,
+    )  # fmt: skip
+    (pki / "kubelet-client.ext").write_text(
+        "basicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=clientAuth\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", "kubelet-client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "kubelet-client.crt", "-days", "7", "-extfile", "kubelet-client.ext",
         cwd=pki,
     )  # fmt: skip
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)

@@ -303,10 +303,13 @@ def test_logs_of_a_program_are_prefixed_by_host(scene: Scene) -> None:
     assert "[shared/host-1/dataflow] sidecar up" in out.splitlines()
 
 
-def test_logs_through_the_api_need_a_kubelet_and_say_so(scene: Scene) -> None:
-    code, _, err = scene.cli("logs", "program", "train")
-    assert code == EXIT_FAILED
-    assert "--log-dir DIR" in err
+def test_logs_through_the_api_server_are_the_nodes_log_files(scene: Scene) -> None:
+    code, out, err = scene.cli("logs", "program", "train")
+    assert code == EXIT_OK, err
+    assert out.splitlines() == ["[shared/host-0] hello from host 0", "[shared/host-1] hello from host 1"]
+    code, out, err = scene.cli("logs", "slice", "shared", "--tail", "1", "--all-containers")
+    assert code == EXIT_OK, err
+    assert "[shared/host-1/dataflow] sidecar up" in out.splitlines()
 
 
 DRIVER_LOG = "--- starting at step 0: -m pathways.driver\nTraceback (most recent call last):\nValueError: boom\n"

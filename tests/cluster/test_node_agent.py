@@ -6,11 +6,14 @@ namespace) or through rewritten paths (fallback); init containers run first and
 restarts follow ``restartPolicy``; extra agents serve extra islands on their own IPs;
 an API server restart does not lose the agent; and a volume on an ancestor of the
 container's interpreter (the chart's emptyDir on ``/tmp`` for a checkout under ``/tmp``)
-does not hide it.
+does not hide it. Pod logs come through the API server, as from a kubelet, and only the
+API server is given them.
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -238,3 +241,66 @@ def test_a_volume_on_an_ancestor_of_the_interpreter_does_not_hide_it(
     assert f"after={venv.name},written-by-pod\n" in log
     assert f"python={sys.executable}\n" in log
     assert not (venv.parent / "written-by-pod").exists(), "the write went to the volume"
+
+
+TWO_RUNS = (
+    "import os, sys, time\n"
+    "first = not os.path.exists('/scratch/ran')\n"
+    "open('/scratch/ran', 'w').close()\n"
+    "for i in range(4):\n"
+    "    print(('first' if first else 'second') + f' run line {i}', flush=True)\n"
+    "    time.sleep(0.1)\n"
+    "sys.exit(1 if first else 0)\n"
+)
+TICKER = "import time\nfor i in range(10):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.2)\n"
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_pod_logs_come_through_the_api_server_as_a_kubelet_serves_them(
+    cluster: Cluster, namespace: str
+) -> None:
+    core = cluster.core
+    core.create_namespaced_pod(namespace, pod(
+        "two-runs", container("main", "python", "-c", TWO_RUNS, mounts={"scratch": "/scratch"}),
+        volumes=[empty_dir_volume("scratch")], restart_policy="OnFailure",
+    ))  # fmt: skip
+    core.create_namespaced_pod(namespace, pod("ticker", container("main", "python", "-c", TICKER)))
+    cluster.wait_pod_phase(namespace, "ticker", {"Running", "Succeeded"}, timeout=45)
+    followed = core.read_namespaced_pod_log(
+        "ticker", namespace, container="main", follow=True, _preload_content=False, _request_timeout=30
+    )
+    assert followed.data.decode() == "".join(f"tick {i}\n" for i in range(10)), (
+        "the followed log ends with its container, every line in it"
+    )
+    done = cluster.wait_pod_phase(namespace, "two-runs", {"Succeeded", "Failed"}, timeout=45)
+    assert done.status.phase == "Succeeded"
+
+    def log(**query: Any) -> str:
+        return str(core.read_namespaced_pod_log("two-runs", namespace, container="main", _request_timeout=30, **query))
+
+    assert log() == "".join(f"second run line {i}\n" for i in range(4))
+    assert log(previous=True) == "".join(f"first run line {i}\n" for i in range(4))
+    assert log(tail_lines=2) == "second run line 2\nsecond run line 3\n"
+    assert log(limit_bytes=6) == "second"
+    assert log(follow=True) == log(), "following a container that has ended ends at once"
+    with pytest.raises(Exception) as missing:
+        core.read_namespaced_pod_log("ticker", namespace, container="main", previous=True, _request_timeout=30)
+    assert "container main of pod " + f"{namespace}/ticker has no previous run on this node" in str(missing.value)
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_the_container_log_endpoint_serves_no_one_but_the_api_server(cluster: Cluster) -> None:
+    node = cluster.core.read_node(cluster.core.list_node().items[0].metadata.name)
+    port = node.status.daemon_endpoints.kubelet_endpoint.port
+    assert port, "the agent publishes its container-log port as the kubelet's"
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        try:
+            with context.wrap_socket(raw) as tls:  # no client certificate
+                tls.sendall(b"GET /containerLogs/default/any/main HTTP/1.1\r\nHost: node\r\n\r\n")
+                answer = tls.recv(64)
+        except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+            pass
+    assert answer == b"", f"a client without the API server's certificate got {answer!r}"

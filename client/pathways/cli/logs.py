@@ -4,8 +4,8 @@ The driver's log is its pod's, ``<program>-driver`` (a finished program keeps it
 for a driver the operator ran as a child process, the end the operator kept in
 ConfigMap ``<program>-driver-log``.
 
-Worker logs come from the pod log API (which asks the node's kubelet) or, with
-``--log-dir``, straight from the files a node without a kubelet writes.
+Worker logs come from the pod log API (which asks the node's kubelet, or the dev
+cluster's node agent) or, with ``--log-dir``, straight from the files the node agent writes.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def cmd_logs(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                     text = kube.pod_log(ns, pod.name, container, args.tail)
                 except KubeError as e:
                     raise CliError(
-                        f"{e}\nThe API server reads logs from the node's kubelet. Where nodes run "
-                        "no kubelet (the test cluster's node agent), read the log files directly: "
+                        f"{e}\nThe API server reads logs from the node's kubelet. Where a node "
+                        "cannot serve them, read the log files directly: "
                         "--log-dir DIR (DIR/<namespace>_<pod>/<container>.log)"
                     ) from None
             for line in prefixed(prefix, text, args.tail):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pathways_devcluster.node_agent.container_logs import ContainerLogs
 from pathways_devcluster.node_agent.api import KubeApi
 from pathways_devcluster.node_agent.ip_pool import IpAllocator, claim_subnet
 from pathways_devcluster.node_agent.node_registrar import HEARTBEAT_SECONDS, NodeRegistrar, NodeSpec
@@ -112,8 +113,12 @@ class NodeAgent:
         self.shm_root = shm_root(self.pod_subnet)
         shutil.rmtree(self.shm_root, ignore_errors=True)  # a killed agent's, of this subnet
         self.ips = IpAllocator(self.pod_subnet)
-        self.registrar = NodeRegistrar(self.api, self.nodes, options.heartbeat_seconds)
         self.stop_event = threading.Event()
+        if not self.api.ca_file:
+            raise ValueError(f"{options.kubeconfig}: its cluster has no certificate authority, which the "
+                             "agent needs to tell the API server's requests for container logs")
+        self.logs = ContainerLogs(state_dir, self.api.ca_file, self.stop_event)
+        self.registrar = NodeRegistrar(self.api, self.nodes, options.heartbeat_seconds, kubelet_port=self.logs.port)
         self._workers: dict[str, PodWorker] = {}
         self._done: set[str] = set()
         self._lock = threading.Lock()
@@ -137,12 +142,14 @@ class NodeAgent:
             self._threads.append(
                 threading.Thread(target=pods.run, name=f"watch-{node.name}", daemon=True)
             )
+        self.logs.start()
         for t in self._threads:
             t.start()
 
     def stop(self, timeout: float = 15.0) -> None:
         """Kills every container (bounded), leaves API objects alone."""
         self.stop_event.set()
+        self.logs.close()
         with self._lock:
             workers = list(self._workers.values())
         for w in workers:

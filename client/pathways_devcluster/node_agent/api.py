@@ -54,6 +54,8 @@ class KubeApi:
         )
         configuration.connection_pool_maxsize = 32
         self.host = str(configuration.host)
+        self.ca_file: str | None = configuration.ssl_ca_cert
+        """The cluster CA's file (the kubeconfig's own, or where its inlined one was written)."""
         self._client = client.ApiClient(configuration)
         self.core = client.CoreV1Api(self._client)
         self.coordination = client.CoordinationV1Api(self._client)

@@ -5,7 +5,8 @@ scheduler and the controllers exactly as a kubelet would keep it. Each ``NodeSpe
 (``--node NAME:ISLAND:DEVICES``) is registered with the labels ``pathways.dev/island``
 and ``kubernetes.io/hostname``; its status carries capacity and allocatable ``cpu``,
 ``memory``, ``pods`` and the extended resource ``pathways.dev/device``, the Ready
-condition and InternalIP 127.0.0.1; the ``node.kubernetes.io/not-ready`` taint that
+condition, InternalIP 127.0.0.1 and the port of its container logs (``daemonEndpoints``,
+`container_logs`); the ``node.kubernetes.io/not-ready`` taint that
 admission puts on a new Node is removed; and a Lease in ``kube-node-lease`` is renewed
 with every heartbeat (``HEARTBEAT_SECONDS``). With node lifecycle on, a Node the agent stops
 serving (the agent killed, as a machine dies) goes NotReady once the controller-manager's
@@ -74,10 +75,14 @@ def node_is_ready(node: dict[str, Any]) -> bool:
 class NodeRegistrar:
     """Registers the agent's Nodes, keeps them Ready, and renews their Leases."""
 
-    def __init__(self, api: KubeApi, nodes: Sequence[NodeSpec], heartbeat_seconds: float) -> None:
+    def __init__(
+        self, api: KubeApi, nodes: Sequence[NodeSpec], heartbeat_seconds: float, kubelet_port: int | None = None
+    ) -> None:
         self.api = api
         self.nodes = list(nodes)
         self.heartbeat_seconds = heartbeat_seconds
+        self.kubelet_port = kubelet_port
+        """Where the API server asks for this agent's container logs (``container_logs``)."""
         self._uids: dict[str, str] = {}
         self._since: dict[str, str] = {}
 
@@ -154,6 +159,8 @@ class NodeRegistrar:
                 "architecture": "amd64",
             },
         }  # fmt: skip
+        if self.kubelet_port is not None:
+            status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_port}}
         self.api.call(
             self.api.core.patch_node_status, node.name, {"status": status},
             _content_type="application/strategic-merge-patch+json",
