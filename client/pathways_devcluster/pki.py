@@ -45,43 +45,34 @@ def write_pki(pki: Path) -> None:
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
         cwd=pki,
     )  # fmt: skip
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out",
-        "apiserver.csr", "-subj", "/CN=kube-apiserver",
-        cwd=pki,
-    )  # fmt: skip
-    (pki / "apiserver.ext").write_text(
-        "basicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+    _signed(
+        pki, "apiserver", "/CN=kube-apiserver",
         "extendedKeyUsage=serverAuth\n"
         "subjectKeyIdentifier=hash\n"
         "authorityKeyIdentifier=keyid,issuer\n"
         "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-        "DNS:kubernetes.default.svc.cluster.local\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "apiserver.crt", "-days", "7", "-extfile", "apiserver.ext",
-        cwd=pki,
+        "DNS:kubernetes.default.svc.cluster.local\n",
     )  # fmt: skip
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key", "-out",
-        "kubelet-client.csr", "-subj", f"/O=system:masters/CN={KUBELET_CLIENT}",
-        cwd=pki,
-    )  # fmt: skip
-    (pki / "kubelet-client.ext").write_text(
-        "basicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=clientAuth\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", "kubelet-client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "kubelet-client.crt", "-days", "7", "-extfile", "kubelet-client.ext",
-        cwd=pki,
-    )  # fmt: skip
+    _signed(pki, "kubelet-client", f"/O=system:masters/CN={KUBELET_CLIENT}", "extendedKeyUsage=clientAuth\n")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def _signed(pki: Path, name: str, subject: str, extensions: str) -> None:
+    """``<name>.key`` and ``<name>.crt`` for ``subject``, signed by the CA, a leaf with ``extensions``."""
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
+        cwd=pki,
+    )  # fmt: skip
+    (pki / f"{name}.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n" + extensions
+    )
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", f"{name}.crt", "-days", "7", "-extfile", f"{name}.ext",
+        cwd=pki,
+    )  # fmt: skip
 
 
 def write_kubeconfig(path: Path, *, server: str, ca: Path, token: str, user: str) -> Path:

@@ -219,14 +219,19 @@ def test_a_program_called_with_keywords_says_to_pass_them_positionally() -> None
         p(np.ones(2, np.float32), k=2.0)
 
 
-def test_a_big_endian_argument_enters_the_program_in_native_byte_order() -> None:
-    s = pw.make_virtual_device_set().add_slice(devices=1)
-    double = pw.jit(lambda x: x * 2, slice=s)
+def _doubling() -> pw.ProgramFunction:
+    """Program ``g``: one computation that doubles its one argument, on a 1-device slice."""
+    double = pw.jit(lambda x: x * 2, slice=pw.make_virtual_device_set().add_slice(devices=1))
 
     @pw.program
     def g(x):  # type: ignore[no-untyped-def]
         return double(x)
 
+    return g
+
+
+def test_a_big_endian_argument_enters_the_program_in_native_byte_order() -> None:
+    g = _doubling()
     x = np.arange(4, dtype=">f4")
     assert g.trace(x).ir.inputs == (ir.TensorSpec((4,), "float32"),)
     (given,) = g.compiled((x,)).inputs
@@ -235,13 +240,7 @@ def test_a_big_endian_argument_enters_the_program_in_native_byte_order() -> None
 
 
 def test_a_computation_given_no_arrays_that_fails_to_compile_says_it_had_none() -> None:
-    s = pw.make_virtual_device_set().add_slice(devices=1)
-    double = pw.jit(lambda x: x * 2, slice=s)
-
-    @pw.program
-    def g(x):  # type: ignore[no-untyped-def]
-        return double(x)
-
+    g = _doubling()
     with pytest.raises(pw.InvalidProgramError) as err:
         g.trace(None)
     assert "NoneType" in str(err.value)
