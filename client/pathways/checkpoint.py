@@ -61,12 +61,19 @@ class Checkpointer:
     def restore(self, step: int | None = None) -> tuple[int, Any] | None:
         """``(step, state)`` of the newest snapshot (or of ``step``), or None when there is none.
 
-        Arrays come back as numpy arrays; a snapshot taken without state gives ``None``.
+        Arrays come back as numpy arrays; a snapshot taken without state gives ``None``. A
+        ``step`` with no committed snapshot is refused, naming the steps there are.
         """
         ocp = self._ocp
         step = self.latest_step() if step is None else step
         if step is None:
             return None
+        kept = sorted(int(s) for s in self._manager.all_steps())
+        if step not in kept:
+            raise ValueError(
+                f"{self.directory} holds no committed snapshot of step {step}; it holds "
+                f"{', '.join(map(str, kept)) or 'none'}: restore one of those, or the latest (step=None)"
+            )
         args: dict[str, Any] = {"meta": ocp.args.JsonRestore()}
         has_state = (self.directory / str(step) / "state").exists()
         if has_state:

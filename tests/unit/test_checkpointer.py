@@ -44,3 +44,22 @@ def test_a_closed_checkpointer_or_a_negative_step_is_refused_at_save(tmp_path: P
     with pytest.raises(ValueError, match="is closed; make a new one to save"):
         checkpointer.save(1, {"w": np.ones(2, np.float32)})
     assert checkpointer.latest_step() is None
+
+
+def test_restoring_a_step_with_no_snapshot_names_the_steps_there_are(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path)
+    try:
+        for step in (3, 6):
+            checkpointer.save(step, {"w": np.full(2, float(step), np.float32)})
+        checkpointer.wait()
+        with pytest.raises(ValueError) as refused:
+            checkpointer.restore(4)
+        assert str(refused.value) == (
+            f"{tmp_path} holds no committed snapshot of step 4; it holds 3, 6: restore one of those, "
+            "or the latest (step=None)"
+        )
+        restored = checkpointer.restore(3)
+        assert restored is not None and restored[0] == 3
+        np.testing.assert_array_equal(restored[1]["w"], [3.0, 3.0])
+    finally:
+        checkpointer.close()
