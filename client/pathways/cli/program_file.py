@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +67,10 @@ def load_program_file(path: Path) -> ProgramFile:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
-        spec.loader.exec_module(module)
+        with users_code(path, "importing it"):
+            spec.loader.exec_module(module)
     except PathwaysError as err:
         raise CliError(f"{path}: {err}") from None
-    except Exception as err:
-        raise user_code_failed(path, "importing it", err) from None
     function = getattr(module, "program", None)
     if not isinstance(function, ProgramFunction):
         found = f"`program` is a {type(function).__name__}" if function is not None else "it has no `program`"
@@ -78,11 +79,10 @@ def load_program_file(path: Path) -> ProgramFile:
     if not callable(example_args):
         raise CliError(f"{path}: it has no `example_args()`; {PROGRAM_FILE_HELP}")
     try:
-        args = example_args()
+        with users_code(path, "example_args()"):
+            args = example_args()
     except PathwaysError as err:
         raise CliError(f"{path}: example_args(): {err}") from None
-    except Exception as err:
-        raise user_code_failed(path, "example_args()", err) from None
     args = args if isinstance(args, tuple) else (args,)
     feeds = getattr(module, "feeds", None) or {}
     pairs_ok = isinstance(feeds, dict) and all(
@@ -92,6 +92,18 @@ def load_program_file(path: Path) -> ProgramFile:
     if not pairs_ok:
         raise CliError(f"{path}: `feeds` is {feeds!r}; {FEEDS_HELP}")
     return ProgramFile(path, function, args, feeds)
+
+
+@contextmanager
+def users_code(path: Path, doing: str) -> Iterator[None]:
+    """Runs the user's own code (`doing`, as the error says it): an exception it raises, but
+    a `PathwaysError`, which stays itself, becomes `user_code_failed`'s error."""
+    try:
+        yield
+    except PathwaysError:
+        raise
+    except Exception as err:
+        raise user_code_failed(path, doing, err) from None
 
 
 def user_code_failed(path: Path, doing: str, err: Exception) -> CliError:
@@ -115,27 +127,6 @@ def _not_users(filename: str) -> bool:
     return filename.startswith("<frozen ") or str(Path(filename).resolve()).startswith(_PACKAGE_DIR)
 
 
-def call_program(loaded: ProgramFile, args: tuple[Any, ...]) -> Any:
-    """One call of the file's `program`, its own code's failure shown as `user_code_failed`."""
-    try:
-        return loaded.function(*args)
-    except PathwaysError:
-        raise
-    except Exception as err:
-        raise user_code_failed(loaded.path, "calling `program`", err) from None
-
-
-def _compiled(loaded: ProgramFile) -> Any:
-    """The file's `program` traced and compiled for its example arguments, its own code's
-    failure shown as `user_code_failed`."""
-    try:
-        return loaded.function.compiled(loaded.args, loaded.feeds)
-    except PathwaysError:
-        raise
-    except Exception as err:
-        raise user_code_failed(loaded.path, "tracing `program`", err) from None
-
-
 def compile_program_file(
     path: Path, name: str | None, namespace: str | None, steps: int
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -144,7 +135,8 @@ def compile_program_file(
 
     loaded = load_program_file(path)
     try:
-        compiled = _compiled(loaded)
+        with users_code(path, "tracing `program`"):
+            compiled = loaded.function.compiled(loaded.args, loaded.feeds)
         program_name = resource_name(name or compiled.program.name)
         cm_name = resource_name(program_name, "-compiled")
         config_map = compiled.to_config_map(cm_name, namespace)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pathways.cli.errors import EXIT_OK, CliError
-from pathways.cli.program_file import call_program, load_program_file
+from pathways.cli.program_file import load_program_file, users_code
 from pathways_wire.errors import PathwaysError
 from pathways_wire.wording import plural
 
@@ -29,7 +29,8 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             started = time.monotonic()
             if outputs is not None:
                 step_args = loaded.next_args(step_args, outputs)
-            outputs = call_program(loaded, step_args)
+            with users_code(loaded.path, "calling `program`"):
+                outputs = loaded.function(*step_args)
             jax.block_until_ready(outputs)
             err.write(f"step {step + 1}/{args.steps} done in {time.monotonic() - started:.2f} s\n")
         values = pw.fetch(outputs)  # while the hosts that hold them still run
