@@ -65,11 +65,12 @@ class Checkpointer:
         ``step`` with no committed snapshot is refused, naming the steps there are.
         """
         ocp = self._ocp
-        step = self.latest_step() if step is None else step
-        if step is None:
-            return None
         kept = sorted(int(s) for s in self._manager.all_steps())
-        if step not in kept:
+        if step is None:
+            if not kept:
+                return None
+            step = kept[-1]  # the newest, as `latest_step` says
+        elif step not in kept:
             raise ValueError(
                 f"{self.directory} holds no committed snapshot of step {step}; it holds "
                 f"{', '.join(map(str, kept)) or 'none'}: restore one of those, or the latest (step=None)"
