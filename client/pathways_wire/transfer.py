@@ -198,6 +198,16 @@ def wire_bytes(array: np.ndarray) -> bytes:
     return _bytes_of(array).tobytes()
 
 
+def from_wire(spec: pb.TensorSpec, data: bytes) -> np.ndarray:
+    """The array whose `wire_bytes` are `data` and whose `spec_of` is `spec` (read-only, over
+    `data`); a TransferError for a spec that does not parse or bytes that do not fit it."""
+    shape, dtype = parse_spec(spec)
+    try:
+        return np.frombuffer(data, dtype).reshape(shape)
+    except ValueError as err:
+        raise TransferError("data", f"{len(data)} bytes are not a {dtype.name}{list(shape)}: {err}") from None
+
+
 def _bounds(index: tuple[slice, ...], shape: Shape) -> tuple[Shape, Shape]:
     start: list[int] = []
     stop: list[int] = []

@@ -70,6 +70,15 @@ def test_parse_spec_accepts_numeric_and_rejects_others() -> None:
         transfer.parse_spec(pb.TensorSpec(shape=[1, -2], dtype="int32"))
 
 
+def test_a_value_from_its_wire_bytes_is_the_array_sent_in_native_byte_order() -> None:
+    sent = np.arange(6, dtype=">i4").reshape(2, 3).T  # big-endian and not C-contiguous
+    got = transfer.from_wire(transfer.spec_of(sent), transfer.wire_bytes(sent))
+    np.testing.assert_array_equal(got, sent)
+    assert got.dtype == np.dtype("int32") and got.shape == (3, 2)
+    with pytest.raises(transfer.TransferError, match=r"data: 20 bytes are not a int32\[3, 2\]"):
+        transfer.from_wire(transfer.spec_of(sent), transfer.wire_bytes(sent)[:20])
+
+
 def test_a_spec_of_more_dimensions_than_an_array_can_have_is_refused_naming_the_shape() -> None:
     assert transfer.parse_spec(pb.TensorSpec(shape=[1] * transfer.MAX_RANK, dtype="uint8"))[0] == (1,) * 64
     with pytest.raises(transfer.TransferError, match=r"spec.shape: 70 dimensions"):

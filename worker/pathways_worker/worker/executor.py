@@ -40,7 +40,7 @@ from jax.sharding import Sharding
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.command_batches import each_alone
 from pathways_wire.host_blocks import HeldBlock
-from pathways_wire.transfer import parse_spec
+from pathways_wire.transfer import from_wire, parse_spec
 from pathways_worker.shared_memory import ShmDir
 from pathways_worker.value_ref import Ref, ref_name, ref_of
 from pathways_worker.worker import stimuli
@@ -176,8 +176,7 @@ class Executor:
         """A program input that came with the launch."""
         oid = ObjectId(call_id, ref_of(inline.value))
         try:
-            shape, dtype = parse_spec(inline.spec)
-            value = np.frombuffer(inline.data, dtype).reshape(shape)
+            value = from_wire(inline.spec, inline.data)
         except Exception as err:
             error = f"cannot load inline {ref_name(oid.ref)} on host {self.host_name}: {err}"
             return stimuli.ValueArrived(oid, None, 0, error)
