@@ -248,15 +248,15 @@ def _move_seconds(moved: Any, stayed: Any, repeats: int) -> list[float]:
     """Per repeat, the fastest of `ROUNDS` moved calls less the fastest of as many stayed
     calls, alternating (zero or below: the noise hid the move's cost)."""
     seed = np.float32(2.0)
-    moved(seed), stayed(seed)
+    moved(seed).block_until_ready(), stayed(seed).block_until_ready()
     out = []
     for _ in range(repeats):
         moves, stays = [], []
         for _ in range(ROUNDS):
             t0 = time.perf_counter()
-            stayed(seed)
+            stayed(seed).block_until_ready()
             t1 = time.perf_counter()
-            moved(seed)
+            moved(seed).block_until_ready()
             t2 = time.perf_counter()
             stays.append(t1 - t0)
             moves.append(t2 - t1)
@@ -277,7 +277,7 @@ def move_cpu(moved: Any, stayed: Any, repeats: int) -> list[Figure]:
     def calls(program: Any) -> Any:
         def run() -> int:
             for _ in range(PROFILE_CALLS):
-                program(seed)
+                program(seed).block_until_ready()
             return PROFILE_CALLS
         return run
 

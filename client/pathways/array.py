@@ -8,8 +8,8 @@ waits only where it asks for the bytes — `np.asarray(x)`, `float(x)`,
 `x.item()`, `pw.fetch(tree)` — or for the end (`block_until_ready`). An error
 of the call that makes it surfaces there, at first use.
 
-A small output that came back with the call's reply carries its bytes and
-has no host copy; it behaves the same. Numpy methods and operators on a
+A small output comes back with the call's answer and has no host copy: its
+handle is a future of that answer, and behaves the same. Numpy methods and operators on a
 handle (`x.sum()`, `x + 1`) fetch it first and work on the copy.
 
 Handles are pytree leaves. The last reference dropped frees the value on
@@ -38,14 +38,19 @@ class CallFuture:
         self.program = program
         self.call_id = call_id
         self.error = ""
+        self.failure: Exception | None = None
+        """What the call raises where it failed before a host ran it (the controller
+        refused it, or could not be reached): an error of its own kind, not an
+        `ExecutionError`."""
         self.live: dict[ir.ValueRef, int] = {}
         """Outputs with handles, and how many."""
         self.kept: frozenset[ir.ValueRef] | None = None
         """Outputs that stayed objects when the call ended (None while it runs)."""
         self._ended = threading.Event()
 
-    def end(self, error: str) -> None:
-        self.error = error
+    def end(self, error: str, failure: Exception | None = None) -> None:
+        self.error = error or (str(failure) if failure is not None else "")
+        self.failure = failure
         self._ended.set()
 
     @property
@@ -58,6 +63,8 @@ class CallFuture:
     def wait(self) -> None:
         """Until the call ended; raises its error, if it failed."""
         interruptible.wait_event(self._ended)
+        if self.failure is not None:
+            raise self.failure.with_traceback(None)
         if self.error:
             raise ExecutionError(self.error)
 
@@ -78,11 +85,15 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         generation: int = 0,
         fetch: Callable[[Array], np.ndarray] | None = None,
         sharding: Callable[[], PartitionSpec] | None = None,
+        with_answer: bool = False,
     ) -> None:
         self.shape = tuple(int(d) for d in spec.shape)
         self.dtype = np.dtype(spec.dtype)
         self.call, self.ref = call, ref
         """The call that makes the value and which of its values it is (None if carried along)."""
+        self.with_answer = with_answer
+        """A small value that comes back with its call's answer (`answered`): the client
+        will carry it, and the hosts keep no copy."""
         self.hosts, self.slice_id = hosts, slice_id
         self.slice = slice_name
         """The name of the virtual slice whose hosts hold the value ("" if carried along)."""
@@ -106,12 +117,17 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         caller writes into its array later does not change the output, as under `jax.jit`."""
         return Array.carried(np.array(given, copy=True))
 
+    def answered(self, value: np.ndarray) -> None:
+        """The bytes of a handle `with_answer`, as its call's answer brought them: set
+        before the call ends, so whoever its end wakes finds them."""
+        self._value = _frozen(value)
+
     # ------------------------------------------------------------ where it is
 
     @property
     def on_hosts(self) -> bool:
         """Whether the value is an object in the hosts' stores (not carried along)."""
-        return self.call is not None and not self._deleted
+        return self.call is not None and not self.with_answer and not self._deleted
 
     @property
     def sharding(self) -> PartitionSpec:
@@ -157,9 +173,9 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         """The value as numpy, copied to the client once (read-only: every use shares it)."""
         self._check_live()
         with self._lock:
+            if self._value is None and self.call is not None:
+                self.call.wait()  # the call's error surfaces here
             if self._value is None:
-                if self.call is not None:
-                    self.call.wait()  # the call's error surfaces here
                 assert self._fetch is not None
                 self._value = _frozen(self._fetch(self))
             return self._value
@@ -240,6 +256,11 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
             return f"{label}, deleted)"
         if self.call is None:
             return f"{label}, carried by the client)"
+        if self.with_answer:
+            where = f"carried by the client once call {self.call.call_id} of slice '{self.slice}' answers"
+            if self.call.ended and not self.call.error:
+                return f"{label}, carried by the client)"
+            return f"{label}, {where}; {'failed' if self.call.ended else 'pending'})"
         where = f"on slice '{self.slice}' hosts {','.join(self.hosts)}"
         if not self.call.ended:
             state = "pending"

@@ -30,7 +30,9 @@ Small values need none of step 4's round trips: inputs of at most
 `INLINE_BYTES` ride in the `Run` request (the controller hands them to the
 hosts with the launch), and when every input and output is that small, `Run`
 answers only once the call ended — with its status, its outputs inline and
-the call already freed. A small call is one round trip.
+the call already freed. A small call is one round trip, and asynchronous as any
+other: it returns once the request is written, and its handles are futures of
+that answer.
 
 Hosts refuse callers without their slice's token. The controller is the
 authority: it gives its clients each slice's token (`SliceInfo.token`) and
@@ -68,7 +70,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -300,7 +302,10 @@ class Runtime:
             return True
         return False
 
-    def _run(self, program: ir.Program, inputs: Sequence[np.ndarray | Array], weight: float) -> list[Array]:
+    def _run(
+        self, program: ir.Program, inputs: Sequence[np.ndarray | Array], weight: float, rerun: bool = True
+    ) -> list[Array]:
+        """`run`'s call; `rerun`: a small call that loses its controller runs again (`_rerun_small`)."""
         program_id = self.load(program)
         call_id = f"{program.name}-{uuid.uuid4().hex[:12]}"
         request = pb.RunRequest(
@@ -330,12 +335,7 @@ class Runtime:
         drops = self._ownership.take_drops()
         request.drop.extend(drops)
         if small_outputs and not request.objects and len(request.inputs) == len(arrays):
-            try:
-                values = self._run_to_end(program, request, [arrays[i] for i in range(len(arrays))])
-            except BaseException:
-                self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
-                raise
-            return self._carried(program, values)
+            return self._run_small(program, request, inputs, drops, rerun)
         try:
             interruptible.acquire(self._outstanding)
         except BaseException:
@@ -357,7 +357,7 @@ class Runtime:
             self._finisher.submit(self._finish, call_id, ())
             self._outstanding.release()
             raise
-        outputs = self._handles(program, program_id, reply, call, inputs)
+        outputs = self._handles(program, call, inputs, reply, program_id)
         self._ownership.ensure_lease()
         self._await_call(call)
         return outputs
@@ -475,33 +475,18 @@ class Runtime:
             self._blocks[key] = found
         return found
 
-    @staticmethod
-    def _carried(program: ir.Program, values: Sequence[np.ndarray]) -> list[Array]:
-        """Handles for the values of a call whose values all came back with its reply: each
-        a computation made still says its slice and its declared sharding, as a handle of a
-        value on the hosts does."""
-        names = {d.id: d.name for d in program.slices}
-        out = []
-        for ref, value in zip(program.outputs, values, strict=True):
-            if ref.is_program_input:
-                out.append(Array.passed_through(value))
-                continue
-            comp = program.computations[ref.node]
-            out.append(Array(
-                ir.TensorSpec.of(value.shape, value.dtype), value=value, slice_name=names.get(comp.slice, comp.slice),
-                sharding=functools.partial(_output_sharding, comp, ref.index),
-            ))
-        return out
-
     def _handles(
         self,
         program: ir.Program,
-        program_id: str,
-        reply: pb.RunReply,
         call: CallFuture,
         inputs: Sequence[np.ndarray | Array],
+        reply: pb.RunReply | None = None,
+        program_id: str = "",
     ) -> list[Array]:
-        """One handle per output; the same handle for an output listed twice."""
+        """One handle per output, the same handle for an output listed twice: of the object
+        on the hosts `reply` names or, with no reply (a small call, `_run_small`), a future
+        of the call's answer, which brings the value back. Either says the slice and the
+        declared sharding of the computation that makes it."""
         bindings = self._bindings.get(program_id, {})
         names = {d.id: d.name for d in program.slices}
         made: dict[ir.ValueRef, Array] = {}
@@ -513,20 +498,21 @@ class Runtime:
                 continue
             handle = made.get(ref)
             if handle is None:
-                vslice = program.computations[ref.node].slice
-                handle = made[ref] = Array(
-                    program.spec_of(ref),
-                    call=call,
-                    ref=ref,
-                    hosts=tuple(reply.outputs[j].hosts),
-                    slice_id=bindings.get(vslice, ""),
-                    slice_name=names.get(vslice, vslice),
-                    generation=reply.outputs[j].generation,
-                    fetch=self._fetch_object,
-                    sharding=functools.partial(_output_sharding, program.computations[ref.node], ref.index),
-                )
-                call.live[ref] = 1
-                handle.on_delete = weakref.finalize(handle, self._ownership.handle_gone, call, ref)
+                comp = program.computations[ref.node]
+                sharding = functools.partial(_output_sharding, comp, ref.index)
+                slice_name = names.get(comp.slice, comp.slice)
+                if reply is None:
+                    handle = Array(program.spec_of(ref), call=call, ref=ref, slice_name=slice_name,
+                                   sharding=sharding, with_answer=True)
+                else:
+                    handle = Array(
+                        program.spec_of(ref), call=call, ref=ref, slice_name=slice_name, sharding=sharding,
+                        hosts=tuple(reply.outputs[j].hosts), slice_id=bindings.get(comp.slice, ""),
+                        generation=reply.outputs[j].generation, fetch=self._fetch_object,
+                    )
+                    call.live[ref] = 1
+                    handle.on_delete = weakref.finalize(handle, self._ownership.handle_gone, call, ref)
+                made[ref] = handle
             outputs.append(handle)
         return outputs
 
@@ -623,42 +609,140 @@ class Runtime:
             f"'{handle.slice}' was lost: {why} since it was made; compute it again"
         )
 
-    def _run_to_end(
-        self, program: ir.Program, request: pb.RunRequest, inputs: list[np.ndarray]
-    ) -> list[np.ndarray]:
-        """A call whose values are all small: one round trip (see the module docstring)."""
-        request.wait, request.wait_s = True, CALL_TIMEOUT_S
-        call_id = request.call_id
+    def _run_small(
+        self, program: ir.Program, request: pb.RunRequest, inputs: Sequence[np.ndarray | Array],
+        drops: list[pb.ObjectRef], rerun: bool,
+    ) -> list[Array]:
+        """A call whose values are all small: one round trip (see the module docstring).
+
+        `Run` with `wait` is answered once the call ended, with its outputs inline; the
+        call returns as soon as the request is written, and its handles are futures of
+        that answer, as any call's are of its end."""
         try:
-            reply = self._per_call().Run(request, timeout=CALL_TIMEOUT_S + 30)
+            interruptible.acquire(self._outstanding)
+        except BaseException:
+            self._ownership.give_back(drops)
+            raise
+        request.wait, request.wait_s = True, CALL_TIMEOUT_S
+        call = CallFuture(program.name, request.call_id)
+        try:
+            answer = self._per_call().Run.future(request, timeout=CALL_TIMEOUT_S + 30)
         except grpc.RpcError as err:
+            self._outstanding.release()
+            self._ownership.give_back(drops)
             raise _translate(err, f"running program '{program.name}'") from None
-        self._learn_tokens(reply)
+        except BaseException:
+            self._outstanding.release()
+            self._ownership.give_back(drops)
+            raise
         self.calls += 1
+        handles = self._handles(program, call, inputs)
+        again = functools.partial(self._rerun_small, program, request) if rerun else None
+        answer.add_done_callback(lambda done: self._small_call_answered(program, call, handles, drops, done, again))
+        return handles
+
+    def _small_call_answered(
+        self, program: ir.Program, call: CallFuture, handles: list[Array], drops: list[pb.ObjectRef],
+        done: grpc.Future[pb.RunReply] | Future[pb.RunReply],
+        again: Callable[[CallFuture, list[Array], Exception], None] | None,
+    ) -> None:
+        """On the thread that took the answer: the outputs it carries go to their handles and
+        the call ends. An output it does not carry (a small value of a multi-host slice, on
+        its hosts) is fetched first, on a thread of the client's own, not the answer's; so is
+        the call run `again` where its controller went."""
+        try:
+            reply: pb.RunReply = done.result()
+        except grpc.RpcError as err:
+            failure = _translate(err, f"running program '{program.name}'")
+            self._ownership.give_back(drops)
+            self._outstanding.release()
+            if again is not None and isinstance(failure, PathwaysError) and not self._closed:
+                try:
+                    self._pool.submit(again, call, handles, failure)
+                    return
+                except RuntimeError:  # closing
+                    pass
+            call.end("", failure)
+            return
+        except Exception as err:  # cancelled: the runtime closed under it
+            self._small_call_failed(call, drops, RuntimeUnavailableError(f"running program '{program.name}': {err}"))
+            return
+        self._learn_tokens(reply)
+        inline = {(v.value.node, v.value.index) for v in reply.values}
+        if all((ref.node, ref.index) in inline for ref in program.outputs if not ref.is_program_input):
+            self._end_small_call(program, call, handles, drops, reply)
+            return
+        try:
+            self._pool.submit(self._end_small_call, program, call, handles, drops, reply)
+        except RuntimeError:  # closing
+            self._small_call_failed(call, drops, RuntimeUnavailableError(
+                f"program '{program.name}': this client's runtime was shut down before its outputs came"
+            ))
+
+    def _rerun_small(
+        self, program: ir.Program, request: pb.RunRequest, call: CallFuture, handles: list[Array],
+        failure: Exception,
+    ) -> None:
+        """A small call whose controller went, run again, once, on the one that replaces it,
+        as `run` runs again a call whose start lost its controller: a small call is whole in
+        its request and its answer, so nothing of it was on the lost controller's hosts. Its
+        handles take the values of the call run again; where none replaces the controller,
+        they fail with what the call met. Its inputs are the bytes the request carried, not the
+        caller's arrays, which it may have written since."""
+        wait_s = RECONNECT_S if isinstance(failure, RuntimeUnavailableError) else 10.0
+        try:
+            if self._closed or not self._controller_replaced(wait_s):
+                raise failure
+            inputs = [transfer.from_wire(v.spec, v.data) for v in sorted(request.inputs, key=lambda v: v.value.index)]
+            for handle, new in zip(handles, self._run(program, inputs, request.weight, rerun=False), strict=True):
+                if not handle.is_ready():
+                    handle.answered(new.value())
+        except Exception as err:
+            call.end("", err)
+            return
+        call.end("")
+
+    def _small_call_failed(self, call: CallFuture, drops: list[pb.ObjectRef], failure: Exception) -> None:
+        self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
+        self._outstanding.release()
+        call.end("", failure)
+
+    def _end_small_call(
+        self, program: ir.Program, call: CallFuture, handles: list[Array], drops: list[pb.ObjectRef],
+        reply: pb.RunReply,
+    ) -> None:
+        """The answer's outputs into the call's handles, then its end (its error, if it failed)."""
+        error = ""
         try:
             status = reply.status
             if status.state == pb.CallStatus.RUNNING:
-                raise self._timed_out(call_id, program.name, status)
+                raise self._timed_out(call.call_id, program.name, status)
             if status.state != pb.CallStatus.SUCCEEDED:
                 raise ExecutionError(status.message or f"program '{program.name}' failed")
             inline = {(v.value.node, v.value.index): v for v in reply.values}
-            results: list[np.ndarray] = []
             for j, ref in enumerate(program.outputs):
+                handle = handles[j]
+                if ref.is_program_input or handle.is_ready():
+                    continue
                 value = inline.get((ref.node, ref.index))
-                if ref.is_program_input:
-                    results.append(np.asarray(inputs[ref.index]))
-                elif value is not None:
-                    shape, dtype = transfer.parse_spec(value.spec)
+                if value is not None:
                     self._count(received=len(value.data))
-                    results.append(np.frombuffer(value.data, dtype).reshape(shape).copy())
+                    handle.answered(transfer.from_wire(value.spec, value.data))
                 else:  # on a multi-host slice: fetched from its hosts
-                    results.append(
-                        self._fetch(list(reply.outputs[j].hosts), call_id, ref, program.spec_of(ref))
+                    handle.answered(
+                        self._fetch(list(reply.outputs[j].hosts), call.call_id, ref, program.spec_of(ref))
                     )
-            return results
+        except Exception as err:
+            error = str(err)
+            self._ownership.give_back(drops)
         finally:
+            self._outstanding.release()
             if not reply.released:
-                self._finisher.submit(self._finish, call_id, ())
+                try:
+                    self._finisher.submit(self._finish, call.call_id, ())
+                except RuntimeError:
+                    pass  # closing: releasing the slices, or stopping the embedded cluster, frees the call
+        call.end(error)
 
     def _finish(self, call_id: str, keep: Sequence[ir.ValueRef]) -> None:
         try:

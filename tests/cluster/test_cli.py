@@ -397,9 +397,9 @@ def test_submit_stores_a_complete_program_owned_by_its_pathwaysprogram(scene: Sc
     runtime = connect()
     try:
         (y,) = runtime.run(compiled.program, list(compiled.inputs), compiled.weight)
+        np.testing.assert_allclose(y, [3.0, 5.0])  # while the runtime that holds it is up
     finally:
         shutdown()
-    np.testing.assert_allclose(y, [3.0, 5.0])
 
 
 # -- watch streams -----------------------------------------------------------------------

@@ -46,8 +46,9 @@ def test_computation_failing_on_a_worker_names_program_computation_and_host(
     program = dataclasses.replace(
         traced.ir, computations=(corrupt,) + traced.ir.computations[1:]
     )
+    (out,) = runtime.run(program, [np.ones(4, np.float32)])  # written: the failure shows at first use
     with pytest.raises(pw.ExecutionError) as info:
-        runtime.run(program, [np.ones(4, np.float32)])
+        np.asarray(out)
     text = str(info.value)
     assert "broken" in text, text
     assert first.name in text, text

@@ -64,12 +64,13 @@ def test_a_hung_host_times_out_naming_it(runtime: pw.Runtime, monkeypatch: pytes
     os.kill(worker, signal.SIGSTOP)
     try:
         assert _stopped_within(worker, 10.0), f"worker {worker} not stopped: state {process_state(worker)}"
+        got = frozen(x)  # written: the host's silence shows where the value is first used
         try:
-            got = frozen(x)
+            value = np.asarray(got)
         except pw.ExecutionError as err:
             text = str(err)
         else:
-            pytest.fail(f"the call returned {np.asarray(got)} while worker {worker} of "
+            pytest.fail(f"the call returned {value} while worker {worker} of "
                         f"{info.name}/host-0 was stopped (state {process_state(worker)} after the call)")
     finally:
         os.kill(worker, signal.SIGCONT)

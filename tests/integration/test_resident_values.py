@@ -210,6 +210,37 @@ def test_an_error_surfaces_at_the_first_use_of_a_handle_naming_program_computati
         y.block_until_ready()
 
 
+SLOW_LOOPS = 400_000_000
+"""Increments of a small int32 vector: about a second of one core here, long enough that a
+call that waited for its end could not return before it."""
+
+
+def test_a_call_of_small_values_returns_before_it_ends_and_its_handle_waits_for_the_answer(
+    runtime: pw.Runtime,
+) -> None:
+    vslice = pw.make_virtual_device_set().add_slice(devices=1)
+    count = pw.jit(lambda v: jax.lax.fori_loop(0, SLOW_LOOPS, lambda i, a: a + 1, v), slice=vslice)
+
+    @pw.program(name="small-and-slow")
+    def small_and_slow(x):  # type: ignore[no-untyped-def]
+        return count(x)
+
+    x = np.zeros(4, np.int32)
+    small_and_slow(x).block_until_ready()  # compiled and loaded: the next call only runs
+    before = runtime.traffic
+
+    y = small_and_slow(x)
+
+    assert not y.is_ready(), "the call waited for its end"
+    assert repr(y).endswith("answers; pending)") and "carried by the client once call" in repr(y), repr(y)
+    np.testing.assert_array_equal(np.asarray(y), np.full(4, SLOW_LOOPS, np.int32))
+    assert y.is_ready() and repr(y) == "pw.Array(int32[4], carried by the client)"
+    assert not y.on_hosts, "a small output has no copy on the hosts"
+    assert runtime.traffic - before == pw.ClientTraffic(sent=x.nbytes, received=x.nbytes), (
+        "the input went with the call and the output came back with its answer"
+    )
+
+
 def plus_one_on(name: str, devices: int) -> pw.ProgramFunction:
     """A program adding one on a new slice called `name`."""
     vslice = pw.make_virtual_device_set().add_slice(devices=devices, name=name)
