@@ -25,14 +25,16 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     try:
         outputs: Any = None
         step_args = loaded.args
+        last_done = time.monotonic()
         for step in range(args.steps):
-            started = time.monotonic()
-            if outputs is not None:
-                step_args = loaded.next_args(step_args, outputs)
+            previous = outputs
+            if previous is not None:
+                step_args = loaded.next_args(step_args, previous)
             with users_code(loaded.path, "calling `program`"):
                 outputs = loaded.function(*step_args)
-            jax.block_until_ready(outputs)
-            err.write(f"step {step + 1}/{args.steps} done in {time.monotonic() - started:.2f} s\n")
+            if previous is not None:  # step `step` is on its way: now wait for the one before
+                last_done = _step_done(previous, step, args.steps, last_done, err)
+        _step_done(outputs, args.steps, args.steps, last_done, err)
         values = pw.fetch(outputs)  # while the hosts that hold them still run
     except PathwaysError as e:
         raise CliError(f"{args.file}: {e}") from None
@@ -43,3 +45,15 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     else:
         out.write(repr(jax.tree_util.tree_map(np.asarray, values)) + "\n")
     return EXIT_OK
+
+
+def _step_done(outputs: Any, number: int, steps: int, since: float, err: IO[str]) -> float:
+    """Waits for step `number`'s outputs and says so, with the time since the step before
+    it ended: each step is called before the one before it is waited for, so the hosts
+    never wait for the client between two steps."""
+    import jax
+
+    jax.block_until_ready(outputs)
+    now = time.monotonic()
+    err.write(f"step {number}/{steps} done in {now - since:.2f} s\n")
+    return now
