@@ -653,7 +653,7 @@ class Runtime:
         try:
             reply: pb.RunReply = done.result()
         except grpc.RpcError as err:
-            failure = _translate(err, f"running program '{program.name}'")
+            failure = self._unanswered(program, call) or _translate(err, f"running program '{program.name}'")
             self._ownership.give_back(drops)
             self._outstanding.release()
             if again is not None and isinstance(failure, PathwaysError) and not self._closed:
@@ -665,7 +665,9 @@ class Runtime:
             call.end("", failure)
             return
         except Exception as err:  # cancelled: the runtime closed under it
-            self._small_call_failed(call, drops, RuntimeUnavailableError(f"running program '{program.name}': {err}"))
+            self._small_call_failed(call, drops, self._unanswered(program, call) or RuntimeUnavailableError(
+                f"running program '{program.name}': {err}"
+            ))
             return
         self._learn_tokens(reply)
         inline = {(v.value.node, v.value.index) for v in reply.values}
@@ -675,9 +677,20 @@ class Runtime:
         try:
             self._pool.submit(self._end_small_call, program, call, handles, drops, reply)
         except RuntimeError:  # closing
-            self._small_call_failed(call, drops, RuntimeUnavailableError(
-                f"program '{program.name}': this client's runtime was shut down before its outputs came"
+            self._small_call_failed(call, drops, self._unanswered(program, call) or RuntimeUnavailableError(
+                f"program '{program.name}' call {call.call_id}: its outputs could not be fetched"
             ))
+
+    def _unanswered(self, program: ir.Program, call: CallFuture) -> RuntimeUnavailableError | None:
+        """What a small call's handles say where the runtime was shut down before its answer
+        came (None while it runs): the answer was lost with the runtime's link."""
+        if not self._closing:
+            return None
+        return RuntimeUnavailableError(
+            f"program '{program.name}' call {call.call_id}: this client's runtime was shut down "
+            "(pw.shutdown() or Runtime.close()) before the call's answer came, and its outputs went "
+            "with it; fetch what you need (numpy.asarray, pw.fetch) before shutting down"
+        )
 
     def _rerun_small(
         self, program: ir.Program, request: pb.RunRequest, call: CallFuture, handles: list[Array],

@@ -361,6 +361,7 @@ def test_a_killed_clients_objects_are_freed_within_its_lease(runtime: pw.Runtime
 AFTER_SHUTDOWN = textwrap.dedent(
     """
     import sys
+    import jax
     import numpy as np
     import pathways as pw
 
@@ -373,23 +374,42 @@ AFTER_SHUTDOWN = textwrap.dedent(
         return double(v)
 
     y = program(np.ones(int(sys.argv[1]), np.float32)).block_until_ready()
+    answered = program(np.ones(4, np.float32)).block_until_ready()
+    count = pw.jit(lambda v: jax.lax.fori_loop(0, int(sys.argv[2]), lambda i, a: a + 1, v), slice=pool)
+
+    @pw.program(name="counting")
+    def counting(v):
+        return count(v)
+
+    counting(np.zeros(4, np.int32)).block_until_ready()
+    pending = counting(np.zeros(4, np.int32))
     pw.shutdown()
     try:
         np.asarray(y)
     except pw.RuntimeUnavailableError as err:
         print("refused:", err)
+    print("kept:", np.asarray(answered).tolist())
+    try:
+        np.asarray(pending)
+    except pw.RuntimeUnavailableError as err:
+        print("pending refused:", err)
     """
 )
 
 
 def test_a_handle_used_after_its_runtime_shut_down_is_refused_naming_the_shutdown() -> None:
     """Its hosts went with the runtime: the fetch is refused, and the process lives on (gRPC
-    crashed it on the closed channel before). A process of its own: it shuts its runtime down."""
-    done = subprocess.run([sys.executable, "-c", AFTER_SHUTDOWN, str(BIG)], capture_output=True, text=True,
-                          timeout=240, env={k: v for k, v in os.environ.items() if k != "PATHWAYS_CONTROLLER"})
+    crashed it on the closed channel before); so is a small call's handle whose answer had not
+    come, while one whose answer came keeps its value. A process of its own: it shuts its
+    runtime down."""
+    done = subprocess.run([sys.executable, "-c", AFTER_SHUTDOWN, str(BIG), str(SLOW_LOOPS)], capture_output=True,
+                          text=True, timeout=240, env={k: v for k, v in os.environ.items() if k != "PATHWAYS_CONTROLLER"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"refused: fetching pw.Array(float32[{BIG}]" in done.stdout, done.stdout
     assert "this client's runtime was shut down (pw.shutdown() or Runtime.close())" in done.stdout
+    assert "kept: [2.0, 2.0, 2.0, 2.0]" in done.stdout, "a small value that came back stays with the client"
+    assert "pending refused: program 'counting' call counting-" in done.stdout, done.stdout
+    assert "shut down (pw.shutdown() or Runtime.close()) before the call's answer came" in done.stdout, done.stdout
 
 
 def test_a_handle_whose_gang_was_lost_fails_clearly_when_used(runtime: pw.Runtime) -> None:
