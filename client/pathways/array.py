@@ -257,10 +257,11 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         if self.call is None:
             return f"{label}, carried by the client)"
         if self.with_answer:
-            where = f"carried by the client once call {self.call.call_id} of slice '{self.slice}' answers"
-            if self.call.ended and not self.call.error:
-                return f"{label}, carried by the client)"
-            return f"{label}, {where}; {'failed' if self.call.ended else 'pending'})"
+            if not self.call.ended:
+                return f"{label}, coming back with the answer of call {self.call.call_id} on slice '{self.slice}'; pending)"
+            if self.call.error:
+                return f"{label}, of call {self.call.call_id} on slice '{self.slice}'; failed)"
+            return f"{label}, carried by the client)"
         where = f"on slice '{self.slice}' hosts {','.join(self.hosts)}"
         if not self.call.ended:
             state = "pending"
