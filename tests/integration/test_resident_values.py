@@ -233,7 +233,7 @@ def test_a_call_of_small_values_returns_before_it_ends_and_its_handle_waits_for_
 
     assert not y.is_ready(), "the call waited for its end"
     assert repr(y).startswith("pw.Array(int32[4], coming back with the answer of call small-and-slow-"), repr(y)
-    assert repr(y).endswith("on slice 'slice0'; pending)"), repr(y)
+    assert repr(y).endswith(f"on slice '{vslice.name}'; pending)"), repr(y)
     np.testing.assert_array_equal(np.asarray(y), np.full(4, SLOW_LOOPS, np.int32))
     assert y.is_ready() and repr(y) == "pw.Array(int32[4], carried by the client)"
     assert not y.on_hosts, "a small output has no copy on the hosts"
