@@ -8,8 +8,8 @@ waits only where it asks for the bytes — `np.asarray(x)`, `float(x)`,
 `x.item()`, `pw.fetch(tree)` — or for the end (`block_until_ready`). An error
 of the call that makes it surfaces there, at first use.
 
-A small output comes back with the call's answer and has no host copy: its
-handle is a future of that answer, and behaves the same. Numpy methods and operators on a
+A small output comes back with the call's answer, and stays an object on the
+hosts too: its handle is a future of that answer, and behaves the same. Numpy methods and operators on a
 handle (`x.sum()`, `x + 1`) fetch it first and work on the copy.
 
 Handles are pytree leaves. The last reference dropped frees the value on
@@ -93,7 +93,8 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
         """The call that makes the value and which of its values it is (None if carried along)."""
         self.with_answer = with_answer
         """A small value that comes back with its call's answer (`answered`): the client
-        will carry it, and the hosts keep no copy."""
+        carries it, and the hosts keep it as an object too, for a call that names it
+        before the answer comes."""
         self.hosts, self.slice_id = hosts, slice_id
         self.slice = slice_name
         """The name of the virtual slice whose hosts hold the value ("" if carried along)."""
@@ -126,8 +127,8 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
 
     @property
     def on_hosts(self) -> bool:
-        """Whether the value is an object in the hosts' stores (not carried along)."""
-        return self.call is not None and not self.with_answer and not self._deleted
+        """Whether the value is an object in the hosts' stores (not only carried along)."""
+        return self.call is not None and not self._deleted
 
     @property
     def sharding(self) -> PartitionSpec:
@@ -261,7 +262,7 @@ class Array(np.lib.mixins.NDArrayOperatorsMixin):
                 return f"{label}, coming back with the answer of call {self.call.call_id} on slice '{self.slice}'; pending)"
             if self.call.error:
                 return f"{label}, of call {self.call.call_id} on slice '{self.slice}'; failed)"
-            return f"{label}, carried by the client)"
+            return f"{label}, carried by the client, and on slice '{self.slice}' (call {self.call.call_id}); ready)"
         where = f"on slice '{self.slice}' hosts {','.join(self.hosts)}"
         if not self.call.ended:
             state = "pending"

@@ -30,9 +30,10 @@ Small values need none of step 4's round trips: inputs of at most
 `INLINE_BYTES` ride in the `Run` request (the controller hands them to the
 hosts with the launch), and when every input and output is that small, `Run`
 answers only once the call ended — with its status, its outputs inline and
-the call already freed. A small call is one round trip, and asynchronous as any
-other: it returns once the request is written, and its handles are futures of
-that answer.
+the call already freed but for the outputs with handles, which stay objects. A
+small call is one round trip, and asynchronous as any other: it returns once the
+request is written, and its handles are futures of that answer. A later call
+sends a small handle's bytes once its answer came, and names its object before.
 
 Hosts refuse callers without their slice's token. The controller is the
 authority: it gives its clients each slice's token (`SliceInfo.token`) and
@@ -403,7 +404,10 @@ class Runtime:
         """Whether the input can name the object itself: the controller binds it in place
         where its own slice reads it and has its hosts send it to any other slice that does.
         Otherwise (a carried value, or another runtime's handle) its bytes go through the client."""
-        return given.on_hosts and getattr(given._fetch, "__self__", None) is self
+        return (
+            given.on_hosts and getattr(given._fetch, "__self__", None) is self
+            and not (given.with_answer and given.is_ready())
+        )
 
     def _put_inputs(
         self,
@@ -484,9 +488,9 @@ class Runtime:
         program_id: str = "",
     ) -> list[Array]:
         """One handle per output, the same handle for an output listed twice: of the object
-        on the hosts `reply` names or, with no reply (a small call, `_run_small`), a future
-        of the call's answer, which brings the value back. Either says the slice and the
-        declared sharding of the computation that makes it."""
+        on the hosts `reply` names or, with no reply (a small call, `_run_small`), of the
+        object its call leaves and a future of the answer that brings the value back. Either
+        says the slice and the declared sharding of the computation that makes it."""
         bindings = self._bindings.get(program_id, {})
         names = {d.id: d.name for d in program.slices}
         made: dict[ir.ValueRef, Array] = {}
@@ -501,17 +505,14 @@ class Runtime:
                 comp = program.computations[ref.node]
                 sharding = functools.partial(_output_sharding, comp, ref.index)
                 slice_name = names.get(comp.slice, comp.slice)
-                if reply is None:
-                    handle = Array(program.spec_of(ref), call=call, ref=ref, slice_name=slice_name,
-                                   sharding=sharding, with_answer=True)
-                else:
-                    handle = Array(
-                        program.spec_of(ref), call=call, ref=ref, slice_name=slice_name, sharding=sharding,
-                        hosts=tuple(reply.outputs[j].hosts), slice_id=bindings.get(comp.slice, ""),
-                        generation=reply.outputs[j].generation, fetch=self._fetch_object,
-                    )
-                    call.live[ref] = 1
-                    handle.on_delete = weakref.finalize(handle, self._ownership.handle_gone, call, ref)
+                handle = Array(
+                    program.spec_of(ref), call=call, ref=ref, slice_name=slice_name, sharding=sharding,
+                    slice_id=bindings.get(comp.slice, ""), fetch=self._fetch_object, with_answer=reply is None,
+                )
+                if reply is not None:
+                    handle.hosts, handle.generation = tuple(reply.outputs[j].hosts), reply.outputs[j].generation
+                call.live[ref] = 1
+                handle.on_delete = weakref.finalize(handle, self._ownership.handle_gone, call, ref)
                 made[ref] = handle
             outputs.append(handle)
         return outputs
@@ -617,7 +618,10 @@ class Runtime:
 
         `Run` with `wait` is answered once the call ended, with its outputs inline; the
         call returns as soon as the request is written, and its handles are futures of
-        that answer, as any call's are of its end."""
+        that answer, as any call's are of its end. The outputs with handles stay objects on
+        the hosts when the call is freed (`RunRequest.keep`), so that a later call given a
+        handle whose answer has not come names the object and goes out at once
+        (`_is_object`)."""
         try:
             interruptible.acquire(self._outstanding)
         except BaseException:
@@ -625,6 +629,9 @@ class Runtime:
             raise
         request.wait, request.wait_s = True, CALL_TIMEOUT_S
         call = CallFuture(program.name, request.call_id)
+        handles = self._handles(program, call, inputs, program_id=request.program_id)
+        keep = frozenset(call.live)
+        request.keep.extend(ref.to_proto() for ref in keep)
         try:
             answer = self._per_call().Run.future(request, timeout=CALL_TIMEOUT_S + 30)
         except grpc.RpcError as err:
@@ -636,14 +643,16 @@ class Runtime:
             self._ownership.give_back(drops)
             raise
         self.calls += 1
-        handles = self._handles(program, call, inputs)
+        self._ownership.ensure_lease()
         again = functools.partial(self._rerun_small, program, request) if rerun else None
-        answer.add_done_callback(lambda done: self._small_call_answered(program, call, handles, drops, done, again))
+        answer.add_done_callback(
+            lambda done: self._small_call_answered(program, call, handles, keep, drops, done, again)
+        )
         return handles
 
     def _small_call_answered(
-        self, program: ir.Program, call: CallFuture, handles: list[Array], drops: list[pb.ObjectRef],
-        done: grpc.Future[pb.RunReply] | Future[pb.RunReply],
+        self, program: ir.Program, call: CallFuture, handles: list[Array], keep: frozenset[ir.ValueRef],
+        drops: list[pb.ObjectRef], done: grpc.Future[pb.RunReply] | Future[pb.RunReply],
         again: Callable[[CallFuture, list[Array], Exception], None] | None,
     ) -> None:
         """On the thread that took the answer: the outputs it carries go to their handles and
@@ -662,22 +671,22 @@ class Runtime:
                     return
                 except RuntimeError:  # closing
                     pass
-            call.end("", failure)
+            self._settle_small_call(call, keep, released=True, failure=failure)
             return
         except Exception as err:  # cancelled: the runtime closed under it
-            self._small_call_failed(call, drops, self._unanswered(program, call) or RuntimeUnavailableError(
+            self._small_call_failed(call, keep, drops, self._unanswered(program, call) or RuntimeUnavailableError(
                 f"running program '{program.name}': {err}"
             ))
             return
         self._learn_tokens(reply)
         inline = {(v.value.node, v.value.index) for v in reply.values}
         if all((ref.node, ref.index) in inline for ref in program.outputs if not ref.is_program_input):
-            self._end_small_call(program, call, handles, drops, reply)
+            self._end_small_call(program, call, handles, keep, drops, reply)
             return
         try:
-            self._pool.submit(self._end_small_call, program, call, handles, drops, reply)
+            self._pool.submit(self._end_small_call, program, call, handles, keep, drops, reply)
         except RuntimeError:  # closing
-            self._small_call_failed(call, drops, self._unanswered(program, call) or RuntimeUnavailableError(
+            self._small_call_failed(call, keep, drops, self._unanswered(program, call) or RuntimeUnavailableError(
                 f"program '{program.name}' call {call.call_id}: its outputs could not be fetched"
             ))
 
@@ -711,18 +720,40 @@ class Runtime:
                 if not handle.is_ready():
                     handle.answered(new.value())
         except Exception as err:
-            call.end("", err)
+            self._settle_small_call(call, frozenset(), released=True, failure=err)
             return
-        call.end("")
+        self._settle_small_call(call, frozenset(), released=True)  # its objects went with the controller
 
-    def _small_call_failed(self, call: CallFuture, drops: list[pb.ObjectRef], failure: Exception) -> None:
+    def _small_call_failed(
+        self, call: CallFuture, keep: frozenset[ir.ValueRef], drops: list[pb.ObjectRef], failure: Exception
+    ) -> None:
         self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
         self._outstanding.release()
-        call.end("", failure)
+        self._settle_small_call(call, keep, released=True, failure=failure)
+
+    def _settle_small_call(
+        self, call: CallFuture, keep: frozenset[ir.ValueRef], released: bool, error: str = "",
+        failure: Exception | None = None,
+    ) -> None:
+        """A small call's end, settled as `_call_ended` settles any other's: which of its outputs
+        stay objects (none, if it failed), the objects of handles gone while it ran dropped,
+        and the call freed where the controller has not freed it yet."""
+        with self._lock:
+            call.kept = frozenset() if error or failure else (keep if released else frozenset(call.live))
+            if call.kept:
+                self._ownership.keep(call)
+            call.end(error, failure)
+            if released:
+                self._ownership.drop_unheld(call)
+                return
+        try:
+            self._finisher.submit(self._finish, call.call_id, tuple(call.kept))
+        except RuntimeError:
+            pass  # closing: releasing the slices, or stopping the embedded cluster, frees the call
 
     def _end_small_call(
-        self, program: ir.Program, call: CallFuture, handles: list[Array], drops: list[pb.ObjectRef],
-        reply: pb.RunReply,
+        self, program: ir.Program, call: CallFuture, handles: list[Array], keep: frozenset[ir.ValueRef],
+        drops: list[pb.ObjectRef], reply: pb.RunReply,
     ) -> None:
         """The answer's outputs into the call's handles, then its end (its error, if it failed)."""
         error = ""
@@ -737,25 +768,21 @@ class Runtime:
                 handle = handles[j]
                 if ref.is_program_input or handle.is_ready():
                     continue
+                handle.hosts, handle.generation = tuple(reply.outputs[j].hosts), reply.outputs[j].generation
                 value = inline.get((ref.node, ref.index))
                 if value is not None:
                     self._count(received=len(value.data))
                     handle.answered(transfer.from_wire(value.spec, value.data))
-                else:  # on a multi-host slice: fetched from its hosts
-                    handle.answered(
-                        self._fetch(list(reply.outputs[j].hosts), call.call_id, ref, program.spec_of(ref))
-                    )
+                else:  # on a multi-host slice: fetched from its hosts, where it stays an object
+                    handle.answered(self._fetch(
+                        list(handle.hosts), call.call_id, ref, program.spec_of(ref), release=ref not in keep
+                    ))
         except Exception as err:
             error = str(err)
             self._ownership.give_back(drops)
         finally:
             self._outstanding.release()
-            if not reply.released:
-                try:
-                    self._finisher.submit(self._finish, call.call_id, ())
-                except RuntimeError:
-                    pass  # closing: releasing the slices, or stopping the embedded cluster, frees the call
-        call.end(error)
+        self._settle_small_call(call, keep, reply.released, error)
 
     def _finish(self, call_id: str, keep: Sequence[ir.ValueRef]) -> None:
         try:

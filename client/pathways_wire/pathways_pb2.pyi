@@ -494,6 +494,7 @@ class RunRequest(_message.Message):
     OBJECTS_FIELD_NUMBER: _builtins.int
     CLIENT_FIELD_NUMBER: _builtins.int
     DROP_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
     program_id: _builtins.str
     call_id: _builtins.str
     weight: _builtins.float
@@ -524,6 +525,12 @@ class RunRequest(_message.Message):
         freed as the call arrives, whether or not it runs.
         """
 
+    @_builtins.property
+    def keep(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValueRef]:
+        """With wait: the outputs that stay objects when the call is freed at its end (as
+        ReleaseCall.keep), so that a later call may name one before this answer comes.
+        """
+
     def __init__(
         self,
         *,
@@ -536,10 +543,11 @@ class RunRequest(_message.Message):
         objects: _abc.Iterable[Global___ObjectInput] | None = ...,
         client: _builtins.str = ...,
         drop: _abc.Iterable[Global___ObjectRef] | None = ...,
+        keep: _abc.Iterable[Global___ValueRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "client", b"client", "drop", b"drop", "inputs", b"inputs", "objects", b"objects", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "client", b"client", "drop", b"drop", "inputs", b"inputs", "keep", b"keep", "objects", b"objects", "program_id", b"program_id", "wait", b"wait", "wait_s", b"wait_s", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

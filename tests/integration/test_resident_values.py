@@ -235,11 +235,47 @@ def test_a_call_of_small_values_returns_before_it_ends_and_its_handle_waits_for_
     assert repr(y).startswith("pw.Array(int32[4], coming back with the answer of call small-and-slow-"), repr(y)
     assert repr(y).endswith(f"on slice '{vslice.name}'; pending)"), repr(y)
     np.testing.assert_array_equal(np.asarray(y), np.full(4, SLOW_LOOPS, np.int32))
-    assert y.is_ready() and repr(y) == "pw.Array(int32[4], carried by the client)"
-    assert not y.on_hosts, "a small output has no copy on the hosts"
+    assert y.is_ready() and repr(y).startswith("pw.Array(int32[4], carried by the client, and on slice"), repr(y)
     assert runtime.traffic - before == pw.ClientTraffic(sent=x.nbytes, received=x.nbytes), (
         "the input went with the call and the output came back with its answer"
     )
+
+
+def test_a_small_handle_passed_on_before_its_answer_came_goes_out_at_once_and_is_freed_when_dropped(
+    runtime: pw.Runtime,
+) -> None:
+    """A small call leaves its outputs as objects too: a later call names one and is
+    dispatched at once, its hosts waiting for the value, and none of it goes through the client."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=1)
+    count = pw.jit(lambda v: jax.lax.fori_loop(0, SLOW_LOOPS, lambda i, a: a + 1, v), slice=vslice)
+    plus = pw.jit(lambda v: v + 1, slice=vslice)
+
+    @pw.program(name="small-count")
+    def slow(x):  # type: ignore[no-untyped-def]
+        return count(x)
+
+    @pw.program(name="small-plus")
+    def then(x):  # type: ignore[no-untyped-def]
+        return plus(x)
+
+    x = np.zeros(4, np.int32)
+    then(slow(x)).block_until_ready()  # compiled and loaded: the calls below only run
+    before = runtime.traffic
+
+    y = slow(x)
+    z = then(y)
+
+    assert not y.is_ready() and not z.is_ready(), "the second call waited for the first one's answer"
+    np.testing.assert_array_equal(np.asarray(z), np.full(4, SLOW_LOOPS + 1, np.int32))
+    np.testing.assert_array_equal(np.asarray(y), np.full(4, SLOW_LOOPS, np.int32))
+    assert (runtime.traffic - before).sent == x.nbytes, "y went to the second call from the hosts' store"
+    hosts = tuple(y.hosts)
+    assert hosts and store_bytes(runtime, hosts) >= 2 * x.nbytes, "y and z are objects on the hosts"
+
+    del y, z
+    gc.collect()
+    then(x).block_until_ready()  # carries the drops
+    wait_until("the dropped small values freed", lambda: store_bytes(runtime, hosts) == 0, 30)
 
 
 def plus_one_on(name: str, devices: int) -> pw.ProgramFunction:

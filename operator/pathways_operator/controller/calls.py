@@ -235,13 +235,14 @@ class Calls:
         inputs: Sequence[pb.InlineValue],
         wait_s: float,
         client: str = "",
+        keep: Sequence[pb.ValueRef] = (),
     ) -> pb.RunReply:
         """Runs the call and answers when it ended, with its inline outputs.
 
-        A call that ended with every output inline (or failed) is freed here,
-        so the client owes no FinishCall (`released`)."""
+        A call that ended with every output inline (or failed) is freed here, but the
+        outputs in `keep` if it succeeded, so the client owes no FinishCall (`released`)."""
         reply = self.run(program_id, call_id, weight, inputs, client=client)
-        return self._run_ended(reply, call_id, self.wait_call(call_id, wait_s))
+        return self._run_ended(reply, call_id, self.wait_call(call_id, wait_s), keep)
 
     def run_to_end_then(
         self,
@@ -252,12 +253,15 @@ class Calls:
         wait_s: float,
         client: str,
         answer: Callable[[pb.RunReply], None],
+        keep: Sequence[pb.ValueRef] = (),
     ) -> None:
         """`run_to_end` whose reply goes to `answer` once the call ended (or `wait_s` is
         up) instead of back to a thread waiting for it; a call that cannot start raises
         here, as `run` does."""
         reply = self.run(program_id, call_id, weight, inputs, client=client)
-        self.when_ended(call_id, wait_s, lambda: answer(self._run_ended(reply, call_id, self.wait_call(call_id, 0.0))))
+        self.when_ended(
+            call_id, wait_s, lambda: answer(self._run_ended(reply, call_id, self.wait_call(call_id, 0.0), keep))
+        )
 
     def wait_call_then(
         self, call_id: str, timeout_s: float, finish: bool, keep: Sequence[pb.ValueRef],
@@ -279,8 +283,11 @@ class Calls:
                 return
         once()
 
-    def _run_ended(self, reply: pb.RunReply, call_id: str, status: pb.CallStatus) -> pb.RunReply:
-        """`reply` with the call's status and inline outputs; freed if the client needs no more."""
+    def _run_ended(
+        self, reply: pb.RunReply, call_id: str, status: pb.CallStatus, keep: Sequence[pb.ValueRef] = ()
+    ) -> pb.RunReply:
+        """`reply` with the call's status and inline outputs; freed, but for the objects in
+        `keep`, if the client needs no more."""
         reply.status.CopyFrom(status)
         with self._changed:
             call = self._calls.get(call_id)
@@ -298,7 +305,7 @@ class Calls:
         if status.state == pb.CallStatus.FAILED or (
             complete and status.state == pb.CallStatus.SUCCEEDED
         ):
-            self.finish_call(call_id)
+            self.finish_call(call_id, keep if status.state == pb.CallStatus.SUCCEEDED else ())
             reply.released = True
         return reply
 

@@ -87,7 +87,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             if request.wait:
                 return self.controller.calls.run_to_end(
                     request.program_id, request.call_id, request.weight, request.inputs,
-                    request.wait_s, request.client,
+                    request.wait_s, request.client, request.keep,
                 )
             return self.controller.calls.run(
                 request.program_id, request.call_id, request.weight, request.inputs,
@@ -105,7 +105,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             self.controller.calls.drop_objects(request.client, request.drop)
         self.controller.calls.run_to_end_then(
             request.program_id, request.call_id, request.weight, request.inputs, request.wait_s,
-            request.client, answer,
+            request.client, answer, request.keep,
         )
 
     def wait_call_then(self, request: pb.CallStatusRequest, answer: Callable[[pb.CallStatus], None]) -> None:
