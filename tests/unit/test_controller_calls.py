@@ -302,6 +302,29 @@ def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() ->
     assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "freed: the client owes no FinishCall"
 
 
+def test_a_run_answered_at_its_end_keeps_the_outputs_it_names_as_objects() -> None:
+    table = SliceTable(lambda: island("island-a", 3, 4))
+    rec = linked_slice(table, "s", 1)
+    programs = Programs()
+    program_id = programs.load(one_step("step", "s", 4), {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
+    calls = Calls(table, programs, window=4, shared_window=4)
+    replies: list[pb.RunReply] = []
+    out = pb.ValueRef(node=0, index=0)
+    calls.run_to_end_then(program_id, "c", 1.0, [], 30.0, "me", replies.append, keep=[out])
+    value = pb.InlineValue(value=out, data=b"\0\0\0\0")
+    ((seq, _, node),) = [g for c in rec.links[0].sent if c.HasField("grants")  # type: ignore[attr-defined]
+                         for g in grants_in(c.grants)]
+    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[pb.Completion(
+        seq=seq, call_id="c", node=node, ok=True, outputs=[value])]))
+
+    (reply,) = replies
+    assert reply.released and [v.data for v in reply.values] == [b"\0\0\0\0"]
+    assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "the call is freed"
+    assert releases(rec) == [[(0, 0)]], "its hosts free the call but keep the output"
+    key, record = calls.objects.resolve(pb.ObjectRef(call_id="c", value=out), "me", "a later call's input 0")
+    assert key == ("c", 0, 0) and record.slice_id == rec.slice_id
+
+
 def test_one_completion_standing_for_a_run_of_grants_completes_each_of_them() -> None:
     table = SliceTable(lambda: island("island-a", 3, 4))
     rec = linked_slice(table, "s", 1)
