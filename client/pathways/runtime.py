@@ -556,18 +556,7 @@ class Runtime:
             error = str(err)
         finally:
             self._outstanding.release()
-        with self._lock:
-            call.kept = frozenset() if error else (keep if released else frozenset(call.live))
-            if call.kept:
-                self._ownership.keep(call)
-            call.end(error)
-            if released:
-                self._ownership.drop_unheld(call)
-                return
-            try:
-                self._finisher.submit(self._finish, call.call_id, tuple(call.kept))
-            except RuntimeError:
-                pass  # closing: releasing the slices, or stopping the embedded cluster, frees the call
+        self._settle_call(call, keep, released, error)
 
     def _check_open(self, doing: str) -> None:
         """Refuses what would use a closed runtime's channels (gRPC may crash the process on a
@@ -671,7 +660,7 @@ class Runtime:
                     return
                 except RuntimeError:  # closing
                     pass
-            self._settle_small_call(call, keep, released=True, failure=failure)
+            self._settle_call(call, keep, released=True, failure=failure)
             return
         except Exception as err:  # cancelled: the runtime closed under it
             self._small_call_failed(call, keep, drops, self._unanswered(program, call) or RuntimeUnavailableError(
@@ -720,24 +709,24 @@ class Runtime:
                 if not handle.is_ready():
                     handle.answered(new.value())
         except Exception as err:
-            self._settle_small_call(call, frozenset(), released=True, failure=err)
+            self._settle_call(call, frozenset(), released=True, failure=err)
             return
-        self._settle_small_call(call, frozenset(), released=True)  # its objects went with the controller
+        self._settle_call(call, frozenset(), released=True)  # its objects went with the controller
 
     def _small_call_failed(
         self, call: CallFuture, keep: frozenset[ir.ValueRef], drops: list[pb.ObjectRef], failure: Exception
     ) -> None:
         self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
         self._outstanding.release()
-        self._settle_small_call(call, keep, released=True, failure=failure)
+        self._settle_call(call, keep, released=True, failure=failure)
 
-    def _settle_small_call(
+    def _settle_call(
         self, call: CallFuture, keep: frozenset[ir.ValueRef], released: bool, error: str = "",
         failure: Exception | None = None,
     ) -> None:
-        """A small call's end, settled as `_call_ended` settles any other's: which of its outputs
-        stay objects (none, if it failed), the objects of handles gone while it ran dropped,
-        and the call freed where the controller has not freed it yet."""
+        """A call's end: which of its outputs stay objects (those in `keep` where the controller
+        freed it as it ended, `released`; none, if it failed), the objects of handles gone while
+        it ran dropped, and the call freed where the controller has not freed it yet."""
         with self._lock:
             call.kept = frozenset() if error or failure else (keep if released else frozenset(call.live))
             if call.kept:
@@ -782,7 +771,7 @@ class Runtime:
             self._ownership.give_back(drops)
         finally:
             self._outstanding.release()
-        self._settle_small_call(call, keep, reply.released, error)
+        self._settle_call(call, keep, reply.released, error)
 
     def _finish(self, call_id: str, keep: Sequence[ir.ValueRef]) -> None:
         try:

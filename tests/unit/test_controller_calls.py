@@ -281,47 +281,46 @@ def test_a_waiter_by_callback_gets_the_running_status_at_its_timeout() -> None:
     assert len(answers.got) == 1, "answered once"
 
 
-def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() -> None:
+OUT = pb.ValueRef(node=0, index=0)
+
+
+def run_answered_at_its_end(keep: list[pb.ValueRef]) -> tuple[Calls, SliceRecord, list[pb.RunReply]]:
+    """A one-computation call run to its end by callback (`keep`: the outputs it keeps), and
+    its host's completion with the output inline; the replies it got."""
     table = SliceTable(lambda: island("island-a", 3, 4))
     rec = linked_slice(table, "s", 1)
     programs = Programs()
     program_id = programs.load(one_step("step", "s", 4), {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
     calls = Calls(table, programs, window=4, shared_window=4)
     replies: list[pb.RunReply] = []
-    calls.run_to_end_then(program_id, "c", 1.0, [], 30.0, "me", replies.append)
-    assert replies == []
-    value = pb.InlineValue(value=pb.ValueRef(node=0, index=0), data=b"\0\0\0\0")
+    calls.run_to_end_then(program_id, "c", 1.0, [], 30.0, "me", replies.append, keep=keep)
+    assert replies == [], "not answered while the call runs"
     ((seq, _, node),) = [g for c in rec.links[0].sent if c.HasField("grants")  # type: ignore[attr-defined]
                          for g in grants_in(c.grants)]
+    value = pb.InlineValue(value=OUT, data=b"\0\0\0\0")
     done = pb.Completion(seq=seq, call_id="c", node=node, ok=True, outputs=[value])
     calls.on_host_event(rec.links[0], pb.HostEvent(completions=[done]))
+    return calls, rec, replies
+
+
+def test_a_run_answered_by_callback_carries_its_inline_outputs_and_is_freed() -> None:
+    calls, rec, replies = run_answered_at_its_end(keep=[])
 
     (reply,) = replies
     assert reply.status.state == pb.CallStatus.SUCCEEDED and reply.released
     assert [v.data for v in reply.values] == [b"\0\0\0\0"]
     assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "freed: the client owes no FinishCall"
+    assert releases(rec) == [[]], "nothing kept on its host"
 
 
 def test_a_run_answered_at_its_end_keeps_the_outputs_it_names_as_objects() -> None:
-    table = SliceTable(lambda: island("island-a", 3, 4))
-    rec = linked_slice(table, "s", 1)
-    programs = Programs()
-    program_id = programs.load(one_step("step", "s", 4), {"s": rec.slice_id}, {rec.slice_id: rec.decl}.get)
-    calls = Calls(table, programs, window=4, shared_window=4)
-    replies: list[pb.RunReply] = []
-    out = pb.ValueRef(node=0, index=0)
-    calls.run_to_end_then(program_id, "c", 1.0, [], 30.0, "me", replies.append, keep=[out])
-    value = pb.InlineValue(value=out, data=b"\0\0\0\0")
-    ((seq, _, node),) = [g for c in rec.links[0].sent if c.HasField("grants")  # type: ignore[attr-defined]
-                         for g in grants_in(c.grants)]
-    calls.on_host_event(rec.links[0], pb.HostEvent(completions=[pb.Completion(
-        seq=seq, call_id="c", node=node, ok=True, outputs=[value])]))
+    calls, rec, replies = run_answered_at_its_end(keep=[OUT])
 
     (reply,) = replies
     assert reply.released and [v.data for v in reply.values] == [b"\0\0\0\0"]
     assert calls.wait_call("c", 0).state == pb.CallStatus.UNKNOWN, "the call is freed"
-    assert releases(rec) == [[(0, 0)]], "its hosts free the call but keep the output"
-    key, record = calls.objects.resolve(pb.ObjectRef(call_id="c", value=out), "me", "a later call's input 0")
+    assert releases(rec) == [[(0, 0)]], "its host frees the call but keeps the output"
+    key, record = calls.objects.resolve(pb.ObjectRef(call_id="c", value=OUT), "me", "a later call's input 0")
     assert key == ("c", 0, 0) and record.slice_id == rec.slice_id
 
 
