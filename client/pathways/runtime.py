@@ -623,13 +623,11 @@ class Runtime:
         request.keep.extend(ref.to_proto() for ref in keep)
         try:
             answer = self._per_call().Run.future(request, timeout=CALL_TIMEOUT_S + 30)
-        except grpc.RpcError as err:
+        except BaseException as err:
             self._outstanding.release()
             self._ownership.give_back(drops)
-            raise _translate(err, f"running program '{program.name}'") from None
-        except BaseException:
-            self._outstanding.release()
-            self._ownership.give_back(drops)
+            if isinstance(err, grpc.RpcError):
+                raise _translate(err, f"running program '{program.name}'") from None
             raise
         self.calls += 1
         self._ownership.ensure_lease()
@@ -650,22 +648,8 @@ class Runtime:
         the call run `again` where its controller went."""
         try:
             reply: pb.RunReply = done.result()
-        except grpc.RpcError as err:
-            failure = self._unanswered(program, call) or _translate(err, f"running program '{program.name}'")
-            self._ownership.give_back(drops)
-            self._outstanding.release()
-            if again is not None and isinstance(failure, PathwaysError) and not self._closed:
-                try:
-                    self._pool.submit(again, call, handles, failure)
-                    return
-                except RuntimeError:  # closing
-                    pass
-            self._settle_call(call, keep, released=True, failure=failure)
-            return
-        except Exception as err:  # cancelled: the runtime closed under it
-            self._small_call_failed(call, keep, drops, self._unanswered(program, call) or RuntimeUnavailableError(
-                f"running program '{program.name}': {err}"
-            ))
+        except Exception as err:  # the controller refused it or went, or the runtime closed under it
+            self._small_call_failed(program, call, handles, keep, drops, err, again)
             return
         self._learn_tokens(reply)
         inline = {(v.value.node, v.value.index) for v in reply.values}
@@ -674,10 +658,8 @@ class Runtime:
             return
         try:
             self._pool.submit(self._end_small_call, program, call, handles, keep, drops, reply)
-        except RuntimeError:  # closing
-            self._small_call_failed(call, keep, drops, self._unanswered(program, call) or RuntimeUnavailableError(
-                f"program '{program.name}' call {call.call_id}: its outputs could not be fetched"
-            ))
+        except RuntimeError as err:  # closing
+            self._small_call_failed(program, call, handles, keep, drops, err)
 
     def _unanswered(self, program: ir.Program, call: CallFuture) -> RuntimeUnavailableError | None:
         """What a small call's handles say where the runtime was shut down before its answer
@@ -695,11 +677,10 @@ class Runtime:
         failure: Exception,
     ) -> None:
         """A small call whose controller went, run again, once, on the one that replaces it,
-        as `run` runs again a call whose start lost its controller: a small call is whole in
-        its request and its answer, so nothing of it was on the lost controller's hosts. Its
-        handles take the values of the call run again; where none replaces the controller,
-        they fail with what the call met. Its inputs are the bytes the request carried, not the
-        caller's arrays, which it may have written since."""
+        as `run` runs again a call whose start lost its controller: every input of a small
+        call is in its request. Its handles take the values of the call run again; where none
+        replaces the controller, they fail with what the call met. Its inputs are the bytes
+        the request carried, not the caller's arrays, which it may have written since."""
         wait_s = RECONNECT_S if isinstance(failure, RuntimeUnavailableError) else 10.0
         try:
             if self._closed or not self._controller_replaced(wait_s):
@@ -714,10 +695,26 @@ class Runtime:
         self._settle_call(call, frozenset(), released=True)  # its objects went with the controller
 
     def _small_call_failed(
-        self, call: CallFuture, keep: frozenset[ir.ValueRef], drops: list[pb.ObjectRef], failure: Exception
+        self, program: ir.Program, call: CallFuture, handles: list[Array], keep: frozenset[ir.ValueRef],
+        drops: list[pb.ObjectRef], err: Exception,
+        again: Callable[[CallFuture, list[Array], Exception], None] | None = None,
     ) -> None:
+        """A small call whose answer did not come, `err` saying why: run `again` where the
+        controller refused it or went (a gRPC error), unless the runtime is shutting down;
+        otherwise its handles fail with why."""
+        failure = self._unanswered(program, call) or (
+            _translate(err, f"running program '{program.name}'") if isinstance(err, grpc.RpcError)
+            else RuntimeUnavailableError(f"running program '{program.name}': {err}")
+        )
         self._ownership.give_back(drops)  # dropping twice is harmless; never dropping is not
         self._outstanding.release()
+        reruns = isinstance(err, grpc.RpcError) and isinstance(failure, PathwaysError) and not self._closing
+        if again is not None and reruns:
+            try:
+                self._pool.submit(again, call, handles, failure)
+                return
+            except RuntimeError:  # closing
+                pass
         self._settle_call(call, keep, released=True, failure=failure)
 
     def _settle_call(
