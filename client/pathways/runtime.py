@@ -649,17 +649,17 @@ class Runtime:
         try:
             reply: pb.RunReply = done.result()
         except Exception as err:  # the controller refused it or went, or the runtime closed under it
-            self._small_call_failed(program, call, handles, keep, drops, err, again)
+            self._small_call_failed(program, call, handles, drops, err, again)
             return
         self._learn_tokens(reply)
-        inline = {(v.value.node, v.value.index) for v in reply.values}
+        inline = {(v.value.node, v.value.index): v for v in reply.values}
         if all((ref.node, ref.index) in inline for ref in program.outputs if not ref.is_program_input):
-            self._end_small_call(program, call, handles, keep, drops, reply)
+            self._end_small_call(program, call, handles, keep, drops, reply, inline)
             return
         try:
-            self._pool.submit(self._end_small_call, program, call, handles, keep, drops, reply)
+            self._pool.submit(self._end_small_call, program, call, handles, keep, drops, reply, inline)
         except RuntimeError as err:  # closing
-            self._small_call_failed(program, call, handles, keep, drops, err)
+            self._small_call_failed(program, call, handles, drops, err)
 
     def _unanswered(self, program: ir.Program, call: CallFuture) -> RuntimeUnavailableError | None:
         """What a small call's handles say where the runtime was shut down before its answer
@@ -695,9 +695,8 @@ class Runtime:
         self._settle_call(call, frozenset(), released=True)  # its objects went with the controller
 
     def _small_call_failed(
-        self, program: ir.Program, call: CallFuture, handles: list[Array], keep: frozenset[ir.ValueRef],
-        drops: list[pb.ObjectRef], err: Exception,
-        again: Callable[[CallFuture, list[Array], Exception], None] | None = None,
+        self, program: ir.Program, call: CallFuture, handles: list[Array], drops: list[pb.ObjectRef],
+        err: Exception, again: Callable[[CallFuture, list[Array], Exception], None] | None = None,
     ) -> None:
         """A small call whose answer did not come, `err` saying why: run `again` where the
         controller refused it or went (a gRPC error), unless the runtime is shutting down;
@@ -715,7 +714,7 @@ class Runtime:
                 return
             except RuntimeError:  # closing
                 pass
-        self._settle_call(call, keep, released=True, failure=failure)
+        self._settle_call(call, frozenset(), released=True, failure=failure)
 
     def _settle_call(
         self, call: CallFuture, keep: frozenset[ir.ValueRef], released: bool, error: str = "",
@@ -739,9 +738,10 @@ class Runtime:
 
     def _end_small_call(
         self, program: ir.Program, call: CallFuture, handles: list[Array], keep: frozenset[ir.ValueRef],
-        drops: list[pb.ObjectRef], reply: pb.RunReply,
+        drops: list[pb.ObjectRef], reply: pb.RunReply, inline: dict[tuple[int, int], pb.InlineValue],
     ) -> None:
-        """The answer's outputs into the call's handles, then its end (its error, if it failed)."""
+        """The answer's outputs (`inline`: those it carries, by node and index) into the call's
+        handles, then its end (its error, if it failed)."""
         error = ""
         try:
             status = reply.status
@@ -749,7 +749,6 @@ class Runtime:
                 raise self._timed_out(call.call_id, program.name, status)
             if status.state != pb.CallStatus.SUCCEEDED:
                 raise ExecutionError(status.message or f"program '{program.name}' failed")
-            inline = {(v.value.node, v.value.index): v for v in reply.values}
             for j, ref in enumerate(program.outputs):
                 handle = handles[j]
                 if ref.is_program_input or handle.is_ready():

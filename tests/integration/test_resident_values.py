@@ -215,11 +215,16 @@ SLOW_LOOPS = 400_000_000
 call that waited for its end could not return before it."""
 
 
+def slow_count_on(vslice: Any) -> Any:
+    """A computation on `vslice` adding `SLOW_LOOPS` to a small int32 vector, one at a time."""
+    return pw.jit(lambda v: jax.lax.fori_loop(0, SLOW_LOOPS, lambda i, a: a + 1, v), slice=vslice)
+
+
 def test_a_call_of_small_values_returns_before_it_ends_and_its_handle_waits_for_the_answer(
     runtime: pw.Runtime,
 ) -> None:
     vslice = pw.make_virtual_device_set().add_slice(devices=1)
-    count = pw.jit(lambda v: jax.lax.fori_loop(0, SLOW_LOOPS, lambda i, a: a + 1, v), slice=vslice)
+    count = slow_count_on(vslice)
 
     @pw.program(name="small-and-slow")
     def small_and_slow(x):  # type: ignore[no-untyped-def]
@@ -247,7 +252,7 @@ def test_a_small_handle_passed_on_before_its_answer_came_goes_out_at_once_and_is
     """A small call leaves its outputs as objects too: a later call names one and is
     dispatched at once, its hosts waiting for the value, and none of it goes through the client."""
     vslice = pw.make_virtual_device_set().add_slice(devices=1)
-    count = pw.jit(lambda v: jax.lax.fori_loop(0, SLOW_LOOPS, lambda i, a: a + 1, v), slice=vslice)
+    count = slow_count_on(vslice)
     plus = pw.jit(lambda v: v + 1, slice=vslice)
 
     @pw.program(name="small-count")
