@@ -10,7 +10,10 @@ tiny computation's overhead is the median of each Chained repeat less the baseli
 repeat of the same turn: on a machine whose speed drifts (a shared host), blocks of
 repeats timed one after another measured the drift as much as the overhead. A Chained
 or Fused repeat is `CALLS_PER_REPEAT` calls in a row, and a baseline repeat as many chains
-of `jax.jit` calls, so every repeat covers as many computations. No pause comes between repeats:
+of `jax.jit` calls, so every repeat covers as many computations. Each repeat of every mode
+is the fastest of `BEST_OF` such samples back to back (`measure.best_of`): on a shared
+machine another process's burst in one sample set a repeat of its own, and a baseline
+with one such repeat (4.4-9.0 µs) was too spread to judge by. No pause comes between repeats:
 `jax.jit` timed 50 ms after a Chained call read 6.0-6.2 µs per computation, timed at
 once 5.1-5.5 (medians of 40, three runs), a core woken from idle being the slower.
 
@@ -33,7 +36,7 @@ import numpy as np
 
 import pathways as pw
 from bench import floors, workloads
-from bench.measure import Figure, figure
+from bench.measure import Figure, best_of, figure
 
 CHAIN = 128
 EXP = "1 dispatch"
@@ -50,6 +53,8 @@ CALLS_PER_REPEAT = 4
 """Chained and Fused calls in a repeat, one after another: a call's last work (its
 release, the controller's and the client's bookkeeping) runs as the next begins, and is
 the repeat's, as in a loop of calls."""
+BEST_OF = 3
+"""Samples per repeat, of which the fastest is the repeat's, in every mode alike."""
 FLOOR_BYTES = 64
 FLOOR_ROUNDS = 200
 CALL_ROUND_TRIPS = 3
@@ -113,8 +118,10 @@ def run(sizes: tuple[int, ...], repeats: int, op_calls: int,
             return (time.perf_counter() - start) / op_calls * 1e6
 
         samplers = {
-            "jax": workloads.JaxChain(n, CHAIN, CALLS_PER_REPEAT).sample,
-            "OpByOp": per_comp_op, "Chained": per_comp_chained, "Fused": per_comp_fused,
+            mode: best_of(sample, BEST_OF) for mode, sample in (
+                ("jax", workloads.JaxChain(n, CHAIN, CALLS_PER_REPEAT).sample),
+                ("OpByOp", per_comp_op), ("Chained", per_comp_chained), ("Fused", per_comp_fused),
+            )
         }
         taken: dict[str, list[float]] = {mode: [] for mode in samplers}
         for _ in range(repeats):  # in turns: a machine whose speed drifts moves them all

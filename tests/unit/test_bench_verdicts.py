@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from bench.measure import Figure, figure
+from bench.measure import Figure, best_of, figure
 from bench.report import markdown, read_run
 from bench.transfers import NO_COST, judged_move
 from bench.verdicts import MIN_REPEATS, SHARE_TOLERANCE, rules_text, share_error, share_met, spread_text, verdict
@@ -19,6 +19,19 @@ def judged(samples: list[float], *, met: bool = True, baseline: list[float] | No
     return figure("x", "f", "GB/s", samples, baseline="b", target="≥ 1", met=met,
                   baseline_samples=STEADY if baseline is None else baseline,
                   baseline_exact=exact, limit=limit, limit_each=limit_each)
+
+
+def test_best_of_takes_the_fastest_of_its_samples_and_runs_each() -> None:
+    runs = iter([3.0, 1.5, 9.0, 2.0, 2.5, 4.0])
+    taken: list[float] = []
+
+    def sample() -> float:
+        taken.append(next(runs))
+        return taken[-1]
+
+    least = best_of(sample, 3)
+    assert [least(), least()] == [1.5, 2.0]
+    assert taken == [3.0, 1.5, 9.0, 2.0, 2.5, 4.0]
 
 
 def test_met_and_missed_need_five_repeats_and_a_steady_baseline() -> None:
