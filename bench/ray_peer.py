@@ -16,7 +16,7 @@ import numpy as np
 
 from bench import workloads
 from bench.dispatch import BEST_OF
-from bench.measure import Figure, best_of, figure
+from bench.measure import Figure, best_of, figure, repeat
 
 EXP = "2 vs Ray"
 
@@ -67,8 +67,7 @@ def _ray_chain_us(chain: int, repeats: int) -> tuple[list[float], list[float]]:
             return (time.perf_counter() - start) / chain * 1e6
 
         chain_tasks(), chain_actor()  # warm workers and their jit caches
-        tasks, actors = best_of(chain_tasks, BEST_OF), best_of(chain_actor, BEST_OF)
-        return [tasks() for _ in range(repeats)], [actors() for _ in range(repeats)]
+        return repeat(best_of(chain_tasks, BEST_OF), repeats), repeat(best_of(chain_actor, BEST_OF), repeats)
     finally:
         ray.shutdown()
 
