@@ -44,6 +44,7 @@ from pathways_operator.k8s.drivers import DriverSupervisor
 from pathways_operator.core.program_look import DEFAULT_SUSPEND_GRACE_S
 from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
+from pathways_operator.k8s.host_policy import OperatorPods
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.slice_reconciler import SliceReconciler
 
@@ -114,6 +115,18 @@ def _parser() -> argparse.ArgumentParser:
                default=0,
                help="host size of slices without spec.devicesPerHost; 0: the island's "
                "machine size (PATHWAYS_DEVICES_PER_HOST)")
+    env_option(parser, "--host-network-policy", variable="PATHWAYS_HOST_NETWORK_POLICY", env=os.environ,
+               choices=("on", "off"), default="off",
+               help="give each VirtualSlice a NetworkPolicy in front of its host pods, admitting only "
+               "kube-pathways hosts and drivers of its namespace and the operator's pods (and its sidecars' "
+               "metrics port to anyone), made before its first pod (PATHWAYS_HOST_NETWORK_POLICY; "
+               "default off; needs --operator-namespace and --operator-pod-labels)")
+    env_option(parser, "--operator-namespace", variable="POD_NAMESPACE", env=os.environ, default="",
+               help="the namespace of the operator's pods, for --host-network-policy (POD_NAMESPACE)")
+    env_option(parser, "--operator-pod-labels", variable="PATHWAYS_OPERATOR_POD_LABELS", env=os.environ,
+               type=_json_object, default="{}",
+               help="JSON labels that select the operator's pods, for --host-network-policy "
+               "(PATHWAYS_OPERATOR_POD_LABELS)")
     parser.add_argument("--allow-system-priority-classes", action="store_true",
                         default=_env_flag("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"),
                         help="let VirtualSlices use the system-node-critical and system-cluster-critical "
@@ -188,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         check_resources(args.worker_resources, "--worker-resources")
     except ValueError as err:
         parser.error(f"{err} (PATHWAYS_WORKER_RESOURCES)")
+    host_policy = None
+    if args.host_network_policy == "on":
+        try:
+            host_policy = OperatorPods(args.operator_namespace, args.operator_pod_labels)
+        except ValueError as err:
+            parser.error(f"--host-network-policy=on: {err}: give --operator-namespace (POD_NAMESPACE) and "
+                         "--operator-pod-labels (PATHWAYS_OPERATOR_POD_LABELS)")
     log_context.configure(os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
     namespace: str | None = args.namespace
@@ -234,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         wake=lambda key: wakeups.wake(handlers.slice_key(*key.split("/", 1))),
         allow_system_priority_classes=args.allow_system_priority_classes,
         driver_pods=driver_pods is not None,
+        host_policy=host_policy,
     )
     if driver_pods is not None:
         driver_pods.placer = slices.driver_node

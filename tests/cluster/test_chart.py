@@ -137,6 +137,8 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["PATHWAYS_CONTROLLER_ADDRESS"] == "kp-kube-pathways.pathways-system.svc:8470"
+    assert env["PATHWAYS_HOST_NETWORK_POLICY"] == "on"
+    assert json.loads(env["PATHWAYS_OPERATOR_POD_LABELS"]) == deployment["spec"]["selector"]["matchLabels"]
     policy = by_kind(docs, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     controller_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": "grpc", "protocol": "TCP"}])
@@ -246,6 +248,8 @@ RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAc
     ("create", "secrets", "", "", True),
     ("get", "secrets", "", "", True),
     ("delete", "secrets", "", "", True),
+    ("create", "networkpolicies.networking.k8s.io", "", "", True),
+    ("get", "networkpolicies.networking.k8s.io", "", "", True),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
     ("list", "priorityclasses.scheduling.k8s.io", "", "", True),
     ("list", "secrets", "", "-A", False),
@@ -261,6 +265,9 @@ RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAc
     ("list", "namespaces", "", "", False),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", "", False),
     ("create", "leases.coordination.k8s.io", "", "", False),
+    ("delete", "networkpolicies.networking.k8s.io", "", "", False),
+    ("patch", "networkpolicies.networking.k8s.io", "", "", False),
+    ("list", "networkpolicies.networking.k8s.io", "", "-A", False),
 ]
 CAN = [rule[:4] for rule in RBAC if rule[4]]
 CANNOT = [rule[:4] for rule in RBAC if not rule[4]]
@@ -389,6 +396,12 @@ def test_operator_from_rendered_deployment_runs_a_program(
             core: Any = client.CoreV1Api(cluster.api)
             results = core.read_namespaced_config_map(status["results"]["configMap"], namespace)
             assert json.loads(results.data["y"]) == [3.0, 5.0] and json.loads(results.data["z"]) == [2.0, 4.0]
+            # the program's inline slice stood behind a host NetworkPolicy admitting this operator's pods
+            networking: Any = client.NetworkingV1Api(cluster.api)
+            (policy,) = networking.list_namespaced_network_policy(namespace, label_selector="pathways.dev/slice").items
+            operator_peer = policy.spec.ingress[0]._from[2]
+            assert operator_peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": namespace}
+            assert operator_peer.pod_selector.match_labels == deployment["spec"]["selector"]["matchLabels"]
             custom.delete_namespaced_custom_object("pathways.dev", "v1alpha1", namespace, "pathwaysprograms", name)
             cluster.poll(
                 lambda: not custom.list_namespaced_custom_object(

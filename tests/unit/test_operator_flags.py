@@ -54,3 +54,27 @@ def test_suspend_grace_defaults_to_60_seconds_and_a_bad_one_is_named(
     with pytest.raises(SystemExit):
         _parser().parse_args(["--suspend-grace-seconds", "0"])
     assert "--suspend-grace-seconds: expected a number of seconds above 0, got '0'" in capsys.readouterr().err
+
+
+def test_host_network_policy_is_off_by_default_and_needs_where_the_operator_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("PATHWAYS_HOST_NETWORK_POLICY", "POD_NAMESPACE", "PATHWAYS_OPERATOR_POD_LABELS"):
+        monkeypatch.delenv(name, raising=False)
+    assert _parser().parse_args([]).host_network_policy == "off"
+    with pytest.raises(SystemExit) as stopped:
+        main(["--host-network-policy", "on"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "--host-network-policy=on: the operator's namespace is empty" in err
+    assert "--operator-namespace (POD_NAMESPACE)" in err
+    monkeypatch.setenv("PATHWAYS_HOST_NETWORK_POLICY", "on")
+    monkeypatch.setenv("POD_NAMESPACE", "kube-pathways")
+    monkeypatch.setenv("PATHWAYS_OPERATOR_POD_LABELS", '{"app.kubernetes.io/name": "kube-pathways"}')
+    args = _parser().parse_args([])
+    assert (args.host_network_policy, args.operator_namespace, args.operator_pod_labels) == (
+        "on", "kube-pathways", {"app.kubernetes.io/name": "kube-pathways"})
+    monkeypatch.setenv("PATHWAYS_HOST_NETWORK_POLICY", "sometimes")
+    with pytest.raises(SystemExit):
+        _parser().parse_args([])
+    assert "choose from 'on', 'off'" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def now_rfc3339() -> str:
 
 
 class ClusterApi:
-    """Typed entry points to the API for pods, nodes, the two CRDs, ConfigMaps and events."""
+    """Typed entry points to the API for pods, nodes, the two CRDs, ConfigMaps, Secrets, NetworkPolicies and events."""
 
     def __init__(self, api_client: kclient.ApiClient, namespace: str | None) -> None:
         self.namespace = namespace
@@ -85,6 +85,7 @@ class ClusterApi:
         self.core = kclient.CoreV1Api(api_client)
         self.custom = kclient.CustomObjectsApi(api_client)
         self.scheduling = kclient.SchedulingV1Api(api_client)
+        self.networking = kclient.NetworkingV1Api(api_client)
         self._instance = socket.gethostname()
 
     def _call(self, doing: str, fn: Callable[[], T]) -> T:
@@ -133,7 +134,7 @@ class ClusterApi:
         return list(_decode(reply).get("items", []))
 
     def _create(self, kind: str, namespace: str, body: Json, create: Callable[..., Any]) -> Json:
-        """Create a core object; :class:`AlreadyExists` when one of that name exists."""
+        """Create a namespaced built-in object; :class:`AlreadyExists` when one of that name exists."""
         name = body["metadata"]["name"]
         return _decode(
             self._call(
@@ -319,6 +320,26 @@ class ClusterApi:
         self._delete_if_same(f"deleting Secret {namespace}/{name}", lambda: self.core.delete_namespaced_secret(
             name, namespace, body=_precondition(uid), _preload_content=False
         ))
+
+    def get_network_policy(self, namespace: str, name: str) -> Json | None:
+        """The NetworkPolicy, or None when it does not exist."""
+        return self._get_or_none(
+            f"reading NetworkPolicy {namespace}/{name}",
+            lambda: _decode(self.networking.read_namespaced_network_policy(name, namespace, _preload_content=False)),
+        )
+
+    def create_network_policy(self, namespace: str, body: Json) -> Json:
+        """Create the NetworkPolicy; :class:`AlreadyExists` when one of that name exists."""
+        return self._create("NetworkPolicy", namespace, body, self.networking.create_namespaced_network_policy)
+
+    def delete_network_policy(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the NetworkPolicy of that name only if it is still the object ``uid``."""
+        self._delete_if_same(
+            f"deleting NetworkPolicy {namespace}/{name}",
+            lambda: self.networking.delete_namespaced_network_policy(
+                name, namespace, body=_precondition(uid), _preload_content=False
+            ),
+        )
 
     def priority_value(self, priority_class: str) -> int | None:
         """The value of a PriorityClass, or None when it does not exist."""

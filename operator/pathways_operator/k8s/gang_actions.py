@@ -6,8 +6,10 @@ that the slice does not control is never used or deleted (:class:`PodInTheWay`),
 and a pod the API server refuses on its merits ends the plan
 (:class:`PodRefused`). Each slice's token (the credential its hosts demand)
 lives in a Secret the slice controls, created before it is admitted
-(:func:`slice_secret`). The operator acts only on objects whose controller
-ownerReference is the slice's uid (``core.ownership``).
+(:func:`slice_secret`), and, where the operator is told to, a NetworkPolicy in
+front of its hosts is made before its first pod (:func:`slice_host_policy`). The
+operator acts only on objects whose controller ownerReference is the slice's uid
+(``core.ownership``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathways_operator.k8s.gang_pods import (
     token_secret_manifest,
     token_secret_name,
 )
+from pathways_operator.k8s.host_policy import OperatorPods, host_policy_manifest, host_policy_name
 from pathways_operator.k8s.inventory import Reservation
 from pathways_wire.kube_names import FAILURE_ANNOTATION, RESTARTS_ANNOTATION, SLICE_KIND, SLICE_LABEL
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
@@ -189,6 +192,45 @@ def slice_secret(api: ClusterApi, vslice: VirtualSliceObject) -> SliceSecret | I
     return SliceSecret(uid=str(meta.get("uid") or ""), token=token)
 
 
+def slice_host_policy(api: ClusterApi, vslice: VirtualSliceObject, operator: OperatorPods) -> InTheWay | None:
+    """The NetworkPolicy in front of the slice's hosts, made if missing; None once it is the
+    slice's own, else what is in its way. No pod is created before it is (fail closed)."""
+    namespace, name = vslice.namespace, host_policy_name(vslice.name)
+    try:
+        policy = api.get_network_policy(namespace, name)
+        if policy is None:
+            try:
+                policy = api.create_network_policy(namespace, host_policy_manifest(vslice, operator))
+            except AlreadyExists:
+                return InTheWay(f"NetworkPolicy {namespace}/{name} appeared while creating it; looking again")
+            log.info("%s: created NetworkPolicy %s in front of its hosts", vslice.key, name)
+    except KubeError as err:
+        if err.status != 403:
+            raise
+        return InTheWay(
+            f"the operator may not read or create NetworkPolicy {namespace}/{name} ({err}); no host "
+            "starts without it: grant the operator get and create on networkpolicies.networking.k8s.io, "
+            "or run it with --host-network-policy=off",
+            warning=True,
+        )
+    refs = owner_refs(policy["metadata"])
+    owner = ownership(refs, kind=SLICE_KIND, name=vslice.name, uid=vslice.uid)
+    if owner is Ownership.EARLIER:
+        return InTheWay(
+            f"NetworkPolicy {namespace}/{name} belongs to an earlier VirtualSlice {vslice.name} that was "
+            "deleted; waiting for the garbage collector to delete it"
+        )
+    if owner is Ownership.FOREIGN:
+        return InTheWay(
+            f"NetworkPolicy {namespace}/{name} exists and is not this VirtualSlice's "
+            f"({describe_controller(refs)}); the operator neither uses nor deletes a NetworkPolicy it does "
+            "not control, and starts no host without its own: delete or rename that NetworkPolicy, or give "
+            "the VirtualSlice another name",
+            warning=True,
+        )
+    return None
+
+
 def save_record(api: ClusterApi, vslice: VirtualSliceObject, record: SliceRecord) -> None:
     """Keep ``record`` in the slice's annotations, where a restarted operator finds it."""
     try:
@@ -204,7 +246,9 @@ def save_record(api: ClusterApi, vslice: VirtualSliceObject, record: SliceRecord
 
 
 def delete_slice_objects(api: ClusterApi, namespace: str, name: str, uid: str) -> None:
-    """Delete the Secret and pods that the slice ``uid`` controls; others that bear its name stay."""
+    """Delete the Secret and pods that the slice ``uid`` controls; others that bear its name stay.
+    Its host NetworkPolicy stays until the garbage collector takes it with the slice, so the
+    pods are not opened up while they terminate."""
     key = f"{namespace}/{name}"
     secret_name = token_secret_name(name)
     secret = api.get_secret(namespace, secret_name)

@@ -14,8 +14,9 @@ they are read and carried out:
 
 * admission (placing the whole gang on one island, preemption of lower
   priorities) is ``admission_queue``;
-* creating and binding pods, the token Secret, deleting pods, the slice
-  record in annotations are ``gang_actions``;
+* creating and binding pods, the token Secret, the host NetworkPolicy
+  (``host_policy``), deleting pods, the slice record in annotations are
+  ``gang_actions``;
 * handing a serving gang to the island scheduler (after every sidecar
   answers ``Dataflow.Health`` with ``worker_ready``) is ``gang_registration``.
 
@@ -50,6 +51,7 @@ from pathways_operator.k8s.cluster_api import ClusterApi, now_rfc3339
 from pathways_operator.k8s.gang_actions import PodInTheWay, PodRefused, SliceSecret
 from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults
 from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegistry
+from pathways_operator.k8s.host_policy import OperatorPods
 from pathways_operator.k8s.inventory import Reservation, unreachable
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_wire import host_port
@@ -74,9 +76,12 @@ class SliceReconciler:
         metrics: OperatorMetrics | None = None,
         allow_system_priority_classes: bool = False,
         driver_pods: bool = False,
+        host_policy: OperatorPods | None = None,
     ) -> None:
         self._api = api
         self._defaults = defaults
+        self._host_policy = host_policy
+        """Where the operator's pods are, for each slice's host NetworkPolicy; None: no policies made."""
         metrics = metrics or OperatorMetrics()
         self._queue = AdmissionQueue(
             api, defaults=defaults, wake=wake, clock=clock, metrics=metrics,
@@ -89,6 +94,8 @@ class SliceReconciler:
         self._locks_guard = threading.Lock()
         self._secrets: dict[str, SliceSecret] = {}
         """Slice key -> its token Secret, as last read or written."""
+        self._policies: set[str] = set()
+        """Keys of the slices whose host NetworkPolicy was found to be their own."""
         self._pod_conflicts: dict[str, str] = {}
         """Slice key -> the name of a pod, not the slice's own, that took one of its pod names."""
         self._seen: dict[str, tuple[Reservation, frozenset[int]]] = {}
@@ -147,6 +154,7 @@ class SliceReconciler:
             self._queue.forget(key)
             for state in (self._summaries, self._secrets, self._pod_conflicts, self._seen):
                 state.pop(key, None)
+            self._policies.discard(key)
             self._status.forget(key)
             gang_actions.delete_slice_objects(self._api, namespace, name, uid)
         with self._locks_guard:
@@ -296,14 +304,21 @@ class SliceReconciler:
     # ------------------------------------------------------------ reads
 
     def _secret(self, vslice: VirtualSliceObject) -> SliceSecret | InTheWay:
-        """The slice's token Secret (made first if missing, cached once usable), or what is in its way."""
-        cached = self._secrets.get(vslice.key)
-        if cached is not None:
-            return cached
-        found = gang_actions.slice_secret(self._api, vslice)
-        if isinstance(found, SliceSecret):
-            self._secrets[vslice.key] = found
-        return found
+        """The slice's token Secret (made first if missing, cached once usable), or what is in its
+        way, or in the way of its host NetworkPolicy where the operator makes them: no pod is
+        created until both are the slice's own."""
+        secret = self._secrets.get(vslice.key)
+        if secret is None:
+            found = gang_actions.slice_secret(self._api, vslice)
+            if isinstance(found, InTheWay):
+                return found
+            secret = self._secrets[vslice.key] = found
+        if self._host_policy is not None and vslice.key not in self._policies:
+            problem = gang_actions.slice_host_policy(self._api, vslice, self._host_policy)
+            if problem is not None:
+                return problem
+            self._policies.add(vslice.key)
+        return secret
 
     def _pod_in_the_way(self, vslice: VirtualSliceObject) -> InTheWay | None:
         """The pod, not this slice's, that took one of its pod names, while it is still there."""
