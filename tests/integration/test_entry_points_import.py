@@ -45,3 +45,22 @@ def test_a_host_entry_point_imports_no_numpy_before_it_keeps_openblas_to_one_thr
     done = subprocess.run([sys.executable, "-c", NUMPY_CHECK, module], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False", f"importing {module} imported numpy"
+
+
+PROMETHEUS_CHECK = (
+    "import sys, importlib\n"
+    "for name in sys.argv[1:]:\n"
+    "    importlib.import_module(name)\n"
+    "print('prometheus_client' in sys.modules)\n"
+)
+
+
+def test_a_sidecar_that_serves_no_metrics_never_imports_prometheus() -> None:
+    """Every host's sidecar starts at once with its gang, on the same cores as the workers'
+    JAX: `sidecar_metrics` (and `prometheus_client`) load only with `--metrics-port`."""
+    serving = ["pathways_worker.sidecar.__main__", "pathways_worker.sidecar.dataflow",
+               "pathways_worker.sidecar.dataflow_service", "pathways_worker.slice_auth"]
+    done = subprocess.run([sys.executable, "-c", PROMETHEUS_CHECK, *serving], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", "a sidecar without --metrics-port imported prometheus_client"

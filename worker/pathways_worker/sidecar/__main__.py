@@ -44,7 +44,6 @@ def serve(settings: SidecarSettings) -> None:
     from pathways_wire.transfer import MAX_MESSAGE_BYTES
     from pathways_worker.sidecar.dataflow import Dataflow
     from pathways_worker.sidecar.dataflow_service import GRPC_THREADS, ControlFrames, DataflowService
-    from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
     from pathways_worker.slice_auth import SliceTokenInterceptor
 
     if settings.insecure_no_token:
@@ -78,6 +77,8 @@ def serve(settings: SidecarSettings) -> None:
     server.start()
     metrics_port = None
     if settings.metrics_port is not None:
+        from pathways_worker.sidecar.sidecar_metrics import SidecarMetrics
+
         metrics = SidecarMetrics(
             settings.host_name, core.transfers, core.budget, lambda: core.link.store_bytes
         )

@@ -79,7 +79,7 @@ from pathways_worker.shared_memory import KeptMaps, remove_pieces
 from pathways_worker.warm_pool import MIN_WARM_BYTES
 from pathways_worker.sidecar.byte_budget import BudgetError
 from pathways_worker.sidecar.inbox import Inbox, Sink
-from pathways_worker.sidecar.sidecar_metrics import TransferStats
+from pathways_worker.sidecar.transfer_stats import TransferStats
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from pathways_worker.sidecar.byte_budget import BudgetError, ByteBudget
 from pathways_worker.sidecar.data_channel import DataChannelServer, Refusal, boot_id
 from pathways_worker.sidecar.inbox import ORPHAN_S, Inbox, Sink
 from pathways_worker.sidecar.peers import PeerPusher
-from pathways_worker.sidecar.sidecar_metrics import TransferStats
+from pathways_worker.sidecar.transfer_stats import TransferStats
 from pathways_worker.sidecar.worker_link import WorkerLink
 from pathways_worker.value_ref import Ref, ref_of
 

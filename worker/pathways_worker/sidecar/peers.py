@@ -44,7 +44,7 @@ from pathways_wire.slice_token import call_metadata
 from pathways_wire.data_frames import DataChannelError
 from pathways_worker.shared_memory import KeptMaps, cropped_to, exported_chunks, remove_pieces
 from pathways_worker.sidecar.data_channel import DataLink, PeerData, boot_id
-from pathways_worker.sidecar.sidecar_metrics import TransferPath, TransferStats
+from pathways_worker.sidecar.transfer_stats import TransferPath, TransferStats
 
 log = logging.getLogger(__name__)
 

@@ -15,42 +15,21 @@ labelled with the sidecar's ``host``:
 ``pathways_sidecar_backpressure_waits_total`` / ``..._wait_seconds_total``
     incoming values that had to wait for store room, and how long they waited.
 
-The transfer paths count into one :class:`TransferStats`; everything else is read
-from the sidecar's own state at scrape time, so a scrape never disagrees with it.
+The transfer paths count into one ``transfer_stats.TransferStats``; everything else is
+read from the sidecar's own state at scrape time, so a scrape never disagrees with it.
+Only a sidecar that serves metrics imports this module (and ``prometheus_client``).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pathways_worker.sidecar.byte_budget import ByteBudget
-
-Direction = Literal["in", "out"]
-TransferPath = Literal["grpc", "data-channel", "handover"]
-DIRECTIONS: tuple[Direction, ...] = ("in", "out")
-PATHS: tuple[TransferPath, ...] = ("grpc", "data-channel", "handover")
-
-
-class TransferStats:
-    """Bytes moved by direction and path; thread-safe, cheap enough for every piece."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bytes = {(d, p): 0 for d in DIRECTIONS for p in PATHS}
-
-    def add(self, direction: Direction, path: TransferPath, nbytes: int) -> None:
-        with self._lock:
-            self._bytes[(direction, path)] += nbytes
-
-    def snapshot(self) -> dict[tuple[Direction, TransferPath], int]:
-        with self._lock:
-            return dict(self._bytes)
+from pathways_worker.sidecar.transfer_stats import TransferStats
 
 
 class SidecarMetrics(Collector):
