@@ -382,7 +382,13 @@ def test_operator_from_rendered_deployment_runs_a_program(
             cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(paper_example(name)))
             custom: Any = client.CustomObjectsApi(cluster.api)
 
+            networking: Any = client.NetworkingV1Api(cluster.api)
+            policies: list[Any] = []
+
             def finished() -> Manifest | None:
+                if not policies:  # the inline slice's, read while it lives: it goes with the slice
+                    policies.extend(networking.list_namespaced_network_policy(
+                        namespace, label_selector="pathways.dev/slice").items)
                 obj = custom.get_namespaced_custom_object("pathways.dev", "v1alpha1", namespace, "pathwaysprograms", name)
                 return obj if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
 
@@ -397,9 +403,8 @@ def test_operator_from_rendered_deployment_runs_a_program(
             results = core.read_namespaced_config_map(status["results"]["configMap"], namespace)
             assert json.loads(results.data["y"]) == [3.0, 5.0] and json.loads(results.data["z"]) == [2.0, 4.0]
             # the program's inline slice stood behind a host NetworkPolicy admitting this operator's pods
-            networking: Any = client.NetworkingV1Api(cluster.api)
-            (policy,) = networking.list_namespaced_network_policy(namespace, label_selector="pathways.dev/slice").items
-            operator_peer = policy.spec.ingress[0]._from[2]
+            assert policies, "no host NetworkPolicy was seen while the program's slice lived"
+            operator_peer = policies[0].spec.ingress[0]._from[2]
             assert operator_peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": namespace}
             assert operator_peer.pod_selector.match_labels == deployment["spec"]["selector"]["matchLabels"]
             custom.delete_namespaced_custom_object("pathways.dev", "v1alpha1", namespace, "pathwaysprograms", name)
