@@ -1,8 +1,9 @@
 """Is a gang really up? Ask every host's dataflow sidecar, with a bound on the wait.
 
 A pod whose readiness probe passes only says the sidecar accepts TCP
-connections. Before the operator hands a gang to the controller it calls
-``Dataflow.Health`` on each sidecar and requires ``worker_ready``: the worker
+connections, and the probe runs once a second. Before the operator hands a gang to
+the controller it calls ``Dataflow.Health`` on each sidecar (once the pods run, without
+waiting for that probe) and requires ``worker_ready``: the worker
 has joined the slice's JAX job and holds its devices. The calls run in
 parallel, each with a deadline, so one hung host costs one timeout, not one per
 host.
@@ -40,6 +41,14 @@ FORMING_ASK_S = 1.0
 """How long a watch's question may wait for a sidecar's worker to be ready."""
 FORMING_WATCH_S = 120.0
 """How long a watch asks before it leaves the gang to the slice's periodic looks."""
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 250),
+]
+"""A watch's channels try a sidecar that refused them again within 50-250 ms: gRPC's own
+back-off (1 s, growing) would hold a sidecar that starts listening a moment after the
+first question unasked for a second."""
 
 
 def rpc_failure(err: grpc.RpcError) -> str:
@@ -111,7 +120,7 @@ class FormingWatch:
             found[1].set()
 
     def _run(self, key: str, addresses: tuple[str, ...], done: threading.Event) -> None:
-        channels = {a: grpc.insecure_channel(a) for a in addresses}
+        channels = {a: grpc.insecure_channel(a, options=RECONNECT_OPTIONS) for a in addresses}
         pending = list(addresses)
         deadline = time.monotonic() + self._limit_s
         try:
