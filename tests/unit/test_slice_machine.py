@@ -151,6 +151,26 @@ def test_whole_serving_gang_becomes_ready_once() -> None:
     assert steady.decision().events == ()
 
 
+def test_running_pods_are_asked_before_their_readiness_probe_passes_but_pending_ones_are_not() -> None:
+    """Whether a host serves is its sidecar's Health answer, asked as soon as the pod runs
+    with an address: the probe's once-a-second tick would hold a formed gang back."""
+    probe_pending = {i: dataclasses.replace(serving(i), ready=False) for i in (0, 1)}
+    machine = SliceMachine(look(placement=placement(), current=probe_pending))
+    machine.start()
+    machine.launch(placement())
+    assert machine.pods_created(placement(), probe_pending, "")
+    assert machine.decision().ready_hosts == "2/2"
+
+    for pod in (Pod("train-1", node="m1", phase="Pending", ip="10.0.0.2"), Pod("train-1", node="m1"),
+                dataclasses.replace(serving(1), deleting=True)):
+        current = {0: serving(0), 1: pod}
+        machine = SliceMachine(look(placement=placement(), current=current))
+        machine.start()
+        machine.launch(placement())
+        assert not machine.pods_created(placement(), current, ""), pod
+        assert condition(machine.decision(), "Ready").message == "1/2 hosts running"
+
+
 def test_sidecars_not_answering_keep_the_gang_launching() -> None:
     current = {0: serving(0), 1: serving(1)}
     machine = SliceMachine(look(placement=placement(), current=current))

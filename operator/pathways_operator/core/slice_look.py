@@ -243,5 +243,10 @@ def pod_name(slice_name: str, index: int) -> str:
 
 
 def serving(pod: GangPod) -> bool:
-    return pod.phase == "Running" and pod.ready and bool(pod.ip) and not pod.deleting
+    """The host's pod runs, has its address and is not going away: the operator may ask its
+    sidecar's Health, which decides whether the host serves (``gang_registration``). The
+    pod's own Ready condition is not waited for: its probe (a TCP connect to the sidecar,
+    once a second) says less than that question and would hold a formed gang back until
+    its next tick."""
+    return pod.phase == "Running" and bool(pod.ip) and not pod.deleting
 

@@ -400,7 +400,7 @@ class SliceMachine:
         )
         self.ready_hosts = f"{len(ready)}/{len(hosts)}"
         if len(ready) < len(hosts):
-            self.not_ready(problem or f"{fraction(len(ready), len(hosts), 'host')} running and ready")
+            self.not_ready(problem or f"{fraction(len(ready), len(hosts), 'host')} running")
             return False
         return True
 

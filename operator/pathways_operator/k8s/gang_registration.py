@@ -1,8 +1,8 @@
 """Handing a ready gang to the island scheduler, and taking it back.
 
 A gang is registered with the controller (``pathways_operator.controller``) only
-once every pod runs and is ready and every sidecar answers ``Dataflow.Health``
-with ``worker_ready``; programs can use it from then on. A gang that is torn
+once every pod runs and every sidecar answers ``Dataflow.Health`` with
+``worker_ready`` (not waiting for the pods' readiness probe, which says less); programs can use it from then on. A gang that is torn
 down (lost host, preemption, suspension, refused pods) is reported lost, so the
 calls running on it fail over instead of waiting. :class:`GangRegistrations`
 remembers which generation, on which addresses, this process registered, and
