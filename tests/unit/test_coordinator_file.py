@@ -27,6 +27,41 @@ def test_the_same_address_again_changes_nothing_and_another_is_refused(tmp_path:
     assert coordinator_file.read(str(tmp_path)) == "10.0.0.1:8476"
 
 
+@pytest.mark.parametrize("rounds", [50])
+def test_writers_at_once_write_the_address_once_and_refuse_another(tmp_path: Path, rounds: int) -> None:
+    """The operator tells a sidecar twice at once (its background teller and its look), and
+    the sidecar's gRPC threads write in parallel: one write takes, the same address again is
+    a no-op, another address is refused, and no writer fails or leaves a partial file."""
+    for round_ in range(rounds):
+        shm = tmp_path / str(round_)
+        addresses = ["10.0.0.1:8476"] * 6 + ["10.0.0.9:8476"] * 2
+        results: list[object] = [None] * len(addresses)
+        start = threading.Barrier(len(addresses))
+
+        def write(i: int) -> None:
+            start.wait(5)
+            try:
+                results[i] = coordinator_file.write(str(shm), addresses[i])
+            except CoordinatorConflict as err:
+                results[i] = err
+            except Exception as err:  # noqa: BLE001 - what the test looks for
+                results[i] = f"failed: {type(err).__name__}: {err}"
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(len(addresses))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        written = coordinator_file.read(str(shm))
+        assert [r for r in results if isinstance(r, str)] == [], results
+        assert results.count(True) == 1, results
+        for address, result in zip(addresses, results):
+            if result is not True:
+                assert (result is False) == (address == written), (address, written, results)
+                assert isinstance(result, CoordinatorConflict) == (address != written), results
+        assert os.listdir(shm) == [coordinator_file.FILE_NAME], "no partial file is left behind"
+
+
 @pytest.mark.parametrize("address", ["", "10.0.0.1", ":8476", "10.0.0.1:port", "10.0.0.1:0", "10.0.0.1:70000"])
 def test_a_malformed_address_is_refused_naming_it(tmp_path: Path, address: str) -> None:
     with pytest.raises(ValueError, match=f"coordinator address {address!r} is not HOST:PORT"):

@@ -8,13 +8,15 @@ which only holders of the slice's token may call) as soon as host 0 has its IP, 
 sidecar writes it into the shared-memory directory the two containers share, and
 the worker, once it has imported jax, waits for it there (:func:`wait_for`).
 
-The file is written once, whole (a rename), and never changed: a second address for
-the same host is refused, since a worker may already have joined the first.
+The file is written once, whole (a hard link to a finished file), and never changed: a
+second address for the same host is refused, since a worker may already have joined
+the first.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 
 from pathways_wire import host_port
@@ -47,20 +49,30 @@ def check_address(address: str) -> str:
 
 def write(shm_dir: str, address: str) -> bool:
     """Writes the address for the worker; False when it was written before (the same
-    address). Raises CoordinatorConflict for another address, ValueError for a malformed one."""
+    address). Raises CoordinatorConflict for another address, ValueError for a malformed one.
+
+    Writers may race (the operator can tell a sidecar twice at once, and its gRPC threads
+    serve both): each writes a partial file of its own and links it in as the address
+    only if none is there yet, so exactly one write takes and the rest compare."""
     address = check_address(address)
     path = path_in(shm_dir)
-    found = read(shm_dir)
-    if found is not None:
-        if found != address:
-            raise CoordinatorConflict(f"this host was already given coordinator {found}, not {address}")
-        return False
     os.makedirs(shm_dir, exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w", encoding="ascii") as f:
-        f.write(address)
-    os.replace(partial, path)
-    return True
+    fd, partial = tempfile.mkstemp(dir=shm_dir, prefix=f"{FILE_NAME}.", suffix=".partial")
+    try:
+        os.fchmod(fd, 0o644)  # the worker container may run as another user
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(address)
+        try:
+            os.link(partial, path)
+            return True
+        except FileExistsError:
+            pass
+    finally:
+        os.unlink(partial)
+    found = read(shm_dir)
+    if found != address:
+        raise CoordinatorConflict(f"this host was already given coordinator {found}, not {address}")
+    return False
 
 
 def read(shm_dir: str) -> str | None:
