@@ -347,7 +347,7 @@ class _Bench:
         """Until ``done`` holds for the namespace's objects that ``list_fn`` lists (by name,
         as the API serves them, JSON), read from a watch as the API server sends each change,
         the way ``kubectl wait`` reads it. Polled every 50 ms instead, the bench's own reads
-        were about half of the API server's requests while a 4-host slice started on these
+        were about a third of the API server's requests while a 4-host slice started on these
         2 cores, and their CPU came out of the slice's start."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
