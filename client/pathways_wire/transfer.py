@@ -95,11 +95,9 @@ def parse_dtype(name: str, field: str = "spec.dtype") -> np.dtype[Any]:
     try:
         dtype = np.dtype(name)
     except TypeError:
-        if name in _ML_DTYPES:
-            raise TransferError(
-                field, f"dtype '{name}' needs ml_dtypes (import ml_dtypes or jax first)"
-            ) from None
-        raise TransferError(field, f"unknown dtype '{name}'") from None
+        if name not in _ML_DTYPES:
+            raise TransferError(field, f"unknown dtype '{name}'") from None
+        dtype = _ml_dtype(name, field)
     if dtype.kind in "OSUMm" or dtype.names is not None or dtype.subdtype is not None:
         raise TransferError(field, f"dtype '{name}' is not a numeric array dtype")
     if dtype.kind == "V" and dtype.name not in _ML_DTYPES:
@@ -107,6 +105,17 @@ def parse_dtype(name: str, field: str = "spec.dtype") -> np.dtype[Any]:
     if not dtype.isnative:
         raise TransferError(field, f"dtype '{name}' is not in native byte order")
     return dtype
+
+
+def _ml_dtype(name: str, field: str) -> np.dtype[Any]:
+    """One of ml_dtypes' types (bfloat16, the float8s), which numpy knows by name only once
+    ml_dtypes is imported: imported here, on first use, so that a process that never sees
+    one (a host's sidecar, most of the time) does not pay its import as a gang starts."""
+    try:
+        import ml_dtypes  # noqa: F401  (registers its types with numpy)
+    except ImportError:
+        raise TransferError(field, f"dtype '{name}' needs ml_dtypes, which is not installed here") from None
+    return np.dtype(name)
 
 
 def numeric_dtype(dtype: np.dtype[Any]) -> bool:

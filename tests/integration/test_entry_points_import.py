@@ -64,3 +64,25 @@ def test_a_sidecar_that_serves_no_metrics_never_imports_prometheus() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False", "a sidecar without --metrics-port imported prometheus_client"
+
+
+ML_DTYPES_CHECK = (
+    "import sys, importlib\n"
+    "for name in sys.argv[1:]:\n"
+    "    importlib.import_module(name)\n"
+    "before = 'ml_dtypes' in sys.modules\n"
+    "from pathways_wire import transfer\n"
+    "print(before, transfer.parse_dtype('float32').name, 'ml_dtypes' in sys.modules,\n"
+    "      transfer.parse_dtype('bfloat16').name, 'ml_dtypes' in sys.modules)\n"
+)
+
+
+def test_a_sidecar_imports_ml_dtypes_only_for_a_value_of_its_types() -> None:
+    """bfloat16 and the float8s are numpy dtypes only once ml_dtypes is imported: the sidecar
+    imports it when a value of one of them first comes, not as its host starts."""
+    serving = ["pathways_worker.sidecar.__main__", "pathways_worker.sidecar.dataflow",
+               "pathways_worker.sidecar.dataflow_service", "pathways_worker.slice_auth"]
+    done = subprocess.run([sys.executable, "-c", ML_DTYPES_CHECK, *serving], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "float32", "False", "bfloat16", "True"], done.stdout

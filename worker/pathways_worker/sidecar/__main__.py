@@ -35,7 +35,6 @@ def serve(settings: SidecarSettings) -> None:
     single_threaded_blas()
     keep_freed_memory()
     import grpc
-    import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy for dtype checks)
 
     from pathways_wire import host_port
     from pathways_wire import pathways_pb2_grpc as pb_grpc
