@@ -110,6 +110,7 @@ def test_no_host_starts_without_the_slices_own_policy(
     why = slice_host_policy(api, SLICE, OPERATOR)  # type: ignore[arg-type]
     assert isinstance(why, InTheWay) and words in why.message, why
     assert why.warning is warning
+    assert why.reason == ("HostPolicyForbidden" if refuse == 403 else "ObjectNotOwned")
     assert api.created == [], "a foreign policy is neither replaced nor adopted"
 
 

@@ -305,6 +305,18 @@ def test_object_in_the_way_releases_the_gang_and_blocks_the_queue() -> None:
     assert decision.events[-1].type == "Warning"
 
 
+def test_a_host_policy_the_operator_may_not_make_holds_the_slice_under_its_own_reason() -> None:
+    why = InTheWay("the operator may not read or create NetworkPolicy ns/train-pathways-hosts", warning=True,
+                   reason=Reason.HOST_POLICY_FORBIDDEN)
+    machine = SliceMachine(look(in_the_way=why))
+    assert machine.start() is Next.DONE
+    assert machine.take_actions()[-1] == Block(why.message)
+    decision = machine.decision()
+    assert decision.phase is SlicePhase.PENDING and decision.hosts == ()
+    assert condition(decision, "Admitted").reason == condition(decision, "Ready").reason == "HostPolicyForbidden"
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "HostPolicyForbidden")]
+
+
 def test_refused_pods_back_off_on_403_and_fail_when_invalid() -> None:
     machine = SliceMachine(look())
     machine.start()

@@ -95,7 +95,11 @@ class Reason(enum.StrEnum):
     INSUFFICIENT_DRIVER_RESOURCES = "InsufficientDriverResources"
     """The slices would fit, but their program's driver pod fits no Node's free CPU and memory: none is admitted."""
     OBJECT_NOT_OWNED = "ObjectNotOwned"
-    """An object the slice needs (its token Secret, a pod name) exists and is not the slice's own."""
+    """An object the slice needs (its token Secret, its host NetworkPolicy, a pod name) exists and is
+    not the slice's own."""
+    HOST_POLICY_FORBIDDEN = "HostPolicyForbidden"
+    """The operator makes host NetworkPolicies (``--host-network-policy=on``) but may not create the
+    slice's: no host starts without it."""
     # Programs.
     WAITING_FOR_SLICES = "WaitingForSlices"
     """A slice the program uses is not Ready yet."""

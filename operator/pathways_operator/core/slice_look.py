@@ -18,7 +18,7 @@ from typing import Protocol
 
 from pathways_operator.core.phases import SlicePhase
 from pathways_operator.core.placement import Placement, Unplaceable
-from pathways_operator.core.reasons import Condition
+from pathways_operator.core.reasons import Condition, Reason
 from pathways_operator.core.slice_phase import SliceRecord
 from pathways_operator.core.status_report import Event
 
@@ -49,6 +49,8 @@ class InTheWay:
     message: str
     warning: bool = False
     """True when a person must act (a Warning Event); False while it resolves by itself."""
+    reason: Reason = Reason.OBJECT_NOT_OWNED
+    """The reason the slice's conditions give."""
 
 
 @dataclasses.dataclass(frozen=True)

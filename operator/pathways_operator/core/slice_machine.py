@@ -294,10 +294,10 @@ class SliceMachine:
         r.act(Block(why.message))
         r.move(_S.PENDING)
         previous = r.find(_C.ADMITTED)
-        if previous is None or (previous.reason, previous.message) != (str(Reason.OBJECT_NOT_OWNED), why.message):
-            r.event("Warning" if why.warning else "Normal", Reason.OBJECT_NOT_OWNED, why.message)
-        r.condition(_C.ADMITTED, "False", Reason.OBJECT_NOT_OWNED, why.message)
-        r.condition(_C.READY, "False", Reason.OBJECT_NOT_OWNED, "the gang is not placed; see the Admitted condition")
+        if previous is None or (previous.reason, previous.message) != (str(why.reason), why.message):
+            r.event("Warning" if why.warning else "Normal", why.reason, why.message)
+        r.condition(_C.ADMITTED, "False", why.reason, why.message)
+        r.condition(_C.READY, "False", why.reason, "the gang is not placed; see the Admitted condition")
         self._unplaced()
         r.delay = STEADY
         self.summary = f"VirtualSlice {self.look.key} is {r.phase}: {why.message}"

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from pathways_wire.slice_token import new_token
 from pathways_operator.core.ownership import Ownership, describe_controller, owner_refs, ownership
+from pathways_operator.core.reasons import Reason
 from pathways_operator.core.slice_look import (
     BindHostPod,
     CreateHostPod,
@@ -212,6 +213,7 @@ def slice_host_policy(api: ClusterApi, vslice: VirtualSliceObject, operator: Ope
             "starts without it: grant the operator get and create on networkpolicies.networking.k8s.io, "
             "or run it with --host-network-policy=off",
             warning=True,
+            reason=Reason.HOST_POLICY_FORBIDDEN,
         )
     refs = owner_refs(policy["metadata"])
     owner = ownership(refs, kind=SLICE_KIND, name=vslice.name, uid=vslice.uid)
