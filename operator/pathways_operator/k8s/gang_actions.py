@@ -169,20 +169,9 @@ def slice_secret(api: ClusterApi, vslice: VirtualSliceObject) -> SliceSecret | I
             return InTheWay(f"Secret {namespace}/{name} appeared while creating it; looking again")
         log.info("%s: created Secret %s with the slice token", vslice.key, name)
     meta = secret["metadata"]
-    refs = owner_refs(meta)
-    owner = ownership(refs, kind=SLICE_KIND, name=vslice.name, uid=vslice.uid)
-    if owner is Ownership.EARLIER:
-        return InTheWay(
-            f"Secret {namespace}/{name} belongs to an earlier VirtualSlice {vslice.name} that was "
-            "deleted; waiting for the garbage collector to delete it"
-        )
-    if owner is Ownership.FOREIGN:
-        return InTheWay(
-            f"Secret {namespace}/{name} exists and is not this VirtualSlice's "
-            f"({describe_controller(refs)}); the operator neither uses nor deletes a Secret it does "
-            "not control: delete or rename that Secret, or give the VirtualSlice another name",
-            warning=True,
-        )
+    not_ours = _not_the_slices(vslice, "Secret", meta)
+    if not_ours is not None:
+        return not_ours
     raw = (secret.get("data") or {}).get(TOKEN_KEY, "")
     token = base64.b64decode(raw).decode() if raw else ""
     if not token:
@@ -215,18 +204,24 @@ def slice_host_policy(api: ClusterApi, vslice: VirtualSliceObject, operator: Ope
             warning=True,
             reason=Reason.HOST_POLICY_FORBIDDEN,
         )
-    refs = owner_refs(policy["metadata"])
+    return _not_the_slices(vslice, "NetworkPolicy", policy["metadata"])
+
+
+def _not_the_slices(vslice: VirtualSliceObject, kind: str, meta: Json) -> InTheWay | None:
+    """Why the ``kind`` object with ``meta``, named for the slice, is in its way: an earlier
+    slice's (the garbage collector deletes it) or no slice's; None when it is this slice's."""
+    where = f"{kind} {vslice.namespace}/{meta.get('name', '')}"
+    refs = owner_refs(meta)
     owner = ownership(refs, kind=SLICE_KIND, name=vslice.name, uid=vslice.uid)
     if owner is Ownership.EARLIER:
         return InTheWay(
-            f"NetworkPolicy {namespace}/{name} belongs to an earlier VirtualSlice {vslice.name} that was "
+            f"{where} belongs to an earlier VirtualSlice {vslice.name} that was "
             "deleted; waiting for the garbage collector to delete it"
         )
     if owner is Ownership.FOREIGN:
         return InTheWay(
-            f"NetworkPolicy {namespace}/{name} exists and is not this VirtualSlice's "
-            f"({describe_controller(refs)}); the operator neither uses nor deletes a NetworkPolicy it does "
-            "not control, and starts no host without its own: delete or rename that NetworkPolicy, or give "
+            f"{where} exists and is not this VirtualSlice's ({describe_controller(refs)}); the operator "
+            f"neither uses nor deletes a {kind} it does not control: delete or rename that {kind}, or give "
             "the VirtualSlice another name",
             warning=True,
         )
