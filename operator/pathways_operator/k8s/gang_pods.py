@@ -129,6 +129,23 @@ def placement_from_json(slice_key: str, text: str) -> Placement | None:
         return None
 
 
+def slice_labels(slice_name: str) -> dict[str, str]:
+    """The labels every object of VirtualSlice ``slice_name`` bears (its pods, its Secret, its
+    host NetworkPolicy), and what selects its pods."""
+    return {SLICE_LABEL: slice_name, MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def slice_object_metadata(vslice: VirtualSliceObject, name: str) -> Json:
+    """Metadata of an object ``name`` the slice keeps beside its pods: labelled with the slice
+    and controlled by it, so it goes when the slice goes."""
+    return {
+        "name": name,
+        "namespace": vslice.namespace,
+        "labels": slice_labels(vslice.name),
+        "ownerReferences": [vslice.owner_reference()],
+    }
+
+
 def token_secret_name(slice_name: str) -> str:
     """The Secret holding the slice token of VirtualSlice ``slice_name``."""
     return f"{slice_name}-pathways-token"
@@ -140,12 +157,7 @@ def token_secret_manifest(vslice: VirtualSliceObject, token: str) -> Json:
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {
-            "name": token_secret_name(vslice.name),
-            "namespace": vslice.namespace,
-            "labels": {SLICE_LABEL: vslice.name, MANAGED_BY_LABEL: MANAGED_BY},
-            "ownerReferences": [vslice.owner_reference()],
-        },
+        "metadata": slice_object_metadata(vslice, token_secret_name(vslice.name)),
         "stringData": {TOKEN_KEY: token},
     }
 
@@ -358,10 +370,9 @@ def host_pod_manifest(
             "name": pod_name(vslice.name, index),
             "namespace": vslice.namespace,
             "labels": {
-                SLICE_LABEL: vslice.name,
+                **slice_labels(vslice.name),
                 HOST_INDEX_LABEL: str(index),
                 GENERATION_LABEL: str(generation),
-                MANAGED_BY_LABEL: MANAGED_BY,
             },
             "annotations": {PLACEMENT_ANNOTATION: placement_to_json(placement)},
             "ownerReferences": [vslice.owner_reference()],

@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from pathways_operator.k8s.cluster_api import Json
+from pathways_operator.k8s.gang_pods import slice_labels, slice_object_metadata
 from pathways_operator.k8s.virtual_slice import VirtualSliceObject
 from pathways_wire.kube_names import (
     DRIVER_LABEL,
@@ -85,14 +86,9 @@ def host_policy_manifest(vslice: VirtualSliceObject, operator: OperatorPods) -> 
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": host_policy_name(vslice.name),
-            "namespace": vslice.namespace,
-            "labels": {SLICE_LABEL: vslice.name, MANAGED_BY_LABEL: MANAGED_BY},
-            "ownerReferences": [vslice.owner_reference()],
-        },
+        "metadata": slice_object_metadata(vslice, host_policy_name(vslice.name)),
         "spec": {
-            "podSelector": {"matchLabels": {SLICE_LABEL: vslice.name, MANAGED_BY_LABEL: MANAGED_BY}},
+            "podSelector": {"matchLabels": slice_labels(vslice.name)},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [
