@@ -250,6 +250,8 @@ RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAc
     ("delete", "secrets", "", "", True),
     ("create", "networkpolicies.networking.k8s.io", "", "", True),
     ("get", "networkpolicies.networking.k8s.io", "", "", True),
+    ("watch", "networkpolicies.networking.k8s.io", "", "-A", True),
+    ("update", "networkpolicies.networking.k8s.io", "", "", True),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", "", "", True),
     ("list", "priorityclasses.scheduling.k8s.io", "", "", True),
     ("list", "secrets", "", "-A", False),
@@ -267,7 +269,6 @@ RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAc
     ("create", "leases.coordination.k8s.io", "", "", False),
     ("delete", "networkpolicies.networking.k8s.io", "", "", False),
     ("patch", "networkpolicies.networking.k8s.io", "", "", False),
-    ("list", "networkpolicies.networking.k8s.io", "", "-A", False),
 ]
 CAN = [rule[:4] for rule in RBAC if rule[4]]
 CANNOT = [rule[:4] for rule in RBAC if not rule[4]]

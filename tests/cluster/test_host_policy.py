@@ -95,3 +95,40 @@ def test_a_users_policy_of_that_name_makes_the_slice_wait_holding_no_pods(
     found = objects.wait_slice("taken", "Ready", SLICE_READY_S, operator)
     policy = _policy(objects, "taken-pathways-hosts")
     assert [(r.kind, r.uid) for r in policy.metadata.owner_references] == [("VirtualSlice", found["metadata"]["uid"])]
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_deleted_or_changed_host_policy_is_restored_while_the_slice_keeps_its_gang(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    networking = client.NetworkingV1Api(objects.cluster.api)
+    objects.apply(virtual_slice("kept", 4))
+    objects.wait_slice("kept", "Ready", SLICE_READY_S, operator)
+    pods = {p.metadata.uid for p in objects.pods("pathways.dev/slice=kept")}
+    first = _policy(objects, "kept-pathways-hosts")
+    made = networking.api_client.sanitize_for_serialization(first.spec)
+
+    networking.delete_namespaced_network_policy("kept-pathways-hosts", objects.namespace)
+    again = objects.cluster.poll(
+        lambda: (p := _policy(objects, "kept-pathways-hosts")) is not None and p.metadata.uid != first.metadata.uid
+        and p, timeout=30, interval=0.2, what="kept-pathways-hosts made again after its deletion")
+    assert networking.api_client.sanitize_for_serialization(again.spec) == made
+    assert [r.uid for r in again.metadata.owner_references] == [first.metadata.owner_references[0].uid]
+
+    opened = client.V1NetworkPolicySpec(pod_selector=client.V1LabelSelector(), ingress=[client.V1NetworkPolicyIngressRule()])
+    networking.patch_namespaced_network_policy("kept-pathways-hosts", objects.namespace, {"spec": opened})
+    restored = objects.cluster.poll(
+        lambda: (p := _policy(objects, "kept-pathways-hosts")) is not None
+        and networking.api_client.sanitize_for_serialization(p.spec) == made and p,
+        timeout=30, interval=0.2, what="kept-pathways-hosts given its spec back after it was opened")
+    assert restored.metadata.uid == again.metadata.uid, "restored in place, not deleted and made again"
+
+    objects.cluster.poll(lambda: "kept-pathways-hosts had been changed" in operator.log_path.read_text(errors="replace"), timeout=10,
+                         interval=0.2, what="the operator's log saying it restored the policy")
+    found = objects.wait_slice("kept", "Ready", 10, operator)
+    assert {p.metadata.uid for p in objects.pods("pathways.dev/slice=kept")} == pods, "the gang kept its pods"
+    assert _policy(objects, "kept-pathways-hosts").metadata.resource_version == restored.metadata.resource_version, (
+        "a policy as the operator made it is not written again"
+    )
+    assert found["status"]["phase"] == "Ready"
+    objects.delete("virtualslices", "kept")

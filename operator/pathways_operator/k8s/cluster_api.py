@@ -332,6 +332,16 @@ class ClusterApi:
         """Create the NetworkPolicy; :class:`AlreadyExists` when one of that name exists."""
         return self._create("NetworkPolicy", namespace, body, self.networking.create_namespaced_network_policy)
 
+    def replace_network_policy(self, namespace: str, name: str, body: Json) -> Json:
+        """Replace the NetworkPolicy with ``body``, whose ``metadata.resourceVersion`` is the one read
+        (a :class:`KubeError` of status 409 when it changed since)."""
+        try:
+            return _decode(self.networking.replace_namespaced_network_policy(
+                name, namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False
+            ))
+        except ApiException as err:
+            raise KubeError(f"replacing NetworkPolicy {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+
     def delete_network_policy(self, namespace: str, name: str, uid: str) -> None:
         """Delete the NetworkPolicy of that name only if it is still the object ``uid``."""
         self._delete_if_same(

@@ -183,28 +183,49 @@ def slice_secret(api: ClusterApi, vslice: VirtualSliceObject) -> SliceSecret | I
 
 
 def slice_host_policy(api: ClusterApi, vslice: VirtualSliceObject, operator: OperatorPods) -> InTheWay | None:
-    """The NetworkPolicy in front of the slice's hosts, made if missing; None once it is the
-    slice's own, else what is in its way. No pod is created before it is (fail closed)."""
+    """The NetworkPolicy in front of the slice's hosts, made if missing and its spec put back if
+    changed; None once it is the slice's own, else what is in its way. No pod is created
+    before it is, and a gang whose policy cannot be kept is stopped (fail closed)."""
     namespace, name = vslice.namespace, host_policy_name(vslice.name)
+    desired = host_policy_manifest(vslice, operator)
     try:
         policy = api.get_network_policy(namespace, name)
         if policy is None:
             try:
-                policy = api.create_network_policy(namespace, host_policy_manifest(vslice, operator))
+                policy = api.create_network_policy(namespace, desired)
             except AlreadyExists:
                 return InTheWay(f"NetworkPolicy {namespace}/{name} appeared while creating it; looking again")
             log.info("%s: created NetworkPolicy %s in front of its hosts", vslice.key, name)
+        not_ours = _not_the_slices(vslice, "NetworkPolicy", policy["metadata"])
+        if not_ours is not None:
+            return not_ours
+        _restore_host_policy(api, vslice, policy, desired)
     except KubeError as err:
         if err.status != 403:
             raise
         return InTheWay(
-            f"the operator may not read or create NetworkPolicy {namespace}/{name} ({err}); no host "
-            "starts without it: grant the operator get and create on networkpolicies.networking.k8s.io, "
-            "or run it with --host-network-policy=off",
+            f"the operator may not read, create or restore NetworkPolicy {namespace}/{name} ({err}); no "
+            "host runs without it: grant the operator get, create, update, list and watch on "
+            "networkpolicies.networking.k8s.io, or run it with --host-network-policy=off",
             warning=True,
             reason=Reason.HOST_POLICY_FORBIDDEN,
         )
-    return _not_the_slices(vslice, "NetworkPolicy", policy["metadata"])
+    return None
+
+
+def _restore_host_policy(api: ClusterApi, vslice: VirtualSliceObject, policy: Json, desired: Json) -> None:
+    """Put the slice's own spec back into its NetworkPolicy ``policy`` if it was changed.
+
+    The replacement names the resourceVersion read: a policy changed again meanwhile
+    fails it (HTTP 409), and the reconciler looks again.
+    """
+    if policy.get("spec") == desired["spec"]:
+        return
+    meta = policy["metadata"]
+    body = {**desired, "metadata": {**desired["metadata"], "resourceVersion": meta.get("resourceVersion")}}
+    api.replace_network_policy(vslice.namespace, meta["name"], body)
+    log.warning("%s: NetworkPolicy %s had been changed; its spec is the slice's own again",
+                vslice.key, meta["name"])
 
 
 def _not_the_slices(vslice: VirtualSliceObject, kind: str, meta: Json) -> InTheWay | None:

@@ -10,7 +10,8 @@ level-based: a restart simply starts looking again.
 What wakes a loop early: a change of the object's spec (``on.update``), an
 event of one of a slice's pods, and, for programs, any change of a slice in
 their namespace, an event of their driver pod (it started, it ended) and a step
-their driver reported (``DriverPods``' ``wake``). Handlers here are a few lines
+their driver reported (``DriverPods``' ``wake``), and, where the operator keeps host
+NetworkPolicies, a change or deletion of a slice's. Handlers here are a few lines
 each; all decisions live in ``slices`` and ``programs`` (and, below them,
 ``pathways_operator.core``).
 
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 import kopf
 
 from pathways_operator.k8s import log_context
+from pathways_operator.k8s.host_policy import slice_of_host_policy
 from pathways_operator.k8s.program_reconciler import ProgramReconciler
 from pathways_wire.kube_names import (
     ANNOTATION_PREFIX,
@@ -258,6 +260,19 @@ def register(
     @kopf.on.event("", "v1", "pods", labels={SLICE_LABEL: kopf.PRESENT}, registry=registry)
     async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         wakeups.wake(slice_key(namespace or "default", labels[SLICE_LABEL]))
+
+    if slices.keeps_host_policies:
+        @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", registry=registry)
+        async def host_policy_event(
+            name: str, namespace: str | None, event: Mapping[str, Any], **_: Any
+        ) -> None:
+            slice_name = slice_of_host_policy(name)
+            if slice_name is None or event.get("type") not in ("MODIFIED", "DELETED"):
+                return  # not a host policy, or one seen as it is (the operator made it, or starts)
+            ns = namespace or "default"
+            running = asyncio.get_running_loop()
+            await running.run_in_executor(executor, slices.host_policy_changed, ns, slice_name)
+            wakeups.wake(slice_key(ns, slice_name))
 
     _register_kind(registry, "program", PROGRAM_PLURAL, "run", program_key, programs, wakeups, executor)
 

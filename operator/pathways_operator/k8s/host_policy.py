@@ -23,6 +23,11 @@ and admits, on every port:
 and, on the sidecar's metrics port only, anyone (Prometheus scrapers). The kubelet's
 probes come from the node, which a NetworkPolicy never blocks.
 
+The policy is kept, not just made: the operator watches NetworkPolicies, and when a
+slice's is deleted it makes it again, and when its spec is changed it puts back its own
+(``gang_actions.slice_host_policy``). One it cannot restore (it may not update it, say)
+stops the slice's gang, as a missing one stops it starting.
+
 Labels can be set by whoever creates a pod: the policy keeps out pods that are not
 labelled as kube-pathways hosts or drivers of the namespace, not a namespace's own
 users, whom the slice tokens stop. It takes effect where the cluster's network plugin
@@ -44,6 +49,8 @@ from pathways_wire.kube_names import (
     SIDECAR_METRICS_PORT,
     SLICE_LABEL,
 )
+
+HOST_POLICY_SUFFIX = "-pathways-hosts"
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """The label the API server puts on every Namespace, its own name."""
@@ -70,7 +77,13 @@ class OperatorPods:
 
 def host_policy_name(slice_name: str) -> str:
     """The NetworkPolicy in front of the host pods of VirtualSlice ``slice_name``."""
-    return f"{slice_name}-pathways-hosts"
+    return f"{slice_name}{HOST_POLICY_SUFFIX}"
+
+
+def slice_of_host_policy(policy_name: str) -> str | None:
+    """The VirtualSlice whose host NetworkPolicy would be named ``policy_name``, if any."""
+    slice_name, suffix, rest = policy_name.rpartition(HOST_POLICY_SUFFIX)
+    return slice_name if suffix and slice_name and not rest else None
 
 
 def _labelled(key: str) -> Json:

@@ -95,7 +95,8 @@ class SliceReconciler:
         self._secrets: dict[str, SliceSecret] = {}
         """Slice key -> its token Secret, as last read or written."""
         self._policies: set[str] = set()
-        """Keys of the slices whose host NetworkPolicy was found to be their own."""
+        """Keys of the slices whose host NetworkPolicy was found to be their own, unchanged
+        since (``host_policy_changed`` takes a slice out)."""
         self._pod_conflicts: dict[str, str] = {}
         """Slice key -> the name of a pod, not the slice's own, that took one of its pod names."""
         self._seen: dict[str, tuple[Reservation, frozenset[int]]] = {}
@@ -159,6 +160,24 @@ class SliceReconciler:
             gang_actions.delete_slice_objects(self._api, namespace, name, uid)
         with self._locks_guard:
             self._slice_locks.pop(key, None)
+
+    @property
+    def keeps_host_policies(self) -> bool:
+        """Whether each slice's hosts stand behind a NetworkPolicy this operator makes and keeps."""
+        return self._host_policy is not None
+
+    def host_policy_changed(self, namespace: str, slice_name: str) -> None:
+        """The host NetworkPolicy of slice ``namespace/slice_name`` was changed or deleted: its
+        next look reads it again (and makes or restores it). Waits for a look in progress, so
+        that look cannot mark the policy as found after this."""
+        key = f"{namespace}/{slice_name}"
+        with self._locks_guard:
+            lock = self._slice_locks.get(key)
+        if lock is None:
+            self._policies.discard(key)
+            return
+        with lock:
+            self._policies.discard(key)
 
     def _pods_of(self, vslice: VirtualSliceObject) -> list[PodView]:
         """The slice's pods: labelled with its name and controlled by this incarnation of it."""
