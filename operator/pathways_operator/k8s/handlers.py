@@ -11,7 +11,8 @@ What wakes a loop early: a change of the object's spec (``on.update``), an
 event of one of a slice's pods, and, for programs, any change of a slice in
 their namespace, an event of their driver pod (it started, it ended) and a step
 their driver reported (``DriverPods``' ``wake``), and, where the operator keeps host
-NetworkPolicies, a change or deletion of a slice's. Handlers here are a few lines
+NetworkPolicies, a change or deletion of a slice's. The watch of Nodes wakes nothing: it
+keeps the Nodes the gangs' looks read (``node_cache``). Handlers here are a few lines
 each; all decisions live in ``slices`` and ``programs`` (and, below them,
 ``pathways_operator.core``).
 
@@ -260,6 +261,13 @@ def register(
     @kopf.on.event("", "v1", "pods", labels={SLICE_LABEL: kopf.PRESENT}, registry=registry)
     async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         wakeups.wake(slice_key(namespace or "default", labels[SLICE_LABEL]))
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(name: str, event: Mapping[str, Any], **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            slices.nodes.gone(name)
+        elif isinstance(event.get("object"), dict):
+            slices.nodes.seen(event["object"])
 
     if slices.keeps_host_policies:
         @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", registry=registry)

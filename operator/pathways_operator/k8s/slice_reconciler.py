@@ -54,6 +54,7 @@ from pathways_operator.k8s.gang_registration import GangRegistrations, GangRegis
 from pathways_operator.k8s.host_policy import OperatorPods
 from pathways_operator.k8s.inventory import Reservation, unreachable
 from pathways_operator.k8s.metrics import OperatorMetrics
+from pathways_operator.k8s.node_cache import NodeCache
 from pathways_wire import host_port
 from pathways_wire.kube_names import COORDINATOR_PORT, SIDECAR_PORT, SLICE_KIND, SLICE_LABEL
 from pathways_operator.k8s.status_writer import StatusWriter
@@ -102,6 +103,8 @@ class SliceReconciler:
         self._seen: dict[str, tuple[Reservation, frozenset[int]]] = {}
         """Slice key -> host indices whose pods this process has seen for its current reservation."""
         self._summaries: dict[str, str] = {}
+        self.nodes = NodeCache(api)
+        """The Nodes the gangs are bound to (the operator's watch of Nodes feeds it)."""
 
     # ------------------------------------------------------------ queries
 
@@ -355,9 +358,9 @@ class SliceReconciler:
         bound = {p.node for p in pods if p.node}
         if not bound:
             return frozenset(), frozenset()
-        nodes = {str(n["metadata"]["name"]): n for n in self._api.list_nodes()}
-        return (frozenset(bound - nodes.keys()),
-                frozenset(name for name in bound & nodes.keys() if unreachable(nodes[name])))
+        nodes = {name: self.nodes.get(name) for name in bound}
+        return (frozenset(name for name, node in nodes.items() if node is None),
+                frozenset(name for name, node in nodes.items() if node is not None and unreachable(node)))
 
     def _write_status(self, vslice: VirtualSliceObject, decision: SliceDecision) -> None:
         new = SliceStatus(
