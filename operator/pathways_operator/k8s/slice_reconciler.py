@@ -94,7 +94,7 @@ class SliceReconciler:
         self._slice_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._secrets: dict[str, SliceSecret] = {}
-        """Slice key -> its token Secret, as last read or written."""
+        """Slice key -> its token Secret, as last read or written (read again for each new gang)."""
         self._policies: set[str] = set()
         """Keys of the slices whose host NetworkPolicy was found to be their own, unchanged
         since (``host_policy_changed`` takes a slice out)."""
@@ -251,6 +251,8 @@ class SliceReconciler:
         """Create the gang's pods, and register it with the controller once every host serves."""
         placement = reservation.placement
         machine.launch(placement)
+        if not current:  # a new gang mounts the Secret as it is now: read it again (made anew if deleted)
+            self._secrets.pop(vslice.key, None)
         secret = self._secret(vslice)
         if isinstance(secret, InTheWay):
             machine.in_the_way(secret)
