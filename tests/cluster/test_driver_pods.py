@@ -138,6 +138,24 @@ def test_driver_pod_deleted_mid_training_ends_on_the_reference_result(
     assert "uprooted-driver was deleted" in lost.message, lost.message
 
 
+@pytest.mark.timeout(400, func_only=True)
+def test_a_driver_pod_made_after_its_secret_was_deleted_gets_a_new_token_and_the_run_ends(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    first_pod = paper_example_mid_run(objects, "rekeyed")
+    first = objects.core.read_namespaced_secret("rekeyed-driver-token", objects.namespace)
+    objects.core.delete_namespaced_secret("rekeyed-driver-token", objects.namespace)
+    objects.core.delete_namespaced_pod("rekeyed-driver", objects.namespace)
+
+    done = objects.wait_program("rekeyed", {"Succeeded", "Failed"}, PROGRAM_DONE_S, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["restarts"] == 1 and done["status"]["stepsCompleted"] == PAPER_STEPS
+    assert driver_pod(objects, "rekeyed").metadata.uid != first_pod
+    second = objects.core.read_namespaced_secret("rekeyed-driver-token", objects.namespace)
+    assert second.metadata.uid != first.metadata.uid, "the new driver's Secret was made anew"
+    assert second.data["token"] != first.data["token"]
+
+
 PAPER_STEPS = 10
 
 

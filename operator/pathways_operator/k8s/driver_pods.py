@@ -548,9 +548,12 @@ class DriverPods:
     # ------------------------------------------------------------ tokens
 
     def _register(self, program: ProgramKey, owner: Json | None = None) -> None:
-        """Know the program's token: read its Secret, or mint one into a new Secret owned by the program."""
+        """Know the program's token: read its Secret, or mint one into a new Secret owned by the
+        program. With ``owner`` (a driver pod is about to be made, which mounts the Secret as it
+        is now) the Secret is read again even if the token is known: one deleted meanwhile is
+        made anew, and the new token replaces the old."""
         with self._lock:
-            if program.key in self._token_of:
+            if owner is None and program.key in self._token_of:
                 return
         name = driver_token_secret(program.name)
         secret = self._api.get_secret(program.namespace, name)
@@ -582,6 +585,9 @@ class DriverPods:
         if not token:
             return
         with self._lock:
+            old = self._token_of.get(program.key)
+            if old is not None and old != token:
+                self._tokens.pop(old, None)
             self._tokens[token] = program
             self._token_of[program.key] = token
 
