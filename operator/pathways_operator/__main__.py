@@ -5,7 +5,9 @@ One process runs:
 * the **controller** (``pathways_operator.controller``) behind its gRPC service
   on ``--controller-listen``: the island scheduler that clients and program
   drivers talk to;
-* **kopf** (standalone, no peering) with the handlers of ``k8s.handlers``: the
+* **kopf** (standalone, no peering: with ``--leader-election=on`` the process
+  starts all of this only once it holds the operator's Lease, ``k8s.leader_lease``)
+  with the handlers of ``k8s.handlers``: the
   resource manager that turns VirtualSlices into gangs of worker pods and
   registers them with the controller, and the runner of PathwaysPrograms,
   whose drivers run in pods of their own (``k8s.driver_pods``), from the
@@ -24,7 +26,9 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import sys
+import uuid
 from pathlib import Path
 
 import kopf
@@ -45,6 +49,7 @@ from pathways_operator.core.program_look import DEFAULT_SUSPEND_GRACE_S
 from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
 from pathways_operator.k8s.host_policy import OperatorPods
+from pathways_operator.k8s.leader_lease import DEFAULT_LEASE_S, LeaderLease
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.slice_reconciler import SliceReconciler
 
@@ -122,11 +127,24 @@ def _parser() -> argparse.ArgumentParser:
                "metrics port to anyone), made before its first pod (PATHWAYS_HOST_NETWORK_POLICY; "
                "default off; needs --operator-namespace and --operator-pod-labels)")
     env_option(parser, "--operator-namespace", variable="POD_NAMESPACE", env=os.environ, default="",
-               help="the namespace of the operator's pods, for --host-network-policy (POD_NAMESPACE)")
+               help="the namespace of the operator's pods, for --host-network-policy and --leader-election "
+               "(POD_NAMESPACE)")
     env_option(parser, "--operator-pod-labels", variable="PATHWAYS_OPERATOR_POD_LABELS", env=os.environ,
                type=_json_object, default="{}",
                help="JSON labels that select the operator's pods, for --host-network-policy "
                "(PATHWAYS_OPERATOR_POD_LABELS)")
+    env_option(parser, "--leader-election", variable="PATHWAYS_LEADER_ELECTION", env=os.environ,
+               choices=("on", "off"), default="off",
+               help="act only while holding a Lease in --operator-namespace, so that two operators never "
+               "serve the cluster at once: wait while another holds it, stop when it cannot be renewed "
+               "(PATHWAYS_LEADER_ELECTION; default off; the chart turns it on)")
+    env_option(parser, "--leader-election-lease", variable="PATHWAYS_LEADER_ELECTION_LEASE", env=os.environ,
+               default="kube-pathways-operator",
+               help="the name of that Lease (PATHWAYS_LEADER_ELECTION_LEASE)")
+    env_option(parser, "--leader-election-lease-seconds", variable="PATHWAYS_LEADER_ELECTION_LEASE_SECONDS",
+               env=os.environ, type=_positive_seconds, default=DEFAULT_LEASE_S,
+               help="how long the Lease holds unrenewed; a leader that cannot renew it for two thirds of "
+               "that stops (PATHWAYS_LEADER_ELECTION_LEASE_SECONDS; at least 1)")
     parser.add_argument("--allow-system-priority-classes", action="store_true",
                         default=_env_flag("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"),
                         help="let VirtualSlices use the system-node-critical and system-cluster-critical "
@@ -208,10 +226,39 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(f"--host-network-policy=on: {err}: give --operator-namespace (POD_NAMESPACE) and "
                          "--operator-pod-labels (PATHWAYS_OPERATOR_POD_LABELS)")
+    if args.leader_election == "on" and not args.operator_namespace:
+        parser.error("--leader-election=on: give --operator-namespace (POD_NAMESPACE), where the Lease is kept")
+    if args.leader_election_lease_seconds < 1:
+        parser.error(f"--leader-election-lease-seconds {args.leader_election_lease_seconds}: at least 1")
     log_context.configure(os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
     namespace: str | None = args.namespace
-    api = ClusterApi(_api_client(), namespace)
+    api_client = _api_client()
+    lease = None
+    if args.leader_election == "on":
+        lease = LeaderLease(api_client, args.operator_namespace, args.leader_election_lease,
+                            f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}",
+                            duration_s=args.leader_election_lease_seconds)
+        lease.acquire()
+        lease.keep(_stop_at_once)
+    try:
+        return _serve(args, api_client, namespace, host_policy)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _stop_at_once(why: str) -> None:
+    """Leadership is lost: stop acting now, before another operator may take over."""
+    log.critical("%s: this operator stops at once, so that it never acts beside the new leader", why)
+    logging.shutdown()
+    os._exit(1)
+
+
+def _serve(args: argparse.Namespace, api_client: kclient.ApiClient, namespace: str | None,
+           host_policy: OperatorPods | None) -> int:
+    """The operator proper: the controller, the reconcilers and kopf, until kopf stops."""
+    api = ClusterApi(api_client, namespace)
     wakeups = handlers.Wakeups()
 
     slices: SliceReconciler | None = None

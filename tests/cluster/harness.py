@@ -215,7 +215,9 @@ class OperatorProcess:
         self._liveness: ReservedPort | None = None
         self._controller: ReservedPort | None = None
 
-    def start(self, timeout: float = READY_TIMEOUT_S) -> OperatorProcess:
+    def start(self, timeout: float = READY_TIMEOUT_S, *, until_live: bool = True) -> OperatorProcess:
+        """Starts the operator and, ``until_live``, waits until it serves (an operator waiting
+        for the Lease another holds is never live: it is only started)."""
         if self._liveness is None:  # kopf cannot bind port 0 (see ``ports``); kept across restarts
             self._liveness = reserve_port()
         if self._controller is None:  # driver pods keep the address they were given across restarts
@@ -238,6 +240,8 @@ class OperatorProcess:
             log.write(f"\n===== operator start #{self.starts} =====\n".encode())
             since = log.tell()
         self.process = processes.spawn(argv, log=self.log_path, env=env, cwd=REPO_ROOT, append_log=True)
+        if not until_live:
+            return self
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.liveness_port}/healthz"
         while processes.wait_until(deadline, 0.2):

@@ -114,7 +114,8 @@ def test_chart_lints_clean_and_its_schema_rejects_bad_values(helm: Helm) -> None
 def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     docs = helm.template("kp", "pathways-system", crds=False)
     assert sorted(d["kind"] for d in docs) == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Service", "ServiceAccount",
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service",
+        "ServiceAccount",
     ]
     deployment = by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -138,6 +139,10 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["PATHWAYS_CONTROLLER_ADDRESS"] == "kp-kube-pathways.pathways-system.svc:8470"
     assert env["PATHWAYS_HOST_NETWORK_POLICY"] == "on"
+    assert (env["PATHWAYS_LEADER_ELECTION"], env["PATHWAYS_LEADER_ELECTION_LEASE"]) == ("on", "kp-kube-pathways")
+    lease_rules = by_kind(docs, "Role")["rules"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kp-kube-pathways"],
+            "verbs": ["get", "update"]} in lease_rules
     assert json.loads(env["PATHWAYS_OPERATOR_POD_LABELS"]) == deployment["spec"]["selector"]["matchLabels"]
     policy = by_kind(docs, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -266,7 +271,10 @@ RBAC = [  # verb, resource, subresource, scope; whether the operator's ServiceAc
     ("delete", "configmaps", "", "", False),
     ("list", "namespaces", "", "", False),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", "", "", False),
-    ("create", "leases.coordination.k8s.io", "", "", False),
+    ("create", "leases.coordination.k8s.io", "", "", True),
+    ("create", "leases.coordination.k8s.io", "", "-A", False),
+    ("get", "leases.coordination.k8s.io/someone-elses", "", "", False),
+    ("update", "leases.coordination.k8s.io/someone-elses", "", "", False),
     ("delete", "networkpolicies.networking.k8s.io", "", "", False),
     ("patch", "networkpolicies.networking.k8s.io", "", "", False),
 ]
@@ -284,7 +292,9 @@ def can_i(cluster: Cluster, installed: Installed, verb: str, resource: str, sub:
 
 
 def test_operator_serviceaccount_gets_exactly_what_it_uses(cluster: Cluster, installed: Installed) -> None:
-    missing = [c for c in CAN if not can_i(cluster, installed, *c)]
+    lease = f"leases.coordination.k8s.io/{installed.release}-kube-pathways"
+    can = [*CAN, ("get", lease, "", ""), ("update", lease, "", "")]
+    missing = [c for c in can if not can_i(cluster, installed, *c)]
     excess = [c for c in CANNOT if can_i(cluster, installed, *c)]
     assert not missing, f"the chart's ClusterRole lacks {missing}"
     assert not excess, f"the chart's ClusterRole grants more than the operator uses: {excess}"
@@ -416,6 +426,9 @@ def test_operator_from_rendered_deployment_runs_a_program(
             )  # fmt: skip
         finally:
             processes.stop(operator, grace_seconds=15.0)
+        lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease(f"{release}-kube-pathways", namespace)
+        assert lease.spec.holder_identity == "", "the operator led while it ran and gave its Lease back when stopped"
+        assert lease.spec.lease_transitions == 0
         text = log.read_text(errors="replace")
         denied = [line for line in text.splitlines() if re.search(r"Forbidden|forbidden|Not enough permissions", line)]
         assert not denied, "the operator was denied by the chart's RBAC:\n" + "\n".join(denied[:10])

@@ -78,3 +78,28 @@ def test_host_network_policy_is_off_by_default_and_needs_where_the_operator_is(
     with pytest.raises(SystemExit):
         _parser().parse_args([])
     assert "choose from 'on', 'off'" in capsys.readouterr().err
+
+
+def test_leader_election_is_off_by_default_and_needs_the_namespace_of_its_lease(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("PATHWAYS_LEADER_ELECTION", "PATHWAYS_LEADER_ELECTION_LEASE",
+                 "PATHWAYS_LEADER_ELECTION_LEASE_SECONDS", "POD_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    args = _parser().parse_args([])
+    assert (args.leader_election, args.leader_election_lease, args.leader_election_lease_seconds) == (
+        "off", "kube-pathways-operator", 15.0)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--leader-election", "on"])
+    assert stopped.value.code == 2
+    assert "--leader-election=on: give --operator-namespace (POD_NAMESPACE)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        main(["--leader-election", "on", "--operator-namespace", "kp", "--leader-election-lease-seconds", "0.5"])
+    assert stopped.value.code == 2
+    assert "--leader-election-lease-seconds 0.5: at least 1" in capsys.readouterr().err
+    monkeypatch.setenv("PATHWAYS_LEADER_ELECTION", "on")
+    monkeypatch.setenv("PATHWAYS_LEADER_ELECTION_LEASE", "kp-kube-pathways")
+    monkeypatch.setenv("PATHWAYS_LEADER_ELECTION_LEASE_SECONDS", "30")
+    args = _parser().parse_args([])
+    assert (args.leader_election, args.leader_election_lease, args.leader_election_lease_seconds) == (
+        "on", "kp-kube-pathways", 30.0)
