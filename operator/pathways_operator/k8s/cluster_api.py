@@ -49,7 +49,8 @@ class AlreadyExists(KubeError):
     """A create found an object of that name (possibly one still being deleted)."""
 
 
-def _detail(err: ApiException) -> str:
+def error_detail(err: ApiException) -> str:
+    """The API server's message for a refused or failed request (its reason if the body has none)."""
     try:
         body = json.loads(err.body or "{}")
     except (TypeError, ValueError):
@@ -93,7 +94,7 @@ class ClusterApi:
             return fn()
         except ApiException as err:
             kind = AlreadyExists if err.status == 409 else KubeError
-            raise kind(doing, int(err.status or 0), _detail(err)) from None
+            raise kind(doing, int(err.status or 0), error_detail(err)) from None
 
     def _get_or_none(self, doing: str, fn: Callable[[], Json]) -> Json | None:
         try:
@@ -101,7 +102,7 @@ class ClusterApi:
         except ApiException as err:
             if err.status == 404:
                 return None
-            raise KubeError(doing, int(err.status or 0), _detail(err)) from None
+            raise KubeError(doing, int(err.status or 0), error_detail(err)) from None
 
     # ------------------------------------------------------------ nodes and pods
 
@@ -150,7 +151,7 @@ class ClusterApi:
             delete()
         except ApiException as err:
             if err.status not in (404, 409):
-                raise KubeError(doing, int(err.status or 0), _detail(err)) from None
+                raise KubeError(doing, int(err.status or 0), error_detail(err)) from None
 
     def create_pod(self, namespace: str, body: Json) -> Json:
         return self._create("pod", namespace, body, self.core.create_namespaced_pod)
@@ -229,7 +230,7 @@ class ClusterApi:
             if err.status == 404:
                 return  # deleted meanwhile: nothing to report on
             raise KubeError(
-                f"writing status of {plural} {namespace}/{name}", int(err.status or 0), _detail(err)
+                f"writing status of {plural} {namespace}/{name}", int(err.status or 0), error_detail(err)
             ) from None
 
     def list_slices(self, namespace: str | None = None) -> list[Json]:
@@ -296,7 +297,7 @@ class ClusterApi:
             return
         except ApiException as err:
             if err.status != 409:
-                raise KubeError(f"creating ConfigMap {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+                raise KubeError(f"creating ConfigMap {namespace}/{name}", int(err.status or 0), error_detail(err)) from None
         self._call(
             f"replacing ConfigMap {namespace}/{name}",
             lambda: self.core.patch_namespaced_config_map(
@@ -340,7 +341,7 @@ class ClusterApi:
                 name, namespace, cast(Any, body), field_manager=FIELD_MANAGER, _preload_content=False
             ))
         except ApiException as err:
-            raise KubeError(f"replacing NetworkPolicy {namespace}/{name}", int(err.status or 0), _detail(err)) from None
+            raise KubeError(f"replacing NetworkPolicy {namespace}/{name}", int(err.status or 0), error_detail(err)) from None
 
     def delete_network_policy(self, namespace: str, name: str, uid: str) -> None:
         """Delete the NetworkPolicy of that name only if it is still the object ``uid``."""

@@ -28,6 +28,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from pathways_operator.core.leadership import Act, LeaseRecord, Leadership, renewal_lost
+from pathways_operator.k8s.cluster_api import error_detail
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,7 @@ def _micro_time(at: float) -> str:
 
 def _why(err: Exception) -> str:
     """An API failure in a line: its status and the API server's message."""
-    if not isinstance(err, ApiException):
-        return str(err)
-    try:
-        message = json.loads(err.body or "{}").get("message") or err.reason
-    except (TypeError, ValueError, AttributeError):
-        message = err.reason
-    return f"HTTP {err.status}: {message}"
+    return f"HTTP {err.status}: {error_detail(err)}" if isinstance(err, ApiException) else str(err)
 
 
 def _record(lease: dict[str, Any]) -> LeaseRecord:
@@ -87,7 +82,6 @@ class LeaderLease:
         self.retry_s = duration_s / 7.5
         self._clock = clock
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         """Held around each look at the Lease, so giving it back never races a renewal."""
 
@@ -163,9 +157,8 @@ class LeaderLease:
 
     # ------------------------------------------------------------ life cycle
 
-    def acquire(self, timeout_s: float | None = None) -> bool:
-        """Waits until this operator holds the Lease (True), or ``timeout_s`` passed (False)."""
-        deadline = None if timeout_s is None else self._clock() + timeout_s
+    def acquire(self) -> None:
+        """Waits until this operator holds the Lease: a follower waits for as long as another leads."""
         told = failed = ""
         while True:
             try:
@@ -182,12 +175,10 @@ class LeaderLease:
                     failed = why
             if act is not Act.WAIT:
                 log.info("%s taken by %s: this operator leads", self.where, self.identity)
-                return True
+                return
             if holder and holder != told:
                 log.info("%s is held by %s: waiting until it is given back or lapses", self.where, holder)
                 told = holder
-            if deadline is not None and self._clock() >= deadline:
-                return False
             time.sleep(self.retry_s)
 
     def keep(self, lost: Callable[[str], None]) -> None:
@@ -212,8 +203,7 @@ class LeaderLease:
                     lost(f"{self.where} was not renewed for {self.renew_deadline_s:.1f} s")
                     return
 
-        self._thread = threading.Thread(target=renew, name="leader-lease", daemon=True)
-        self._thread.start()
+        threading.Thread(target=renew, name="leader-lease", daemon=True).start()
 
     def release(self) -> None:
         """Stops renewing and gives the Lease back if this operator still holds it."""
