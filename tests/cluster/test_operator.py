@@ -128,6 +128,42 @@ def test_competing_gangs_are_admitted_all_or_nothing(objects: Objects, operator:
     assert condition(ready, "Admitted")["status"] == "True"
 
 
+def admission_passes(operator: OperatorProcess) -> dict[str, float]:
+    """``pathways_admission_passes_total`` by ``cluster_read`` (listed, reused)."""
+    found = {"listed": 0.0, "reused": 0.0}
+    for line in operator.metrics().splitlines():
+        match = re.match(r'pathways_admission_passes_total\{cluster_read="(\w+)"\} (\S+)', line)
+        if match:
+            found[match.group(1)] = float(match.group(2))
+    return found
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_queued_slices_share_one_listing_of_the_cluster_per_moment(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    names = [f"waiting-{i}" for i in range(6)]
+    for name in names:  # 32 devices: more than an island holds, so each waits and looks once a second
+        objects.apply(virtual_slice(name, 32))
+
+    def all_pending() -> bool:
+        return all((objects.slice(n).get("status") or {}).get("phase") == "Pending" for n in names)
+
+    objects.cluster.poll(all_pending, timeout=60, what="six slices queued")
+    before = admission_passes(operator)
+    time.sleep(4.0)  # bounded: about four looks of each queued slice
+    after = admission_passes(operator)
+    listed, reused = (after[k] - before[k] for k in ("listed", "reused"))
+    print(f"\nsix queued slices over 4 s: {listed:.0f} passes listed the cluster, {reused:.0f} reused a read")
+    assert listed + reused >= 12, "the queued slices kept looking, each look an admission pass"
+    assert listed * 2 <= listed + reused, (
+        "passes of one moment share a read of the cluster, not one listing per queued slice"
+    )
+    for name in names:
+        admitted = condition(objects.slice(name), "Admitted")
+        assert (admitted["status"], admitted["reason"]) == ("False", "ExceedsIsland"), admitted
+
+
 @pytest.mark.timeout(300, func_only=True)
 def test_deleted_pod_recreates_the_whole_gang(objects: Objects, operator: OperatorProcess) -> None:
     objects.apply(virtual_slice("phoenix", 8, max_restarts=2))

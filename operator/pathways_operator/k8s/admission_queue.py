@@ -50,6 +50,7 @@ from pathways_operator.core.preemption import RunningGang, choose_victims
 from pathways_operator.core.reasons import Reason
 from pathways_operator.core.slice_phase import SliceRecord, current_generation, parse_record
 from pathways_operator.k8s import inventory
+from pathways_operator.k8s.admission_inputs import AdmissionInputs
 from pathways_operator.k8s.cluster_api import ClusterApi, Json
 from pathways_operator.k8s.driver_pods import spec_request
 from pathways_operator.k8s.gang_pods import PodView, WorkerDefaults, host_resources, placement_from_json
@@ -106,6 +107,8 @@ class AdmissionQueue:
         self._metrics = metrics
         self._allow_system_priority = allow_system_priority_classes
         self.ledger = ReservationLedger()
+        self.inputs = AdmissionInputs(api, counted=metrics.admission_pass)
+        """What the passes read of the cluster; the operator's watches report changes to it."""
         self._lock = threading.Lock()
         self._machines: list[Machine] = []
         self._priorities: dict[str, int] = {}
@@ -130,6 +133,7 @@ class AdmissionQueue:
     def forget(self, key: str) -> None:
         """The slice is deleted: nothing of it stays queued or reserved."""
         self.ledger.release(key)
+        self.inputs.changed()
         for state in (self._queued_since, self._drained, self._refusals, self._blocked):
             state.pop(key, None)
 
@@ -230,9 +234,8 @@ class AdmissionQueue:
                     f"spec.priorityClassName {wanted!r}: no PriorityClass of that name exists; create "
                     f"it (kubectl create priorityclass {wanted} --value=N) or remove the field",
                 )
-            slices = [VirtualSliceObject.from_manifest(s) for s in self._api.list_slices()]
-            all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
-            nodes = self._api.list_nodes()
+            cluster = self.inputs.read()
+            slices, all_pods, nodes = cluster.slices, cluster.pods, cluster.nodes
             owned: dict[str, list[PodView]] = {}
             uids = {s.uid: s.key for s in slices}
             for pod in all_pods:

@@ -256,14 +256,17 @@ def register(
 
     @kopf.on.event(GROUP, VERSION, SLICE_PLURAL, registry=registry)
     async def slice_event(namespace: str | None, **_: Any) -> None:
+        slices.cluster_changed()
         wakeups.wake_prefix(program_key(namespace or "default", ""))
 
     @kopf.on.event("", "v1", "pods", labels={SLICE_LABEL: kopf.PRESENT}, registry=registry)
     async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        slices.cluster_changed()
         wakeups.wake(slice_key(namespace or "default", labels[SLICE_LABEL]))
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(name: str, event: Mapping[str, Any], **_: Any) -> None:
+        slices.cluster_changed()
         if event.get("type") == "DELETED":
             slices.nodes.gone(name)
         elif isinstance(event.get("object"), dict):
@@ -286,4 +289,5 @@ def register(
 
     @kopf.on.event("", "v1", "pods", labels={DRIVER_LABEL: kopf.PRESENT}, registry=registry)
     async def driver_pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        slices.cluster_changed()
         wakeups.wake(program_key(namespace or "default", labels[DRIVER_LABEL]))

@@ -10,6 +10,10 @@ What an operator of a shared accelerator pool wants on a dashboard:
 ``pathways_admission_wait_seconds``
     from entering the queue (creation, or the recreation of a lost gang) to
     admission;
+``pathways_admission_passes_total{cluster_read}``
+    admission passes (one per look of a queued slice), ``cluster_read`` ``listed``
+    where the pass listed the cluster's slices, pods and Nodes and ``reused`` where it
+    decided on a read another pass made a moment before (``k8s.admission_inputs``);
 ``pathways_computations_dispatched_total``
     computations the island scheduler has granted;
 ``pathways_contended_grants_total{weight}``
@@ -75,6 +79,12 @@ class OperatorMetrics(Collector):
             labelnames=["kind", "result"],
             registry=self.registry,
         )
+        self.admission_passes = PrometheusCounter(
+            "pathways_admission_passes",
+            "Admission passes, by whether the pass listed the cluster or reused a read of a moment before.",
+            labelnames=["cluster_read"],
+            registry=self.registry,
+        )
         self.registry.register(self)
 
     def slice_phase(self, key: str, phase: str | None) -> None:
@@ -93,6 +103,9 @@ class OperatorMetrics(Collector):
 
     def looked(self, kind: str, wrote: bool) -> None:
         self.reconciles.labels(kind=kind, result="wrote" if wrote else "unchanged").inc()
+
+    def admission_pass(self, listed: bool) -> None:
+        self.admission_passes.labels(cluster_read="listed" if listed else "reused").inc()
 
     def queue(self, waiting_by_island: Mapping[str, int]) -> None:
         with self._lock:

@@ -106,6 +106,11 @@ class SliceReconciler:
         self.nodes = NodeCache(api)
         """The Nodes the gangs are bound to (the operator's watch of Nodes feeds it)."""
 
+    def cluster_changed(self) -> None:
+        """A watch saw a VirtualSlice, a gang's or a driver's pod or a Node change: the next
+        admission pass lists the cluster again (``admission_inputs``)."""
+        self._queue.inputs.changed()
+
     # ------------------------------------------------------------ queries
 
     def machines(self) -> list[Machine]:
