@@ -89,6 +89,11 @@ def arrived(receiver: Receiver, value: np.ndarray) -> np.ndarray:
 VALUE = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
 
 
+def value_files(receiver: Receiver) -> list[str]:
+    """The files of values being assembled (not the warm files made for the next ones)."""
+    return sorted(n for n in os.listdir(receiver.shm.path) if n.endswith("-value.bin"))
+
+
 def test_bytes_arrive_whole(receiver: Receiver, tmp_path: Path) -> None:
     link = receiver.link()
     assert link.send(exported_value(tmp_path, VALUE, 4), handover=False, movable=False) == 4
@@ -103,11 +108,10 @@ def test_releasing_a_call_drops_its_unfinished_values_and_leaves_another_calls(
     for call_id in ("call-3", "call-4"):  # two senders each; one sends: neither value completes
         receiver.inbox.expect(call_id, [pb.Expect(value=pb.ValueRef(node=3, index=0), senders=2)])
         receiver.link().send(exported_value(tmp_path, VALUE, 2, call_id=call_id), handover=False, movable=False)
-    files = sorted(n for n in os.listdir(receiver.shm.path) if n.endswith(".bin"))
-    assert len(files) == 2 and len(receiver.inbox.pending()) == 2
+    assert len(value_files(receiver)) == 2 and len(receiver.inbox.pending()) == 2
     receiver.inbox.release_call("call-3")
     assert [name.endswith("of call call-4") for name in receiver.inbox.pending()] == [True]
-    assert len([n for n in os.listdir(receiver.shm.path) if n.endswith(".bin")]) == 1
+    assert len(value_files(receiver)) == 1
     second = DataLink(receiver.address, "sender-2", TOKEN, timeout_s=30.0)
     second.send(exported_value(tmp_path, VALUE, 2, call_id="call-4"), handover=False, movable=False)
     assert len(receiver.arrivals) == 1 and receiver.arrivals[0].call_id == "call-4", "call-4 still counted its senders"
