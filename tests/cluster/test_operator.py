@@ -128,14 +128,15 @@ def test_competing_gangs_are_admitted_all_or_nothing(objects: Objects, operator:
     assert condition(ready, "Admitted")["status"] == "True"
 
 
+def by_label(operator: OperatorProcess, counter: str, label: str) -> dict[str, float]:
+    """A counter's values by its one label, as the operator's /metrics shows them now."""
+    line = re.compile(rf'{counter}\{{{label}="([^"]+)"\}} (\S+)')
+    return {m.group(1): float(m.group(2)) for m in map(line.fullmatch, operator.metrics().splitlines()) if m}
+
+
 def admission_passes(operator: OperatorProcess) -> dict[str, float]:
     """``pathways_admission_passes_total`` by ``cluster_read`` (listed, reused)."""
-    found = {"listed": 0.0, "reused": 0.0}
-    for line in operator.metrics().splitlines():
-        match = re.match(r'pathways_admission_passes_total\{cluster_read="(\w+)"\} (\S+)', line)
-        if match:
-            found[match.group(1)] = float(match.group(2))
-    return found
+    return {"listed": 0.0, "reused": 0.0} | by_label(operator, "pathways_admission_passes_total", "cluster_read")
 
 
 @pytest.mark.timeout(180, func_only=True)
@@ -285,12 +286,7 @@ def test_program_survives_gang_recreation(objects: Objects, operator: OperatorPr
 
 def contended_grants(operator: OperatorProcess) -> dict[str, float]:
     """``pathways_contended_grants_total`` by weight, as the operator's /metrics shows it now."""
-    found = {}
-    for line in operator.metrics().splitlines():
-        matched = re.fullmatch(r'pathways_contended_grants_total\{weight="([^"]+)"\} (\S+)', line)
-        if matched:
-            found[matched.group(1)] = float(matched.group(2))
-    return found
+    return by_label(operator, "pathways_contended_grants_total", "weight")
 
 
 @pytest.mark.timeout(400, func_only=True)
