@@ -114,3 +114,13 @@ def pathways_program(name: str, *slices: Json, namespace: str = "ns", status: Js
         "spec": {"slices": list(slices), **spec},
         "status": status or {},
     }
+
+
+class Clock:
+    """A clock the test moves by hand (``clock.now += 1.0``), for the k8s caches' ages."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now

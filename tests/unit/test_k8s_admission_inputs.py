@@ -6,14 +6,7 @@ from collections.abc import Callable
 
 from pathways_operator.k8s.admission_inputs import MAX_AGE_S, AdmissionInputs
 from pathways_operator.k8s.cluster_api import Json
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.k8s_builders import Clock
 
 
 class ClusterLists:

@@ -6,18 +6,11 @@ from collections.abc import Callable
 
 from pathways_operator.k8s.cluster_api import Json
 from pathways_operator.k8s.node_cache import MAX_AGE_S, NodeCache
+from tests.unit.k8s_builders import Clock
 
 
 def _node(name: str, version: str = "1") -> Json:
     return {"metadata": {"name": name, "resourceVersion": version}}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class NodeApi:
