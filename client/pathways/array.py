@@ -60,6 +60,10 @@ class CallFuture:
     def wait_ended(self) -> None:
         interruptible.wait_event(self._ended)
 
+    def ended_within(self, timeout_s: float) -> bool:
+        """Whether the call ended, waiting for its end at most `timeout_s`."""
+        return self._ended.wait(timeout_s)
+
     def wait(self) -> None:
         """Until the call ended; raises its error, if it failed."""
         interruptible.wait_event(self._ended)

@@ -347,6 +347,10 @@ class Runtime:
         except grpc.RpcError as err:
             self._outstanding.release()
             self._ownership.give_back(drops)
+            if hasattr(err, "code") and err.code() == grpc.StatusCode.NOT_FOUND:
+                failed = failed_source(program.name, call_id, inputs, request.objects)
+                if failed is not None:
+                    raise failed from None
             raise _translate(err, f"starting program '{program.name}'") from None
         self._learn_tokens(reply)
         self.calls += 1
@@ -953,6 +957,34 @@ def _input_axes(computation: ir.Computation, index: int) -> host_blocks.AxisSpec
     if recorded is not None:
         return recorded
     return mesh_axes_of(_declared_shardings(computation)[0][index])
+
+
+SOURCE_END_WAIT_S = 5.0
+"""How long a call refused for an unknown input object waits for the end of the call that
+made that object, to tell whether that call failed (`failed_source`)."""
+
+
+def failed_source(
+    program: str, call_id: str, inputs: Sequence[np.ndarray | Array], objects: Sequence[pb.ObjectInput],
+    wait_s: float = SOURCE_END_WAIT_S,
+) -> ExecutionError | None:
+    """The error a call refused for an input object its controller no longer knows raises,
+    where the call that made that object failed: that call's error, not the refusal. A
+    failed call keeps no objects, so a later call given its handle before the failure
+    reached the client is refused, naming the object as unknown, and the cause is the first
+    call's. Waits up to `wait_s` for that call's end to reach the client; None where no such
+    input's call failed (the refusal then stands)."""
+    for named in objects:
+        given = inputs[named.index]
+        if not isinstance(given, Array) or given.call is None:
+            continue
+        source = given.call
+        if source.ended_within(wait_s) and (source.error or source.failure is not None):
+            return ExecutionError(
+                f"program '{program}' call {call_id} input {named.index}: it is an output of call "
+                f"{source.call_id} of program '{source.program}', which failed: {source.error}"
+            )
+    return None
 
 
 def _translate(err: grpc.RpcError | DataChannelError | OSError, doing: str) -> Exception:

@@ -210,6 +210,37 @@ def test_an_error_surfaces_at_the_first_use_of_a_handle_naming_program_computati
         y.block_until_ready()
 
 
+def test_a_call_given_the_handle_of_a_failed_call_fails_naming_that_calls_program_and_error(
+    runtime: pw.Runtime,
+) -> None:
+    """Whether the failure reached the client before the next call (the handle's bytes are
+    then asked for), after the controller freed the failed call (the next call is refused
+    for an unknown object: `runtime.failed_source`), or while the next call waits on its
+    hosts for the object, the next call's error is the first call's."""
+    vslice = pw.make_virtual_device_set().add_slice(devices=1)
+    good = pw.jit(lambda x: x + 1.0, slice=vslice)
+
+    @pw.program(name="breaks")
+    def broken(x):  # type: ignore[no-untyped-def]
+        return good(x)
+
+    @pw.program(name="uses-it")
+    def uses(x):  # type: ignore[no-untyped-def]
+        return good(x)
+
+    x = np.ones(4, np.float32)
+    traced = broken.trace(x)
+    first = traced.ir.computations[0]
+    corrupt = dataclasses.replace(first, artifact=first.artifact[:64] + b"\x00" * 64)
+    program = dataclasses.replace(traced.ir, computations=(corrupt,))
+    for _ in range(3):
+        (y,) = runtime.run(program, [x])
+        with pytest.raises(pw.ExecutionError) as info:
+            np.asarray(uses(y))
+        text = str(info.value)
+        assert f"program 'breaks' computation '{first.name}'" in text, text
+
+
 SLOW_LOOPS = 400_000_000
 """Increments of a small int32 vector: about a second of one core here, long enough that a
 call that waited for its end could not return before it."""

@@ -13,6 +13,7 @@ import pytest
 
 import pathways as pw
 from pathways.array import FETCH_THREADS, Array, CallFuture
+from pathways.runtime import failed_source
 from pathways_operator.controller.errors import ControllerError
 from pathways_operator.controller.objects import ObjectRecord, ObjectTable, object_ref
 from pathways_operator.core.client_leases import lapsed
@@ -120,6 +121,29 @@ def test_a_failed_calls_error_surfaces_at_the_first_use_of_its_handle() -> None:
     with pytest.raises(pw.ExecutionError, match="boom"):
         handle.block_until_ready()
     assert repr(handle).endswith("; failed)")
+
+
+def test_a_call_refused_for_an_unknown_object_raises_the_error_of_the_failed_call_that_made_it() -> None:
+    handle, call = pending_handle()
+    objects = [pb.ObjectInput(index=1, object=pb.ObjectRef(call_id="train-1"))]
+    threading.Timer(0.05, call.end, ["computation 'step' of call train-1 on host host-0 failed: boom"]).start()
+
+    failed = failed_source("eval", "eval-7", [np.zeros(1), handle], objects, wait_s=10.0)
+
+    assert isinstance(failed, pw.ExecutionError)
+    assert str(failed) == (
+        "program 'eval' call eval-7 input 1: it is an output of call train-1 of program 'train', "
+        "which failed: computation 'step' of call train-1 on host host-0 failed: boom"
+    )
+
+
+def test_a_refusal_stands_where_the_call_that_made_the_object_succeeded_or_has_not_ended() -> None:
+    handle, call = pending_handle()
+    objects = [pb.ObjectInput(index=0, object=pb.ObjectRef(call_id="train-1"))]
+
+    assert failed_source("eval", "eval-7", [handle], objects, wait_s=0.01) is None, "still running"
+    call.end("")
+    assert failed_source("eval", "eval-7", [handle], objects, wait_s=0.01) is None, "it succeeded"
 
 
 def test_a_deleted_handle_frees_its_object_once_and_cannot_be_used() -> None:
