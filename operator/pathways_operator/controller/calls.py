@@ -21,6 +21,7 @@ lapses, their calls and objects are freed on every host.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ from pathways_operator.controller.slices import SliceRecord, SliceTable
 from pathways_operator.core.call_tracking import CallProgress, CallState
 from pathways_operator.core.client_leases import DEFAULT_LEASE_S, lapsed
 from pathways_operator.core.island_scheduler import Grant, IslandScheduler
+
+log = logging.getLogger(__name__)
 
 SHARED_WINDOW = 8
 """Grants outstanding per slice while several calls compete for it: few enough
@@ -132,6 +135,22 @@ class Calls:
         inputs: Sequence[pb.InlineValue] = (),
         objects: Sequence[pb.ObjectInput] = (),
         client: str = "",
+    ) -> pb.RunReply:
+        """Starts the call; a call that cannot start raises ControllerError, which is logged."""
+        try:
+            return self._start(program_id, call_id, weight, inputs, objects, client)
+        except ControllerError as err:
+            log.info("call %s of client %s refused (%s): %s", call_id, client or "-", err.code, err)
+            raise
+
+    def _start(
+        self,
+        program_id: str,
+        call_id: str,
+        weight: float,
+        inputs: Sequence[pb.InlineValue],
+        objects: Sequence[pb.ObjectInput],
+        client: str,
     ) -> pb.RunReply:
         with self._changed:
             prec = self._programs.get(program_id)
@@ -378,6 +397,7 @@ class Calls:
 
     def _tell_failed(self, call: CallRecord, message: str) -> None:
         """The call has failed: the scheduler drops its grants and its hosts stop waiting for it."""
+        log.warning("call %s of program '%s' failed: %s", call.call_id, call.progress.program, message)
         self._scheduler.cancel(call.call_id)
         fail = pb.HostCommand(fail=pb.FailCall(call_id=call.call_id, message=message))
         self._send_to_gangs(call, fail)
