@@ -47,6 +47,11 @@ def _why(err: Exception) -> str:
     return f"HTTP {err.status}: {error_detail(err)}" if isinstance(err, ApiException) else str(err)
 
 
+def _acquired(lease: dict[str, Any]) -> str:
+    """When the Lease's holder took it, as written ("" if not written)."""
+    return str((lease.get("spec") or {}).get("acquireTime") or "")
+
+
 def _record(lease: dict[str, Any]) -> LeaseRecord:
     spec = lease.get("spec") or {}
     return LeaseRecord(
@@ -124,6 +129,17 @@ class LeaderLease:
             },
         }
 
+    def _replace(self, lease: dict[str, Any], holder: str, transitions: int, acquired: str,
+                 duration_s: int | None = None) -> None:
+        """Writes the Lease over ``lease`` as read, naming its resourceVersion, so that a write
+        by another operator since makes this one fail (409). ``duration_s`` overrides the
+        Lease's length (a Lease given back holds 1 s)."""
+        body = self._body(holder, transitions, acquired, str(lease["metadata"].get("resourceVersion") or ""))
+        if duration_s is not None:
+            body["spec"]["leaseDurationSeconds"] = duration_s
+        self._api.replace_namespaced_lease(self.name, self.namespace, cast(Any, body),
+                                           _preload_content=False, _request_timeout=self.retry_s)
+
     def _try(self) -> tuple[Act, str]:
         """One look at the Lease and what it led to: the act carried out (WAIT: none), and
         while waiting, who holds it. A write that lost a race to another operator waits."""
@@ -141,14 +157,8 @@ class LeaderLease:
                         _preload_content=False, _request_timeout=self.retry_s,
                     )
                 else:
-                    acquired = (lease.get("spec") or {}).get("acquireTime") or now
-                    self._api.replace_namespaced_lease(
-                        self.name, self.namespace,
-                        cast(Any, self._body(self.identity, step.transitions,
-                                             acquired if step.act is Act.RENEW else now,
-                                             str(lease["metadata"].get("resourceVersion") or ""))),
-                        _preload_content=False, _request_timeout=self.retry_s,
-                    )
+                    acquired = (_acquired(lease) or now) if step.act is Act.RENEW else now
+                    self._replace(lease, self.identity, step.transitions, acquired)
             except ApiException as err:
                 if err.status == 409:  # another operator wrote it first
                     return Act.WAIT, "another operator"
@@ -211,14 +221,13 @@ class LeaderLease:
         with self._lock:
             try:
                 lease = self._read()
-                if lease is None or _record(lease).holder != self.identity:
+                if lease is None:
                     return
-                body = self._body("", _record(lease).transitions,
-                                  (lease.get("spec") or {}).get("acquireTime") or _micro_time(time.time()),
-                                  str(lease["metadata"].get("resourceVersion") or ""))
-                body["spec"]["leaseDurationSeconds"] = 1
-                self._api.replace_namespaced_lease(self.name, self.namespace, cast(Any, body),
-                                                   _preload_content=False, _request_timeout=self.retry_s)
+                record = _record(lease)
+                if record.holder != self.identity:
+                    return
+                self._replace(lease, "", record.transitions, _acquired(lease) or _micro_time(time.time()),
+                              duration_s=1)
                 log.info("%s given back", self.where)
             except (ApiException, OSError) as err:
                 log.warning("giving back %s failed (%s); it lapses in %.0f s", self.where, _why(err),
