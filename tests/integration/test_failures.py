@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import threading
@@ -15,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
+from tests.integration.broken_programs import first_computation_corrupt
 from tests.integration.host_pids import host_pid
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,12 +40,7 @@ def test_computation_failing_on_a_worker_names_program_computation_and_host(
     def broken(x):  # type: ignore[no-untyped-def]
         return after(good(x))
 
-    traced = broken.trace(np.ones(4, np.float32))
-    first = traced.ir.computations[0]
-    corrupt = dataclasses.replace(first, artifact=first.artifact[:64] + b"\x00" * 64)
-    program = dataclasses.replace(
-        traced.ir, computations=(corrupt,) + traced.ir.computations[1:]
-    )
+    program, first = first_computation_corrupt(broken.trace(np.ones(4, np.float32)).ir)
     (out,) = runtime.run(program, [np.ones(4, np.float32)])  # written: the failure shows at first use
     with pytest.raises(pw.ExecutionError) as info:
         np.asarray(out)

@@ -9,7 +9,6 @@ in the hosts' stores.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import signal
@@ -31,6 +30,7 @@ from pathways.runtime import INLINE_BYTES
 from pathways_wire import pathways_pb2 as pb
 from pathways_wire.driver_protocol import CLIENT_TOKEN_FILE, ENV_PROGRAM_TOKEN_FILE
 from pathways_wire.slice_token import call_metadata
+from tests.integration.broken_programs import first_computation_corrupt
 from tests.integration.host_pids import host_pid, host_token
 
 pytestmark = pytest.mark.timeout(300)
@@ -195,10 +195,7 @@ def test_an_error_surfaces_at_the_first_use_of_a_handle_naming_program_computati
         return good(x)
 
     x = np.ones(BIG, np.float32)
-    traced = broken.trace(x)
-    first = traced.ir.computations[0]
-    corrupt = dataclasses.replace(first, artifact=first.artifact[:64] + b"\x00" * 64)
-    program = dataclasses.replace(traced.ir, computations=(corrupt,))
+    program, first = first_computation_corrupt(broken.trace(x).ir)
 
     (y,) = runtime.run(program, [x])   # accepted: no error yet
 
@@ -229,10 +226,7 @@ def test_a_call_given_the_handle_of_a_failed_call_fails_naming_that_calls_progra
         return good(x)
 
     x = np.ones(4, np.float32)
-    traced = broken.trace(x)
-    first = traced.ir.computations[0]
-    corrupt = dataclasses.replace(first, artifact=first.artifact[:64] + b"\x00" * 64)
-    program = dataclasses.replace(traced.ir, computations=(corrupt,))
+    program, first = first_computation_corrupt(broken.trace(x).ir)
     for _ in range(3):
         (y,) = runtime.run(program, [x])
         with pytest.raises(pw.ExecutionError) as info:
