@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 import pathways as pw
 from bench import floors
 from bench.measure import Figure, figure
+from examples import lm
+from examples.pipeline import PipelineTrainer, SpmdTrainer
 
 EXP = "3 pipelining"
 BATCH = 64
 PROFILE_STEPS = 10
 """Steps per repeat of each setup's CPU profile, after its timed repeats."""
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 def _tokens_per_s(
@@ -39,8 +39,6 @@ def _tokens_per_s(
 ) -> tuple[list[float], dict[str, list[float]]]:
     """tokens/s of each repeat, and (``profile_steps`` > 0) each role's ms of CPU per
     step over that many more steps per repeat."""
-    import lm
-
     p0, p1 = lm.init_params(seed=0)
     xs, ys = lm.make_data(steps + 1, BATCH, seed=1)
     # Placed, compiled and run before the first timed repeat, both ways a timed step runs:
@@ -94,10 +92,6 @@ def _cpu_figures(label: str, cpu: dict[str, list[float]], tokens_per_step: int,
 
 
 def run(microbatches: tuple[int, ...], steps: int, repeats: int) -> list[Figure]:
-    sys.path.insert(0, EXAMPLES)
-    import lm
-    from pipeline import PipelineTrainer, SpmdTrainer
-
     tokens_per_step = BATCH * lm.CONTEXT
     pw.connect(islands={"island-a": 8, "island-b": 8}, devices_per_host=4)
     rates, spmd_cpu = _tokens_per_s(SpmdTrainer(devices=8), steps, repeats, PROFILE_STEPS)

@@ -42,7 +42,8 @@ def init_params(seed: int = 0) -> tuple[Params, Params]:
     rng = np.random.default_rng(seed)
 
     def dense(fan_in: int, fan_out: int) -> np.ndarray:
-        return (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
+        weights: np.ndarray = (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
+        return weights
 
     stage0 = {
         "embed": (rng.standard_normal((VOCAB, EMBED)) * 0.5).astype(np.float32),
@@ -83,18 +84,22 @@ def stage1_forward_backward(p: Params, h: jax.Array, y: jax.Array) -> tuple[jax.
 
 def stage0_backward(p: Params, x: jax.Array, g_h: jax.Array) -> Params:
     _, vjp = jax.vjp(lambda q: stage0_forward(q, x), p)
-    (g_p,) = vjp(g_h)
-    return g_p
+    grads: tuple[Params] = vjp(g_h)
+    return grads[0]
 
 
 def apply_gradients(p: Params, *grads: Params) -> Params:
     """SGD with the mean of the microbatches' gradients."""
     total = jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *grads)
-    return jax.tree_util.tree_map(lambda w, g: w - LEARNING_RATE * g, p, total)
+    stepped: Params = jax.tree_util.tree_map(lambda w, g: w - LEARNING_RATE * g, p, total)
+    return stepped
 
 
 def mean_loss(*losses: jax.Array) -> jax.Array:
-    return sum(losses) / len(losses)
+    total = losses[0]
+    for loss in losses[1:]:
+        total = total + loss
+    return total / len(losses)
 
 
 # ---- SPMD step (one computation) ----

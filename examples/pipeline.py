@@ -20,8 +20,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways as pw
-
-import lm
+from examples import lm
 
 
 class PipelineTrainer:

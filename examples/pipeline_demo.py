@@ -11,15 +11,14 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import pathways as pw  # noqa: E402
-
-import lm  # noqa: E402
-from pipeline import PipelineTrainer, SpmdTrainer  # noqa: E402
+from examples import lm  # noqa: E402
+from examples.pipeline import PipelineTrainer, SpmdTrainer  # noqa: E402
 
 STEPS = int(os.environ.get("DEMO_STEPS", "40"))
 BATCH = 64

@@ -18,7 +18,7 @@ import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import jax
 import numpy as np
@@ -342,10 +342,21 @@ def apply_slice_function(fn: SliceFunction, args: tuple[Any, ...]) -> Any:
     return single(*args)
 
 
+@overload
+def program(fn: Callable[..., Any], *, name: str | None = None, weight: float = 1.0) -> ProgramFunction: ...
+
+
+@overload
+def program(
+    fn: None = None, *, name: str | None = None, weight: float = 1.0
+) -> Callable[[Callable[..., Any]], ProgramFunction]: ...
+
+
 def program(
     fn: Callable[..., Any] | None = None, *, name: str | None = None, weight: float = 1.0
-) -> Any:
-    """Trace `fn` into a dataflow program over virtual slices.
+) -> ProgramFunction | Callable[[Callable[..., Any]], ProgramFunction]:
+    """Trace `fn` into a dataflow program over virtual slices: `@pw.program` or
+    `@pw.program(name=..., weight=...)` on a function, a `ProgramFunction` either way.
 
     `weight` is the program's share of any slice it shares with other programs
     (the island scheduler's stride scheduling).
