@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict client/pathways client/pathways_wire client/pathways_devcluster operator/pathways_operator worker/pathways_worker examples
+	$(VENV)/bin/mypy --strict client/pathways client/pathways_wire client/pathways_devcluster operator/pathways_operator worker/pathways_worker examples bench tests
 
 unit: $(STAMP)
 	$(PYTEST) tests/unit -q

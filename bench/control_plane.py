@@ -355,9 +355,9 @@ class _Bench:
         deadline = time.monotonic() + timeout
         seen: dict[str, dict[str, Any]] = {}
         while (left := deadline - time.monotonic()) > 0:
-            stream = watch.Watch()
+            stream = watch.Watch()  # type: ignore[no-untyped-call]
             try:
-                for event in stream.stream(list_fn, *args, label_selector=selector,
+                for event in stream.stream(list_fn, *args, label_selector=selector,  # type: ignore[no-untyped-call]
                                            timeout_seconds=max(1, int(left))):
                     found = event["raw_object"]
                     name = found.get("metadata", {}).get("name", "")
@@ -371,7 +371,7 @@ class _Bench:
                 if err.status != 410:  # 410: the watch fell too far behind; list afresh
                     raise
             finally:
-                stream.stop()
+                stream.stop()  # type: ignore[no-untyped-call]
             seen.clear()  # the stream ended (its timeout, or a 410): the next one lists afresh
         raise TimeoutError(f"{what}: not within {timeout:.0f} s; operator log tail:\n"
                            f"{self.operator.log_tail(2000)}")

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -153,7 +153,7 @@ def _serve_relay(port_q: Any, next_q: Any) -> None:
             return
         pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         with grpc.insecure_channel(target) as channel:
-            answers = channel.stream_stream(STREAM)(iter(pending.get, None))
+            answers = cast(Iterator[bytes], channel.stream_stream(STREAM, None, None)(iter(pending.get, None)))
             for message in requests:
                 pending.put(message)
                 yield next(answers)
@@ -205,7 +205,7 @@ class RelayChain:
         (the mean of `rounds`), after one repeat's warm-up."""
         message = b"x" * nbytes
         pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        answers = self.channel.stream_stream(STREAM)(iter(pending.get, None))
+        answers = cast(Iterator[bytes], self.channel.stream_stream(STREAM, None, None)(iter(pending.get, None)))
         out = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
@@ -218,7 +218,7 @@ class RelayChain:
 
     def unary_round_trip_us(self, nbytes: int, rounds: int, repeats: int) -> list[float]:
         """µs per unary call to the first process (which answers it itself), per repeat."""
-        call = self.channel.unary_unary(UNARY)
+        call = self.channel.unary_unary(UNARY, None, None)
         message = b"x" * nbytes
         out = []
         for _ in range(repeats + 1):

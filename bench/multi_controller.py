@@ -66,8 +66,10 @@ def main() -> int:
         return (jax.make_array_from_process_local_data(rows, x[mine], x.shape),
                 jax.make_array_from_process_local_data(rows, y[mine], y.shape))
 
-    params = {k: jax.make_array_from_callback(v.shape, replicated, lambda idx, v=v: v[idx])
-              for k, v in mlp.init_params().items()}
+    def replicate(v: np.ndarray) -> jax.Array:
+        return jax.make_array_from_callback(v.shape, replicated, lambda idx: v[idx])
+
+    params = {k: replicate(v) for k, v in mlp.init_params().items()}
     i = 0
     for _ in range(2):  # compile and warm
         params, loss = step(params, *global_batch(i))

@@ -8,6 +8,7 @@ of Ray over Pathways Chained, both measured in this run. Each repeat is the fast
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ EXP = "2 vs Ray"
 def _ray_chain_us(chain: int, repeats: int) -> tuple[list[float], list[float]]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         @ray.remote
         def step(x: np.ndarray) -> np.ndarray:
@@ -34,7 +35,7 @@ def _ray_chain_us(chain: int, repeats: int) -> tuple[list[float], list[float]]:
             try:
                 f = _STEP  # type: ignore[name-defined]
             except NameError:
-                f = _STEP = jax.jit(workloads.tiny)
+                f = _STEP = jax.jit(workloads.tiny)  # type: ignore[name-defined]
             return np.asarray(f(x))
 
         @ray.remote

@@ -24,7 +24,8 @@ def size_input(n: int) -> np.ndarray:
     if n == 0:
         return np.zeros(4, np.float32)
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    out: np.ndarray = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    return out
 
 
 def body(n: int) -> Callable[[Any], Any]:

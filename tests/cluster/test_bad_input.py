@@ -100,6 +100,7 @@ def test_bad_manifest_is_refused_naming_the_field(
         if setup == [] and name and not (last.get("metadata") or {}).get("namespace"):
             assert objects.get(plural, name) is None
     elif bad.expect == "failed":
+        assert name, f"{bad.path.name}: a manifest the operator fails has a name"
         _apply(objects.cluster, objects.namespace, last, check=True)
         if kind == "VirtualSlice":
             failed = objects.wait_slice(name, "Failed", VERDICT_S, operator)
@@ -109,6 +110,7 @@ def test_bad_manifest_is_refused_naming_the_field(
             message = condition(failed, "Failed")["message"]
         assert bad.words in message, message
     else:
+        assert name, f"{bad.path.name}: a manifest the operator holds back has a name"
         _apply(objects.cluster, objects.namespace, last, check=True)
 
         def waiting() -> str | None:

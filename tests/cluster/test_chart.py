@@ -427,6 +427,7 @@ def test_operator_from_rendered_deployment_runs_a_program(
         finally:
             processes.stop(operator, grace_seconds=15.0)
         lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease(f"{release}-kube-pathways", namespace)
+        assert lease.spec is not None
         assert lease.spec.holder_identity == "", "the operator led while it ran and gave its Lease back when stopped"
         assert lease.spec.lease_transitions == 0
         text = log.read_text(errors="replace")

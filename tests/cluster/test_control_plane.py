@@ -275,7 +275,7 @@ def test_deleting_a_running_pod_stops_its_process_and_removes_it(
             core.read_namespaced_pod("sleeper", namespace)
             return False
         except client.ApiException as e:
-            return e.status == 404
+            return bool(e.status == 404)
 
     cluster.poll(gone, timeout=30, what="pod object deleted")
 

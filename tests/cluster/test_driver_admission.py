@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.builders import inline_slice, program
-from tests.cluster.harness import Manifest, Objects, OperatorProcess, condition
+from tests.cluster.builders import Manifest, inline_slice, program
+from tests.cluster.harness import Objects, OperatorProcess, condition
 from tests.cluster.test_checkpoints import FAULTY, PROGRAM_DONE_S
 
 QUEUED_S = 60.0

@@ -81,8 +81,8 @@ def test_a_programs_token_reaches_only_its_own_slices_and_strangers_are_refused(
         with pytest.raises(grpc.RpcError) as denied:
             create_slice("theirs-main", mine)
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert f"program {objects.namespace}/mine may use only its own slices (mine-main)" in denied.value.details()
-        assert f"slice {objects.namespace}/theirs-main" in denied.value.details()
+        assert f"program {objects.namespace}/mine may use only its own slices (mine-main)" in (denied.value.details() or "")
+        assert f"slice {objects.namespace}/theirs-main" in (denied.value.details() or "")
 
         theirs = next(s.slice_id for s in stub.Describe(pb.ClusterInfoRequest(), metadata=mine, timeout=10).slices
                       if s.name == "theirs-main")
@@ -91,7 +91,7 @@ def test_a_programs_token_reaches_only_its_own_slices_and_strangers_are_refused(
             stub.LoadProgram(pb.LoadProgramRequest(program=program_ir, bindings={"v": theirs}), metadata=mine,
                              timeout=10)
         assert unbound.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "did not place slice" in unbound.value.details()
+        assert "did not place slice" in (unbound.value.details() or "")
 
         their_secret = objects.core.read_namespaced_secret("theirs-driver-token", objects.namespace)
         their_token = ((CLIENT_TOKEN_METADATA, base64.b64decode(their_secret.data["token"]).decode()),)
@@ -104,17 +104,17 @@ def test_a_programs_token_reaches_only_its_own_slices_and_strangers_are_refused(
                 call()
             assert impostor.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert (f"program {objects.namespace}/theirs may not act for client 'probe-of-mine', which program "
-                    f"{objects.namespace}/mine uses") in impostor.value.details()
+                    f"{objects.namespace}/mine uses") in (impostor.value.details() or "")
 
         with pytest.raises(grpc.RpcError) as missing:
             create_slice("theirs-main")
         assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "no client token was presented (gRPC metadata x-pathways-client-token)" in missing.value.details()
+        assert "no client token was presented (gRPC metadata x-pathways-client-token)" in (missing.value.details() or "")
         with pytest.raises(grpc.RpcError) as forged:
             stub.ReportResult(pb.ResultReport(results_json="{}"), metadata=((CLIENT_TOKEN_METADATA, "forged"),),
                               timeout=10)
         assert forged.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "belongs to no running PathwaysProgram" in forged.value.details()
+        assert "belongs to no running PathwaysProgram" in (forged.value.details() or "")
 
 
 @pytest.mark.timeout(500, func_only=True)

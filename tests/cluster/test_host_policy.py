@@ -89,6 +89,7 @@ def test_a_users_policy_of_that_name_makes_the_slice_wait_holding_no_pods(
     assert objects.pods("pathways.dev/slice=taken") == [], "no host starts without its own policy"
     assert objects.wait_event("taken", "ObjectNotOwned").type == "Warning"
     kept = networking.read_namespaced_network_policy("taken-pathways-hosts", objects.namespace)
+    assert kept.metadata is not None and kept.spec is not None and kept.spec.pod_selector is not None
     assert not kept.metadata.owner_references and kept.spec.pod_selector.match_labels is None
 
     networking.delete_namespaced_network_policy("taken-pathways-hosts", objects.namespace)

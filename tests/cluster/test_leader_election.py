@@ -43,13 +43,14 @@ def _leader(operator: OperatorProcess) -> str:
 
 def _holder(objects: Objects) -> str:
     lease = client.CoordinationV1Api(objects.cluster.api).read_namespaced_lease(LEASE, LEASE_NAMESPACE)
-    return str(lease.spec.holder_identity or "")
+    return str(lease.spec.holder_identity or "") if lease.spec else ""
 
 
 def _intrude(objects: Objects) -> None:
     """Someone else writes itself into the Lease, as a leader elsewhere would."""
     api = client.CoordinationV1Api(objects.cluster.api)
     lease = api.read_namespaced_lease(LEASE, LEASE_NAMESPACE)
+    assert lease.spec is not None
     lease.spec.holder_identity = "intruder"
     lease.spec.renew_time = datetime.datetime.now(datetime.UTC)
     api.replace_namespaced_lease(LEASE, LEASE_NAMESPACE, lease)
@@ -83,7 +84,8 @@ def test_only_the_lease_holder_acts_and_a_waiting_operator_takes_over_when_the_l
         assert _holder(objects) == taker != first
         objects.apply(virtual_slice("taken-over", 4))
         objects.wait_slice("taken-over", "Ready", 120, second)
-        assert objects.get("virtualslices", "led")["status"]["phase"] == "Ready"
+        led = objects.get("virtualslices", "led")
+        assert led is not None and led["status"]["phase"] == "Ready"
     finally:
         second.close()
     assert f"Lease {LEASE_NAMESPACE}/{LEASE} given back" in _log(second)

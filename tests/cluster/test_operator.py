@@ -371,7 +371,7 @@ def test_schema_and_cel_reject_invalid_manifests(objects: Objects, cluster: Clus
     assert "devices is immutable" in rejected(virtual_slice("fixed", 4))
 
     no_entrypoint = program("nothing", "examples.programs:paper_example", inline_slice("main", 2))
-    no_entrypoint["spec"]["source"] = {}  # type: ignore[index]
+    no_entrypoint["spec"]["source"] = {}
     assert "source needs exactly one of entrypoint" in rejected(no_entrypoint)
     assert "spec.source.entrypoint" in rejected(program("malformed", "not an entrypoint", inline_slice("main", 2)))
 

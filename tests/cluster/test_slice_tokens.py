@@ -87,6 +87,7 @@ def test_a_gang_recreated_after_its_secret_was_deleted_gets_a_new_one(
 
     objects.cluster.poll(ready_again, timeout=120, interval=0.5, what="rekeyed Ready again on a new gang")
     second = core.read_namespaced_secret("rekeyed-pathways-token", objects.namespace)
+    assert second.metadata is not None and first.metadata is not None
     assert second.metadata.uid != first.metadata.uid, "the new gang's Secret was made anew"
     assert objects.slice_token("rekeyed") and objects.slice_token("rekeyed") != _token(first)
     objects.delete("virtualslices", "rekeyed")

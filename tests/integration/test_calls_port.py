@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import grpc
 import jax.numpy as jnp
@@ -42,11 +43,11 @@ def test_a_runtimes_calls_take_the_calls_port(runtime: pw.Runtime) -> None:
     double = pw.jit(lambda v: v * 2.0, slice=s)
 
     @pw.program(name="calls-port-small")
-    def small(v: jnp.ndarray) -> jnp.ndarray:
+    def small(v: Any) -> Any:
         return double(v)
 
     @pw.program(name="calls-port-big")
-    def big(v: jnp.ndarray) -> jnp.ndarray:
+    def big(v: Any) -> Any:
         return double(v)
 
     link = runtime.calls_port
@@ -170,7 +171,7 @@ def test_a_client_that_cannot_reach_the_calls_port_calls_over_grpc(
         add = pw.jit(lambda v: v + 1.0, slice=s)
 
         @pw.program(name="calls-port-unreachable")
-        def prog(v: jnp.ndarray) -> jnp.ndarray:
+        def prog(v: Any) -> Any:
             return add(v)
 
         x = np.zeros(4, np.float32)
@@ -195,7 +196,7 @@ def test_waits_over_grpc_are_bounded_per_client_and_the_controller_keeps_answeri
     slow = pw.jit(lambda v: jax.lax.fori_loop(0, 8000, lambda i, w: jnp.tanh(w @ w), v), slice=s)
 
     @pw.program(name="waits-bounded")
-    def prog(v: jnp.ndarray) -> jnp.ndarray:
+    def prog(v: Any) -> Any:
         return slow(v)
 
     x = np.eye(256, dtype=np.float32) * 0.5

@@ -39,7 +39,7 @@ def _tell(stub: pb_grpc.DataflowStub, address: str, token: str | None) -> None:
 
 
 def _code(err: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
-    return err.value.code()  # type: ignore[no-any-return]
+    return err.value.code()
 
 
 def test_a_host_without_the_coordinator_joins_once_its_sidecar_is_told_and_only_by_the_token_holder(

@@ -57,9 +57,11 @@ def test_host_killed_mid_call_fails_fast_and_slice_relaunches(runtime: pw.Runtim
 
     def slow(x: jax.Array) -> jax.Array:
         def body(_: int, m: jax.Array) -> jax.Array:
-            return jnp.tanh(m @ m.T) / 64.0 + m
+            stepped: jax.Array = jnp.tanh(m @ m.T) / 64.0 + m
+            return stepped
 
-        return jax.lax.fori_loop(0, 4000, body, x)
+        out: jax.Array = jax.lax.fori_loop(0, 4000, body, x)
+        return out
 
     fn = pw.jit(slow, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
 

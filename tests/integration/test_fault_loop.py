@@ -85,9 +85,11 @@ def test_repeated_host_kills_recover_each_step_recorded_once(runtime: pw.Runtime
 
     def step_fn(w: jax.Array) -> jax.Array:
         def body(_: int, m: jax.Array) -> jax.Array:
-            return m + jnp.tanh(m) * 1e-3
+            stepped: jax.Array = m + jnp.tanh(m) * 1e-3
+            return stepped
 
-        return jax.lax.fori_loop(0, 3000, body, w) * 0.5 + 1.0
+        out: jax.Array = jax.lax.fori_loop(0, 3000, body, w) * 0.5 + 1.0
+        return out
 
     step = pw.jit(step_fn, slice=vslice, in_shardings=P("x"), out_shardings=P("x"))
 

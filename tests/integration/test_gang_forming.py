@@ -41,7 +41,7 @@ def sidecars() -> Iterator[list[tuple[str, _FormingSidecar]]]:
     """Two sidecar stand-ins whose workers are ready after 3 and 6 questions."""
     servers, found = [], []
     for ready_after in (3, 6):
-        servicer = _FormingSidecar(ready_after)
+        servicer = _FormingSidecar(ready_after)  # type: ignore[abstract]  # a stand-in serving Health alone
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         pb_grpc.add_DataflowServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -114,7 +114,7 @@ class _WaitingSidecar(pb_grpc.DataflowServicer):
 
 
 def test_the_watch_asks_a_sidecar_that_waits_once_until_its_worker_is_ready() -> None:
-    servicer = _WaitingSidecar()
+    servicer = _WaitingSidecar()  # type: ignore[abstract]  # a stand-in serving Health alone
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pb_grpc.add_DataflowServicer_to_server(servicer, server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"

@@ -44,7 +44,10 @@ def test_a_slice_on_ipv6_addresses_forms_its_jax_job_and_runs_collectives(tmp_pa
         ], num_inputs=1)
         streams = [ControlStream(a) for a in addresses]
         for address, ctl in zip(addresses, streams, strict=True):
-            wait_for("hello", lambda ctl=ctl, address=address: ctl.hello == address)
+            def said_hello(ctl: ControlStream = ctl, address: str = address) -> bool:
+                return bool(ctl.hello == address)
+
+            wait_for("hello", said_hello)
             ctl.send(load=pb.HostProgram(program_id="v6", program=prog, slice="b"))
             ctl.send(launch=launch("v1", "v6", outputs=[(0, 0), (0, 1)]))
             ctl.send(grants=grants("v1", [(1, 0)]))

@@ -151,7 +151,13 @@ def test_sigint_during_a_blocked_call_ends_the_client_and_its_cluster(tmp_path: 
     )
     lines: queue.Queue[str] = queue.Queue()
     assert client.stdout is not None and client.stdin is not None
-    threading.Thread(target=lambda: [lines.put(x) for x in client.stdout], daemon=True).start()  # type: ignore[union-attr]
+    out = client.stdout
+
+    def pump() -> None:
+        for line in out:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
 
     def expect(prefix: str) -> str:
         deadline = time.monotonic() + 120

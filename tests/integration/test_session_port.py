@@ -59,7 +59,7 @@ def _control_port(host: HostProcs) -> int:
     return int(first.control_port)
 
 
-def _first_event(address: str, method: Callable[[grpc.Channel], Callable[..., Iterator[Any]]]) -> Any:
+def _first_event(address: str, method: Callable[[grpc.Channel], Any]) -> Any:
     channel = grpc.insecure_channel(address)
     try:
         return next(method(channel)(iter(()), timeout=WAIT_S, metadata=call_metadata(TOKEN)))
@@ -80,7 +80,7 @@ def _answer_to_an_export(link: WorkerLink, call_id: str) -> pb.Exported:
         if got:
             arrived.set()
 
-    link._on_event = on_event  # type: ignore[method-assign]
+    link._on_event = on_event
     link.send(pb.WorkerCommand(release=pb.ReleaseCall(call_id=call_id)))
     link.send(pb.WorkerCommand(export=pb.ExportRequest(call_id=call_id, value=pb.ValueRef(node=0), token=7)))
     assert arrived.wait(WAIT_S), "the worker answered nothing to the export"

@@ -172,8 +172,12 @@ def test_a_copied_handle_is_the_handle_itself_and_pickling_one_says_to_pickle_it
 def test_a_name_numpy_arrays_lack_is_an_attribute_error_that_fetches_nothing() -> None:
     call = CallFuture("train", "train-1")
     fetched: list[int] = []
-    handle = Array(ir.TensorSpec.of((2, 3), np.float32), call=call, ref=ir.ValueRef(0, 0),
-                   fetch=lambda _: fetched.append(1) or np.ones((2, 3), np.float32))
+
+    def fetch(_: Array) -> np.ndarray:
+        fetched.append(1)
+        return np.ones((2, 3), np.float32)
+
+    handle = Array(ir.TensorSpec.of((2, 3), np.float32), call=call, ref=ir.ValueRef(0, 0), fetch=fetch)
     call.end("")
 
     assert not hasattr(handle, "devices") and not hasattr(handle, "addressable_shards")

@@ -8,6 +8,7 @@ import argparse
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -125,10 +126,10 @@ def test_a_numeric_knob_is_its_default_when_unset_or_blank_and_its_value_when_se
      ("inf", 600.0, {}, "K='inf' is not a finite number")],
 )
 def test_a_numeric_knob_out_of_its_bounds_is_refused_naming_variable_value_and_bound(
-    text: str, default: float, bounds: dict[str, object], said: str
+    text: str, default: float, bounds: dict[str, Any], said: str
 ) -> None:
     with pytest.raises(ValueError) as err:
-        env_number({"K": text}, "K", default, **bounds)  # type: ignore[arg-type]
+        env_number({"K": text}, "K", default, **bounds)
     assert said in str(err.value)
 
 

@@ -732,7 +732,8 @@ def test_a_launch_makes_futures_for_the_calls_outputs_only_and_a_fetch_waits_on_
     assert {slot.oid.ref for slot in state.store.held_by("c1")} == {INPUT, (2, 0)}, (
         "the program input and a future for the output; none for the values only this host reads"
     )
-    assert state.store.get(ObjectId("c1", (2, 0))).state == "pending"
+    future = state.store.get(ObjectId("c1", (2, 0)))
+    assert future is not None and future.state == "pending"
     assert state.handle(fetch("c1", (1, 0))) == [], "a fetch of a value not made yet waits for it"
     (run,) = dispatching(state.handle(grants("c1", 0, 1, 2)))
     said = ran(state, run)

@@ -798,7 +798,8 @@ def test_completing_a_run_leaves_the_scheduler_as_completing_its_grants_one_by_o
     assert by_run.outstanding("s") == one_by_one.outstanding("s") == 0
     assert by_run.pace("s") == pytest.approx(one_by_one.pace("s"), rel=1e-12)
     assert by_run.pending("a") == by_run.pending("b") == 0
-    by_run.submit("a", 1.0, chain("s", 1)), one_by_one.submit("a", 1.0, chain("s", 1))  # forgotten: no longer active
+    by_run.submit("a", 1.0, chain("s", 1))  # forgotten: no longer active
+    one_by_one.submit("a", 1.0, chain("s", 1))
     assert by_run.grants()[0].seq == one_by_one.grants()[0].seq
 
 

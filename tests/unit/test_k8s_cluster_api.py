@@ -23,7 +23,7 @@ def deletion(grace_seconds: int | None) -> dict[str, Any]:
     api.core = core  # type: ignore[assignment]
     api.delete_pod("ns", "train-1", "uid-1", grace_seconds=grace_seconds)
     ((_, kwargs),) = core.calls
-    body: dict[str, Any] = kclient.ApiClient().sanitize_for_serialization(kwargs["body"])
+    body: dict[str, Any] = kclient.ApiClient().sanitize_for_serialization(kwargs["body"])  # type: ignore[no-untyped-call]
     return body
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pathways_operator.core.ownership import (
     Ownership,
     OwnerRef,
@@ -13,11 +15,11 @@ from pathways_operator.core.ownership import (
 SLICE = {"kind": "VirtualSlice", "name": "x", "uid": "uid-now"}
 
 
-def refs(*entries: dict[str, object]) -> tuple[OwnerRef, ...]:
+def refs(*entries: Mapping[str, object]) -> tuple[OwnerRef, ...]:
     return owner_refs({"ownerReferences": list(entries)})
 
 
-def judge(*entries: dict[str, object]) -> Ownership:
+def judge(*entries: Mapping[str, object]) -> Ownership:
     return ownership(refs(*entries), kind="VirtualSlice", name="x", uid="uid-now")
 
 

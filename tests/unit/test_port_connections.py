@@ -42,7 +42,7 @@ def test_a_connection_no_thread_can_be_had_for_is_closed_and_the_next_is_served(
         conn.close()
         served.set()
 
-    monkeypatch.setattr(port_connections.threading, "Thread", FlakyThread)
+    monkeypatch.setattr(threading, "Thread", FlakyThread)  # the module port_connections starts threads with
     loop = real_thread(target=accept_each, args=(listener, pending, serve, "test-conn", lambda: False), daemon=True)
     loop.start()
     try:

@@ -14,8 +14,8 @@ import pytest
 import pathways as pw
 from pathways.array import Array, CallFuture
 from pathways.context import PENDING_STEPS, ProgramContext, ProgramSuspended
-from pathways.driver_reports import RunStart
 from pathways_wire import ir
+from pathways_wire.driver_protocol import RunStart
 
 
 class Recorder:
@@ -42,7 +42,7 @@ def loss_of(step: int) -> tuple[Array, CallFuture]:
     """A scalar loss whose call the test ends (`CallFuture.end`)."""
     call = CallFuture("train", f"train-{step}")
     handle = Array(ir.TensorSpec.of((), np.float32), call=call, ref=ir.ValueRef(0, 0),
-                   fetch=lambda _: np.float32(step / 10))
+                   fetch=lambda _: np.asarray(step / 10, np.float32))
     return handle, call
 
 

@@ -7,7 +7,6 @@ import pytest
 from pathways.context import RESULTS_MAX_BYTES, result_key_problem, results_problem
 from pathways.driver import DriverError, results_json
 from pathways_operator.core.program_lifecycle import (
-    EXIT_RETRYABLE,
     Deadlines,
     DriverExit,
     DriverPodFact,
@@ -22,6 +21,7 @@ from pathways_operator.core.program_lifecycle import (
     judge_exit,
     results_owner_problem,
 )
+from pathways_wire.driver_protocol import EXIT_RETRYABLE
 from pathways_operator.core.phases import ProgramPhase
 from pathways_operator.core.reasons import Condition, Reason, event_type
 

@@ -8,7 +8,7 @@ MIB = 1 << 20
 
 
 def make_all(plan: WarmPlan) -> list[int]:
-    made = []
+    made: list[int] = []
     for _ in range(100):
         size = plan.next_to_make()
         if size is None:
