@@ -91,3 +91,38 @@ def test_a_node_seen_again_after_its_deletion_is_served() -> None:
     clock.now += 1
     cache.seen(_node("m1", "3"))
     assert cache.get("m1") == _node("m1", "3") and api.reads == []
+
+
+def _machine(name: str, *, ready: str = "True", unschedulable: bool = False, devices: str = "4",
+             heartbeat: str = "t0", labels: dict[str, str] | None = None) -> Json:
+    return {
+        "metadata": {"name": name, "resourceVersion": heartbeat,
+                     "labels": {"pathways.dev/island": "island-a", **(labels or {})}},
+        "spec": {"unschedulable": unschedulable},
+        "status": {
+            "allocatable": {"pathways.dev/device": devices, "cpu": "4", "memory": "8Gi"},
+            "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
+        },
+    }
+
+
+def test_seeing_a_node_says_whether_admission_may_read_it_differently_now() -> None:
+    cache = _cache(NodeApi(), Clock())
+    assert cache.seen(_machine("m1", ready="False")), "a Node not held before"
+    assert not cache.seen(_machine("m1", ready="False", heartbeat="t1")), "a heartbeat changes nothing admission reads"
+    assert cache.seen(_machine("m1", heartbeat="t2")), "it turned Ready"
+    assert cache.seen(_machine("m1", unschedulable=True)), "it was cordoned"
+    assert cache.seen(_machine("m1")), "and uncordoned"
+    assert cache.seen(_machine("m1", devices="8")), "its devices grew"
+    assert cache.seen(_machine("m1", devices="8", labels={"pool": "b"})), "a label a driver may select changed"
+    assert not cache.seen(_machine("m1", devices="8", labels={"pool": "b"}, heartbeat="t3"))
+    assert not cache.seen({"metadata": {}}), "a Node without a name is not held"
+
+
+def test_a_node_read_by_name_is_the_one_a_later_sighting_is_compared_with() -> None:
+    api, clock = NodeApi(_machine("m1")), Clock()
+    cache = _cache(api, clock)
+    assert cache.get("m1") == _machine("m1")
+    assert not cache.seen(_machine("m1", heartbeat="t1")), "the read saw this Node as it is"
+    cache.gone("m1")
+    assert cache.seen(_machine("m1")), "a Node deleted and seen again is new"

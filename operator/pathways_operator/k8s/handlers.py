@@ -11,8 +11,11 @@ What wakes a loop early: a change of the object's spec (``on.update``), an
 event of one of a slice's pods, and, for programs, any change of a slice in
 their namespace, an event of their driver pod (it started, it ended) and a step
 their driver reported (``DriverPods``' ``wake``), and, where the operator keeps host
-NetworkPolicies, a change or deletion of a slice's. The watch of Nodes wakes nothing: it
-keeps the Nodes the gangs' looks read (``node_cache``). Handlers here are a few lines
+NetworkPolicies, a change or deletion of a slice's. The watch of Nodes keeps the Nodes the
+gangs' looks read (``node_cache``), and wakes every slice and program when a Node is
+added or changes in what admission reads of it (``inventory.admission_view``: it joined,
+turned Ready, was uncordoned, its devices or labels changed), so a gang or driver
+waiting for room looks again at once, not at its next look. Handlers here are a few lines
 each; all decisions live in ``slices`` and ``programs`` (and, below them,
 ``pathways_operator.core``).
 
@@ -270,7 +273,10 @@ def register(
         if event.get("type") == "DELETED":
             slices.nodes.gone(name)
         elif isinstance(event.get("object"), dict):
-            slices.nodes.seen(event["object"])
+            changed = slices.nodes.seen(event["object"])
+            if changed and event.get("type") in ("ADDED", "MODIFIED"):  # not a listing (type None)
+                wakeups.wake_prefix("slice:")  # a Node that joined, turned Ready, was uncordoned or grew
+                wakeups.wake_prefix("program:")  # may fit a queued gang, or a driver waiting for a Node
 
     if slices.keeps_host_policies:
         @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", registry=registry)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from pathways_operator.k8s.cluster_api import ClusterApi, Json
+from pathways_operator.k8s.inventory import admission_view
 
 MAX_AGE_S = 30.0
 """Longest a Node seen by the watch is trusted before it is read again by name."""
@@ -37,13 +38,17 @@ class NodeCache:
         """Name -> when the watch saw it deleted, until it is seen again."""
         self._lock = threading.Lock()
 
-    def seen(self, node: Json) -> None:
-        """The watch saw ``node`` (listed, added or changed)."""
+    def seen(self, node: Json) -> bool:
+        """The watch saw ``node`` (listed, added or changed); whether what admission reads
+        of it (``inventory.admission_view``) differs from the Node held before, or none was."""
         name = str((node.get("metadata") or {}).get("name") or "")
-        if name:
-            with self._lock:
-                self._nodes[name] = (self._clock(), node)
-                self._deleted.pop(name, None)
+        if not name:
+            return False
+        with self._lock:
+            held = self._nodes.get(name)
+            self._nodes[name] = (self._clock(), node)
+            self._deleted.pop(name, None)
+        return held is None or admission_view(held[1]) != admission_view(node)
 
     def gone(self, name: str) -> None:
         """The watch saw the Node ``name`` deleted."""
