@@ -117,3 +117,25 @@ def test_a_driver_pod_on_a_dead_node_is_removed_and_the_run_starts_again_on_anot
     finally:
         for agent in agents.values():
             agent.stop()
+
+
+def test_a_slice_waiting_for_its_island_is_admitted_when_a_node_of_it_joins(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    objects.apply(virtual_slice("late", 4, island="island-j"))
+
+    def no_island() -> Any:
+        found = objects.slice("late")
+        admitted = [c for c in (found.get("status") or {}).get("conditions") or [] if c["type"] == "Admitted"]
+        return found if admitted and admitted[0]["reason"] == "NoIsland" else None
+
+    waiting = objects.cluster.poll(no_island, timeout=60, interval=0.5, what="slice 'late' Pending, NoIsland")
+    assert waiting["status"]["phase"] == "Pending"
+    with objects.cluster.start_agent([NodeSpec("j-0", "island-j", 4)]):
+        ready = objects.wait_slice("late", "Ready", 120, operator)["status"]
+        assert [h["node"] for h in ready["hosts"]] == ["j-0"] and ready["island"] == "island-j"
+        log = operator.log_tail(200_000)
+        assert "Node j-0 joined with what admission reads of it: every slice and program looks again" in log \
+            or "Node j-0 changed in what admission reads of it: every slice and program looks again" in log, (
+                "the Node's arrival woke the waiting slice")
+        objects.delete("virtualslices", "late")

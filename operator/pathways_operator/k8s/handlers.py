@@ -275,8 +275,12 @@ def register(
         elif isinstance(event.get("object"), dict):
             changed = slices.nodes.seen(event["object"])
             if changed and event.get("type") in ("ADDED", "MODIFIED"):  # not a listing (type None)
-                wakeups.wake_prefix("slice:")  # a Node that joined, turned Ready, was uncordoned or grew
-                wakeups.wake_prefix("program:")  # may fit a queued gang, or a driver waiting for a Node
+                # A Node that joined, turned Ready, was uncordoned or grew may fit a queued
+                # gang, or a driver waiting for a Node.
+                log.info("Node %s %s what admission reads of it: every slice and program looks again",
+                         name, "joined with" if event.get("type") == "ADDED" else "changed in")
+                wakeups.wake_prefix("slice:")
+                wakeups.wake_prefix("program:")
 
     if slices.keeps_host_policies:
         @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", registry=registry)
