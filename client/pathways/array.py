@@ -46,6 +46,10 @@ class CallFuture:
         """Outputs with handles, and how many."""
         self.kept: frozenset[ir.ValueRef] | None = None
         """Outputs that stayed objects when the call ended (None while it runs)."""
+        self.sent_on: object = None
+        """For a call whose `Run` is answered only as it ends (a small call): the connection
+        of the controller's calls port the `Run` went on (None: over gRPC). A later call
+        may name its outputs before that answer only where its own `Run` follows on it."""
         self._ended = threading.Event()
 
     def end(self, error: str, failure: Exception | None = None) -> None:

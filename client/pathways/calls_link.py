@@ -63,6 +63,13 @@ def _status(name: str) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN)
 
 
+class SentFuture(Future[R]):
+    """A future of a request's answer that knows the connection the request went on."""
+
+    connection: socket.socket | None = None
+    """The link's connection the request was written on (None: it was not written)."""
+
+
 class _Method(Generic[R]):
     """One method of the port, callable as gRPC's stub's is, with its `future` form."""
 
@@ -143,9 +150,10 @@ class CallsLink:
                 f"{method}: the controller's calls port ({self.address}) did not answer within {timeout:g} s",
             ) from None
 
-    def submit(self, method: str, request: Message, timeout: float | None) -> Future[Message]:
-        """A future of `method`'s reply, failed with DEADLINE_EXCEEDED once `timeout` is up."""
-        answer: Future[Message] = Future()
+    def submit(self, method: str, request: Message, timeout: float | None) -> SentFuture[Message]:
+        """A future of `method`'s reply, failed with DEADLINE_EXCEEDED once `timeout` is up;
+        it names the connection the request went on (`carries_after`)."""
+        answer: SentFuture[Message] = SentFuture()
         answer.set_running_or_notify_cancel()
         deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         frame = pb.ControllerRequest(method=method, body=request.SerializeToString())
@@ -157,6 +165,7 @@ class CallsLink:
                 self._pending[frame.id] = (answer, method, deadline, sock)
             with self._write:
                 frames.send_message(sock, frames.COMMAND, frame)
+            answer.connection = sock
         except (OSError, ValueError) as err:
             with self._lock:
                 self._pending.pop(frame.id, None)
@@ -164,6 +173,14 @@ class CallsLink:
                 frames.shut(sock)  # its reader sees the end and fails what else is outstanding on it
             answer.set_exception(self._unavailable(method, err))
         return answer
+
+    def carries_after(self, connection: object) -> bool:
+        """Whether a request written now goes on `connection` (a `SentFuture`'s), so that the
+        controller takes it after the request written there before: the port takes a
+        connection's requests in the order they came. False once the link connected
+        again, or closed, and for a request that went over gRPC (None)."""
+        with self._lock:
+            return connection is not None and connection is self._sock and not self._closed
 
     def close(self) -> None:
         with self._lock:

@@ -314,6 +314,9 @@ class Runtime:
         )
         arrays: dict[int, np.ndarray] = {}
         for i, given in enumerate(inputs):
+            if isinstance(given, Array) and self._is_object(given) and not self._named_in_order(given):
+                assert given.call is not None
+                given.call.wait_ended()  # then its value goes as any carried value goes
             if isinstance(given, Array) and self._is_object(given):
                 assert given.call is not None and given.ref is not None
                 request.objects.add(
@@ -412,6 +415,22 @@ class Runtime:
             given.on_hosts and getattr(given._fetch, "__self__", None) is self
             and not (given.with_answer and given.is_ready())
         )
+
+    def _named_in_order(self, given: Array) -> bool:
+        """Whether a `Run` sent now that names `given`'s object reaches the controller after
+        the `Run` of the call that makes it, which enters the object.
+
+        A call's handles exist once its `Run` was answered, but a small call's `Run` is
+        answered only as the call ends (`_run_small`), and its handles are given out at
+        once. Only where its `Run` went on the calls port's connection that this `Run` will
+        take does the controller take the two in order (`CallsLink.carries_after`); over
+        gRPC each is served on a thread of its own, and the later one may come first and
+        find no such object. There the later call waits for the small call's answer,
+        and sends the value it carries."""
+        if given.call is None or not given.with_answer:
+            return True
+        link = self._calls_link
+        return isinstance(link, CallsLink) and link.carries_after(given.call.sent_on)
 
     def _put_inputs(
         self,
@@ -627,6 +646,7 @@ class Runtime:
         request.keep.extend(ref.to_proto() for ref in keep)
         try:
             answer = self._per_call().Run.future(request, timeout=CALL_TIMEOUT_S + 30)
+            call.sent_on = getattr(answer, "connection", None)  # a `SentFuture` of the calls port's
         except BaseException as err:
             self._outstanding.release()
             self._ownership.give_back(drops)

@@ -147,6 +147,47 @@ def test_with_the_calls_port_off_calls_go_over_grpc() -> None:
     assert said == {"port": 0, "link": False, "out": [1.0, 1.0, 1.0, 1.0]}
 
 
+CHAINED_SMALL_CALLS = """
+import json, jax, jax.numpy as jnp, numpy as np, pathways as pw
+rt = pw.connect(islands={"island-a": 4}, devices_per_host=4)
+s = pw.make_virtual_device_set().add_slice(devices=4)
+
+def slow_add(v):
+    busy = jax.lax.fori_loop(0, 200, lambda _, m: jnp.tanh(m) * 0.5, jnp.ones((64, 64)))
+    return v + 1.0 + 0.0 * busy[0, 0]
+
+add = pw.jit(slow_add, slice=s)
+
+@pw.program(name="chained-small-calls")
+def prog(v):
+    return add(v)
+
+ends = []
+for _ in range(120):
+    v = np.zeros(4, np.float32)
+    for _ in range(20):
+        v = prog(v)  # a small call: its handle is a future of an answer that comes as it ends
+    ends.append(np.asarray(v).tolist())
+print(json.dumps({"link": rt.calls_port is not None, "ends": ends}))
+pw.shutdown()
+"""
+
+
+@pytest.mark.parametrize("switch", ["off", "on"])
+def test_a_call_given_a_small_calls_handle_before_its_answer_finds_its_object(switch: str) -> None:
+    """Each call names the output of the small call before it, whose answer has not come.
+    Over gRPC the two `Run`s are served on threads of their own, in either order: there the
+    later call waits for the answer and sends its value; on the calls port the controller
+    takes them in order, and the object is named."""
+    env = dict(os.environ, PATHWAYS_CALLS_PORT=switch)
+    env.pop("PATHWAYS_CONTROLLER", None)
+    done = subprocess.run([sys.executable, "-c", CHAINED_SMALL_CALLS], env=env, capture_output=True, text=True,
+                          timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == {"link": switch == "on", "ends": [[20.0] * 4] * 120}
+
+
 def test_a_bad_switch_stops_the_controller_naming_it() -> None:
     env = dict(os.environ, PATHWAYS_CALLS_PORT="maybe")
     env.pop("PATHWAYS_CONTROLLER", None)
