@@ -12,8 +12,8 @@
    ServiceAccount token and RBAC are what the operator runs with. The chart's image is
    this checkout's Python environment (a container's ``python`` is the agent's
    interpreter). Its ports are fixed numbers in the chart, and pods here share the
-   machine's loopback, so the controller, liveness and metrics ports are reserved ones
-   (``ports``) instead of 8470, 8080 and 9090.
+   machine's loopback, so the controller, calls, liveness and metrics ports are reserved
+   ones (``ports``) instead of 8470, 8471, 8080 and 9090.
 
 ``stop`` undoes it in reverse: programs and slices are deleted and their pods waited for
 (so worker hosts end as they would in a cluster, and clean up after themselves), the
@@ -114,7 +114,7 @@ class DevCluster:
     # -- the chart ------------------------------------------------------------------------
 
     def _install(self) -> None:
-        controller, liveness, metrics = (self._reserve() for _ in range(3))
+        controller, calls, liveness, metrics = (self._reserve() for _ in range(4))
         state_env = [
             {"name": "PATHWAYS_OPERATOR_STATE_DIR", "value": "/tmp/pathways-operator"},
             # Driver pods dial the controller; this cluster has no DNS for the chart's Service,
@@ -127,6 +127,7 @@ class DevCluster:
         self._helm(
             "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
             "--set", f"operator.controllerPort={controller}",
+            "--set", f"operator.callsPort={calls}",
             "--set", f"operator.livenessPort={liveness}",
             "--set", f"metrics.port={metrics}",
             # the chart's emptyDir on /tmp holds it; said explicitly so that an agent that

@@ -133,9 +133,10 @@ class SessionPort:
     empty token otherwise is refused here, at construction."""
 
     def __init__(self, name: str, bind_host: str, token: str, serve: Serve | None, *, insecure: bool = False,
-                 admit: Admit | None = None, per_caller: int | None = None) -> None:
+                 admit: Admit | None = None, per_caller: int | None = None, port: int = 0) -> None:
         """`per_caller`: on a port whose callers present tokens of their own (`admit`
-        checks them), the most connections one token is served at once."""
+        checks them), the most connections one token is served at once. `port`: the port to
+        listen on (0: any free one); OSError where it cannot be had."""
         if serve is None and admit is None:
             raise ValueError(f"{name}: a session port needs a way to serve its connections")
         if not token and not insecure and admit is None:
@@ -146,7 +147,7 @@ class SessionPort:
         self._serve = serve
         self._admit_hello = admit
         host = bind_host.strip("[]")
-        self._listener = socket.create_server((host, 0), family=host_port.family(host))
+        self._listener = socket.create_server((host, port), family=host_port.family(host))
         self.port: int = self._listener.getsockname()[1]
         self._closed = False
         self._pending = awaiting_hello(f"{name} port")

@@ -39,6 +39,7 @@ from pathways_wire import host_port
 from pathways_wire import pathways_pb2_grpc as pb_grpc
 from pathways_wire.env_flags import env_option
 from pathways_operator.controller import Controller, controller_server
+from pathways_operator.controller.calls_port import CallsPort
 from pathways_operator.controller.client_gate import ClientGate
 from pathways_operator.k8s import handlers, log_context
 from pathways_operator.k8s.cluster_api import ClusterApi
@@ -71,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated prefixes a PathwaysProgram's spec.source.entrypoint "
                         "must start with; an opt-in policy for driver pods (default: any), "
                         f"required of child-process drivers (default {','.join(DEFAULT_ALLOWED_ENTRYPOINTS)})")
+    env_option(parser, "--controller-calls-port", variable="PATHWAYS_CONTROLLER_CALLS_PORT", env=os.environ,
+               type=_metrics_port, default=0,
+               help="serve the controller's calls port on this port of --controller-listen's host: a driver "
+               "pod's Run, WaitCall and FinishCall as frames over raw TCP, each through the same token "
+               "check, taken in the order they came; 0: off, drivers call over gRPC (default); any: a "
+               "free port (PATHWAYS_CONTROLLER_CALLS_PORT). Needs --driver-runtime pods")
     env_option(parser, "--driver-runtime", variable="PATHWAYS_DRIVER_RUNTIME", env=os.environ,
                choices=("pods", "processes"), default="pods",
                help="where program drivers run: in pods of their own (default), or as child "
@@ -226,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(f"--host-network-policy=on: {err}: give --operator-namespace (POD_NAMESPACE) and "
                          "--operator-pod-labels (PATHWAYS_OPERATOR_POD_LABELS)")
+    if args.controller_calls_port and args.driver_runtime != "pods":
+        parser.error("--controller-calls-port: a calls port checks the tokens of driver pods; it needs "
+                     "--driver-runtime pods (or give 0, off)")
     if args.leader_election == "on" and not args.operator_namespace:
         parser.error("--leader-election=on: give --operator-namespace (POD_NAMESPACE), where the Lease is kept")
     if args.leader_election_lease_seconds < 1:
@@ -272,7 +282,8 @@ def _serve(args: argparse.Namespace, api_client: kclient.ApiClient, namespace: s
             image=args.driver_image or args.worker_image, pull_policy=args.worker_image_pull_policy,
             checkpoint_volumes=args.driver_checkpoint_volumes,
         ), wake=lambda key: wakeups.wake(handlers.program_key(*key.split("/", 1))))
-    server = controller_server([ClientGate(driver_pods)] if driver_pods is not None else [])
+    gate = ClientGate(driver_pods) if driver_pods is not None else None
+    server = controller_server([gate] if gate is not None else [])
     port = server.add_insecure_port(args.controller_listen)
     if port == 0:
         print(f"pathways_operator: cannot listen on {args.controller_listen}", file=sys.stderr)
@@ -280,9 +291,22 @@ def _serve(args: argparse.Namespace, api_client: kclient.ApiClient, namespace: s
     address = args.controller_address or _local_address(args.controller_listen, port)
     if driver_pods is not None:
         driver_pods.settings = dataclasses.replace(driver_pods.settings, controller=address)
-    pb_grpc.add_ControllerServicer_to_server(OperatorControllerService(controller, driver_pods), server)
+    service = OperatorControllerService(controller, driver_pods)
+    pb_grpc.add_ControllerServicer_to_server(service, server)
+    calls: CallsPort | None = None
+    if args.controller_calls_port and gate is not None:
+        wanted = 0 if args.controller_calls_port == ANY_PORT else args.controller_calls_port
+        listen_host = host_port.split(args.controller_listen, "--controller-listen")[0]
+        try:
+            calls = CallsPort(service, gate, listen_host, port=wanted)
+        except OSError as err:
+            print(f"pathways_operator: --controller-calls-port {wanted}: cannot listen on "
+                  f"{host_port.join(listen_host, wanted)}: {err}", file=sys.stderr)
+            return 2
+        service.calls_port = calls.port  # told in Describe: drivers take it at the host of their address
     server.start()
-    log.info("controller listening on %s (drivers use %s)", args.controller_listen, address)
+    log.info("controller listening on %s (drivers use %s)%s", args.controller_listen, address,
+             f"; its calls port on {calls.port}" if calls is not None else "")
 
     metrics = OperatorMetrics(lambda: controller.computations_dispatched, controller.contended_grants)
     if args.metrics_port:

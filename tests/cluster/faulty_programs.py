@@ -81,6 +81,35 @@ def sleeps(ctx: ProgramContext) -> dict[str, Any]:
     return {"slept": 1.0}
 
 
+def chained_small_calls(ctx: ProgramContext) -> dict[str, Any]:
+    """``args.calls`` (default 20) calls in a row, each given the handle of the one before,
+    whose answer has not come: a small call's. ``v`` is the last one's value (``calls`` on
+    every device); ``calls_port`` is 1.0 where the calls went over the controller's calls port."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pathways as pw
+
+    vslice = ctx.slice(ctx.slice_names[0])
+
+    def slow_add(v: Any) -> Any:
+        busy = jax.lax.fori_loop(0, 200, lambda _, m: jnp.tanh(m) * 0.5, jnp.ones((64, 64)))
+        return v + 1.0 + 0.0 * busy[0, 0]
+
+    add = pw.jit(slow_add, slice=vslice)
+
+    @pw.program(name="chained-small-calls")
+    def chain(v: Any) -> Any:
+        return add(v)
+
+    v: Any = np.zeros(len(vslice.devices), np.float32)
+    for _ in range(int(ctx.args.get("calls", 20))):
+        v = chain(v)
+    ctx.step_done(0)
+    return {"v": np.asarray(v), "calls_port": float(pw.default_runtime().calls_port is not None)}
+
+
 def stalls_once(ctx: ProgramContext) -> dict[str, Any]:
     """Counts its steps in its state; on a fresh start (no snapshot restored) it hangs inside
     step ``args.stall_at`` (default 4) for ``args.seconds`` (default 600), as a program stuck

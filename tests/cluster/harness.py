@@ -214,6 +214,7 @@ class OperatorProcess:
         self.starts = 0
         self._liveness: ReservedPort | None = None
         self._controller: ReservedPort | None = None
+        self._calls: ReservedPort | None = None
 
     def start(self, timeout: float = READY_TIMEOUT_S, *, until_live: bool = True) -> OperatorProcess:
         """Starts the operator and, ``until_live``, waits until it serves (an operator waiting
@@ -222,11 +223,14 @@ class OperatorProcess:
             self._liveness = reserve_port()
         if self._controller is None:  # driver pods keep the address they were given across restarts
             self._controller = reserve_port()
+        if self._calls is None:  # and the calls port they learned from it
+            self._calls = reserve_port()
         self.liveness_port = self._liveness.port
         self.metrics_port = 0
         argv = [
             sys.executable, "-m", "pathways_operator", "--all-namespaces",
             "--controller-listen", f"127.0.0.1:{self._controller.port}",
+            "--controller-calls-port", str(self._calls.port),
             "--state-dir", str(self.state_dir),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics-port", "any",

@@ -122,11 +122,12 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     (container,) = pod["containers"]
     assert deployment["spec"]["strategy"] == {"type": "Recreate"} and deployment["spec"]["replicas"] == 1
     assert container["command"] == ["python", "-m", "pathways_operator"]
-    assert container["args"][:3] == [
-        "--all-namespaces", "--controller-listen=0.0.0.0:8470", "--liveness=http://0.0.0.0:8080/healthz",
+    assert container["args"][:4] == [
+        "--all-namespaces", "--controller-listen=0.0.0.0:8470", "--controller-calls-port=8471",
+        "--liveness=http://0.0.0.0:8080/healthz",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": 8470, "healthz": 8080, "metrics": 9090}
+    assert ports == {"grpc": 8470, "calls": 8471, "healthz": 8080, "metrics": 9090}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -134,7 +135,7 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     assert pod["serviceAccountName"] == by_kind(docs, "ServiceAccount")["metadata"]["name"]
     service = by_kind(docs, "Service")
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 8470, "metrics": 9090}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 8470, "calls": 8471, "metrics": 9090}
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["PATHWAYS_CONTROLLER_ADDRESS"] == "kp-kube-pathways.pathways-system.svc:8470"
@@ -150,6 +151,13 @@ def test_rendered_deployment_is_what_the_issue_asks_for(helm: Helm) -> None:
     admitted = [{e["key"] for e in peer["podSelector"]["matchExpressions"]} for peer in controller_rule["from"]]
     assert admitted == [{"pathways.dev/driver", "app.kubernetes.io/managed-by"},
                         {"pathways.dev/slice", "app.kubernetes.io/managed-by"}]
+    calls_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": "calls", "protocol": "TCP"}])
+    assert [{e["key"] for e in peer["podSelector"]["matchExpressions"]} for peer in calls_rule["from"]] == [
+        {"pathways.dev/driver", "app.kubernetes.io/managed-by"}], "only driver pods call over the calls port"
+    without = helm.template("kp", "pathways-system", "operator.callsPort=0", crds=False)
+    (bare,) = by_kind(without, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--controller-calls-port=0" in bare["args"] and "calls" not in {p["name"] for p in bare["ports"]}
+    assert "calls" not in {p["name"] for p in by_kind(without, "Service")["spec"]["ports"]}
     crds = {p.name for p in (REPO_ROOT / "crds").glob("*.yaml")}
     rendered_crds = [d for d in helm.template("kp", "pathways-system") if d["kind"] == "CustomResourceDefinition"]
     assert len(rendered_crds) == len(crds) == 2
@@ -361,6 +369,7 @@ def test_operator_from_rendered_deployment_runs_a_program(
         release, namespace,
         f"operator.watchNamespace={namespace}",
         f"operator.controllerPort={reserve_port().port}",
+        f"operator.callsPort={reserve_port().port}",
         f"operator.livenessPort={liveness}",
         f"metrics.port={reserve_port().port}",
     )  # fmt: skip

@@ -117,6 +117,18 @@ def test_a_programs_token_reaches_only_its_own_slices_and_strangers_are_refused(
         assert "belongs to no running PathwaysProgram" in (forged.value.details() or "")
 
 
+def test_a_driver_pods_calls_go_over_the_controllers_calls_port_in_order(
+    objects: Objects, operator: OperatorProcess
+) -> None:
+    """The driver learns the operator's calls port from the controller and calls over it; each
+    call names the output of the small call before it, whose answer has not come."""
+    objects.apply(program("ported", "tests.cluster.faulty_programs:chained_small_calls", inline_slice("main", 1),
+                          steps=1, args={"calls": 30}))
+    said = finished(objects, operator, "ported")
+    assert said["calls_port"] == 1.0, "the driver called over gRPC"
+    assert said["v"] == [30.0]
+
+
 @pytest.mark.timeout(500, func_only=True)
 def test_driver_pod_deleted_mid_training_ends_on_the_reference_result(
     objects: Objects, operator: OperatorProcess

@@ -103,3 +103,22 @@ def test_leader_election_is_off_by_default_and_needs_the_namespace_of_its_lease(
     args = _parser().parse_args([])
     assert (args.leader_election, args.leader_election_lease, args.leader_election_lease_seconds) == (
         "on", "kp-kube-pathways", 30.0)
+
+
+def test_controller_calls_port_is_off_by_default_and_needs_driver_pods(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PATHWAYS_CONTROLLER_CALLS_PORT", raising=False)
+    monkeypatch.delenv("PATHWAYS_DRIVER_RUNTIME", raising=False)
+    assert _parser().parse_args([]).controller_calls_port == 0
+    assert _parser().parse_args(["--controller-calls-port", "any"]).controller_calls_port == ANY_PORT
+    monkeypatch.setenv("PATHWAYS_CONTROLLER_CALLS_PORT", "8471")
+    assert _parser().parse_args([]).controller_calls_port == 8471
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--controller-calls-port", "70000"])
+    assert "--controller-calls-port: expected a port number, 0 (off) or any, got '70000'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        main(["--driver-runtime", "processes"])
+    assert stopped.value.code == 2
+    assert ("--controller-calls-port: a calls port checks the tokens of driver pods; it needs "
+            "--driver-runtime pods (or give 0, off)") in capsys.readouterr().err

@@ -78,11 +78,12 @@ def _failed(call_id: int, method: str, err: Exception) -> pb.ControllerAnswer:
 class CallsPort:
     """Serves `ControllerService`'s per-call methods on a port of their own."""
 
-    def __init__(self, service: ControllerService, gate: ClientGate, bind_host: str) -> None:
+    def __init__(self, service: ControllerService, gate: ClientGate, bind_host: str, port: int = 0) -> None:
+        """Listens on `port` of `bind_host` (0: any free port); OSError where it cannot."""
         self._service = service
         self._gate = gate
         self._port = frames.SessionPort("controller calls", bind_host, "", None, admit=self._admit,
-                                        per_caller=MAX_SERVED_PER_CALLER)
+                                        per_caller=MAX_SERVED_PER_CALLER, port=port)
         self.port = self._port.port
 
     def close(self) -> None:
