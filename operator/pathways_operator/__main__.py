@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                         "must start with; an opt-in policy for driver pods (default: any), "
                         f"required of child-process drivers (default {','.join(DEFAULT_ALLOWED_ENTRYPOINTS)})")
     env_option(parser, "--controller-calls-port", variable="PATHWAYS_CONTROLLER_CALLS_PORT", env=os.environ,
-               type=_metrics_port, default=0,
+               type=_port_or_any, default=0,
                help="serve the controller's calls port on this port of --controller-listen's host: a driver "
                "pod's Run, WaitCall and FinishCall as frames over raw TCP, each through the same token "
                "check, taken in the order they came; 0: off, drivers call over gRPC (default); any: a "
@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
                "the operator's filesystem (PATHWAYS_DRIVER_CHECKPOINT_VOLUMES)")
     parser.add_argument("--liveness", default=None,
                         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    env_option(parser, "--metrics-port", variable="PATHWAYS_METRICS_PORT", env=os.environ, type=_metrics_port,
+    env_option(parser, "--metrics-port", variable="PATHWAYS_METRICS_PORT", env=os.environ, type=_port_or_any,
                default=0,
                help="serve Prometheus /metrics on this port; 0: off; any: a free port, logged once "
                "bound (PATHWAYS_METRICS_PORT)")
@@ -174,7 +174,7 @@ ANY_PORT = -1
 """``--metrics-port any``: bind port 0 and log the port bound."""
 
 
-def _metrics_port(text: str) -> int:
+def _port_or_any(text: str) -> int:
     word = text.strip().lower()
     if word == "any":
         return ANY_PORT
