@@ -27,7 +27,7 @@ def _ray_chain_us(chain: int, repeats: int) -> tuple[list[float], list[float]]:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
-        @ray.remote
+        @ray.remote  # type: ignore[untyped-decorator, unused-ignore]  # typed where the bench extra is
         def step(x: np.ndarray) -> np.ndarray:
             import jax
 
