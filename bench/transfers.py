@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 import pathways as pw
 from bench import floors
 from bench.floors import RelayChain, TcpRelayChain
-from bench.measure import Figure, figure
+from bench.measure import Figure, best_of, figure, timed
 
 EXP = "4 transfers"
 MIB = 1 << 20
@@ -105,16 +105,13 @@ def tcp_gbps(nbytes: int, repeats: int) -> list[float]:
     proc.start()
     sock = socket.create_connection(("127.0.0.1", q.get(timeout=30)))
     data = np.ones(nbytes, np.uint8).tobytes()
-    out = []
-    for i in range(repeats + 1):
-        fastest = float("inf")
-        for _ in range(BASELINE_ROUNDS):
-            start = time.perf_counter()
-            sock.sendall(data)
-            sock.recv(1)
-            fastest = min(fastest, time.perf_counter() - start)
-        if i:
-            out.append(nbytes / fastest / 1e9)
+
+    def send() -> None:
+        sock.sendall(data)
+        sock.recv(1)
+
+    fastest = best_of(lambda: timed(send), BASELINE_ROUNDS)
+    out = [nbytes / fastest() / 1e9 for _ in range(repeats + 1)][1:]
     sock.close()
     proc.join(10)
     return out
@@ -123,15 +120,8 @@ def tcp_gbps(nbytes: int, repeats: int) -> list[float]:
 def memcpy_gbps(nbytes: int, repeats: int) -> list[float]:
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
-    out = []
-    for _ in range(repeats + 1):
-        fastest = float("inf")
-        for _ in range(BASELINE_ROUNDS):
-            start = time.perf_counter()
-            np.copyto(dst, src)
-            fastest = min(fastest, time.perf_counter() - start)
-        out.append(nbytes / fastest / 1e9)
-    return out[1:]
+    fastest = best_of(lambda: timed(lambda: np.copyto(dst, src)), BASELINE_ROUNDS)
+    return [nbytes / fastest() / 1e9 for _ in range(repeats + 1)][1:]
 
 
 SHM = "/dev/shm"
