@@ -122,19 +122,12 @@ def _schedulable(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def admission_view(node: Mapping[str, Any]) -> tuple[object, ...]:
-    """What admission reads of a Node (as a machine, and as a Node a driver may go to):
-    a change of it may let a waiting gang or driver in, and a Node whose status changed
-    in nothing else (a heartbeat, its images) cannot."""
-    meta = node.get("metadata") or {}
-    taints = (node.get("spec") or {}).get("taints") or []
-    return (
-        _machine_island(node), _allocatable_devices(node), _schedulable(node),
-        _allocatable(node, "cpu", 1000), _allocatable(node, "memory", 1),
-        tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
-        tuple(sorted((str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
-                     for t in taints)),
-    )
+def admission_view(node: Mapping[str, Any]) -> tuple[list[Machine], list[Node]]:
+    """What admission reads of a Node, with nothing in use: the machine it is (`machines_using`)
+    and the Node a driver may go to (`nodes`). A change of it may let a waiting gang or
+    driver in, and a Node whose status changed in nothing else (a heartbeat, its images)
+    cannot."""
+    return machines_using([node], {}), nodes([node], {})
 
 
 def in_use(
