@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import pathways as pw
+from pathways_wire import process_tree
 from pathways_wire.process_tree import pid_alive
 from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverSupervisor
 
@@ -138,8 +139,34 @@ _BLOCKED_CLIENT = textwrap.dedent(
     threading.Thread(target=report_when_blocked, daemon=True).start()
     double(big)  # its input is put to the stopped host here
     print("RETURNED", flush=True)
+    sys.stdin.readline()  # the cluster stays for the test's report of its hosts
     """
 )
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (T: stopped, Z: exited, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _hosts_report(state_dir: Path) -> str:
+    """The local cluster's hosts as a failure message shows them: each process's state,
+    then the end of each log, the controller's included."""
+    lines = []
+    for pid_file in sorted(state_dir.glob("hosts/*/*.pid")):
+        try:
+            pid = int(pid_file.read_text())
+        except (OSError, ValueError) as err:
+            lines.append(f"{pid_file.relative_to(state_dir)}: unreadable ({err})")
+            continue
+        lines.append(f"{pid_file.relative_to(state_dir)}: pid {pid}, state {_process_state(pid)}")
+    for log_path in [state_dir / "controller.log", *sorted(state_dir.glob("hosts/*/*.log"))]:
+        lines.append(f"--- {log_path.relative_to(state_dir)} ends:\n{process_tree.log_tail(log_path)}")
+    return "\n".join(lines)
 
 
 def test_sigint_during_a_blocked_call_ends_the_client_and_its_cluster(tmp_path: Path) -> None:
@@ -175,11 +202,18 @@ def test_sigint_during_a_blocked_call_ends_the_client_and_its_cluster(tmp_path: 
     stopped: list[int] = []
     try:
         state_dir = Path(expect("STATE").split(None, 1)[1].strip())
-        stopped = _host_pids(state_dir)[:1]  # the worker: its host hangs, the call blocks
+        sidecars = sorted((state_dir / "hosts").glob("*/dataflow.pid"))
+        assert len(sidecars) == 1, f"one host runs the slice: {_hosts_report(state_dir)}"
+        # its sidecar, which answers the put of the next call's input: stopped, the call blocks
+        stopped = [int(sidecars[0].read_text())]
         os.kill(stopped[0], signal.SIGSTOP)
-        client.stdin.write("go\n")
-        client.stdin.flush()
-        expect("BLOCKED")
+        try:
+            _eventually(lambda: _process_state(stopped[0]) == "T", 10, f"sidecar {stopped[0]} stopped")
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            expect("BLOCKED")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{_hosts_report(state_dir)}") from None
         client.send_signal(signal.SIGINT)
         try:  # a hang guard: on a quiet machine the exit takes about 2 s (stopping the cluster)
             code = client.wait(90)
