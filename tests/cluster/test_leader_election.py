@@ -46,14 +46,25 @@ def _holder(objects: Objects) -> str:
     return str(lease.spec.holder_identity or "") if lease.spec else ""
 
 
+INTRUDE_TRIES = 10
+
+
 def _intrude(objects: Objects) -> None:
-    """Someone else writes itself into the Lease, as a leader elsewhere would."""
+    """Someone else writes itself into the Lease, as a leader elsewhere would: read, then
+    replace at the version read, again where the leader's renewal came in between (409)."""
     api = client.CoordinationV1Api(objects.cluster.api)
-    lease = api.read_namespaced_lease(LEASE, LEASE_NAMESPACE)
-    assert lease.spec is not None
-    lease.spec.holder_identity = "intruder"
-    lease.spec.renew_time = datetime.datetime.now(datetime.UTC)
-    api.replace_namespaced_lease(LEASE, LEASE_NAMESPACE, lease)
+    for _ in range(INTRUDE_TRIES):
+        lease = api.read_namespaced_lease(LEASE, LEASE_NAMESPACE)
+        assert lease.spec is not None
+        lease.spec.holder_identity = "intruder"
+        lease.spec.renew_time = datetime.datetime.now(datetime.UTC)
+        try:
+            api.replace_namespaced_lease(LEASE, LEASE_NAMESPACE, lease)
+            return
+        except client.ApiException as err:
+            if err.status != 409:
+                raise
+    raise AssertionError(f"the Lease changed under each of {INTRUDE_TRIES} writes of the intruder")
 
 
 @pytest.mark.timeout(300, func_only=True)
