@@ -31,11 +31,13 @@ class FakeApi:
         self.slices: list[Json] = []
         self.pods: list[Json] = []
         self.programs: dict[str, Json] = {}
+        self.pod_listings = 0
 
     def list_slices(self) -> list[Json]:
         return self.slices
 
     def list_pods(self, namespace: str | None) -> list[Json]:
+        self.pod_listings += 1
         return self.pods
 
     def list_nodes(self) -> list[Json]:
@@ -97,3 +99,17 @@ def test_after_a_restart_a_running_groups_unstarted_driver_keeps_its_node_before
     assert isinstance(outcome, Unplaceable), "the last 2 cpu stay with train's driver, admitted before the restart"
     assert outcome.reason is Reason.INSUFFICIENT_DRIVER_RESOURCES
     assert restarted.driver_node("uid-train", DriverRequest("ns/train", HostResources(2000))) == "plain"
+
+
+def test_a_driver_placed_on_its_own_reads_what_the_last_admission_pass_read_until_a_change_is_reported() -> None:
+    api = FakeApi(NODES)
+    train = api.add_program("train", driver_cpu="1")
+    admission = queue(api)
+    assert isinstance(admission.admit(train, 0), Reservation)
+    assert api.pod_listings == 1
+    api.nodes = []  # every Node gone, and no watch has said so yet
+    assert admission.driver_node("uid-solo", DriverRequest("ns/solo", HostResources(1000))) is not None
+    assert api.pod_listings == 1, "the pass's read of a moment ago is reused"
+    admission.inputs.changed()  # the Node watch reported the deletions
+    assert admission.driver_node("uid-other", DriverRequest("ns/other", HostResources(1000))) is None
+    assert api.pod_listings == 2

@@ -10,6 +10,7 @@ changes as far as the operator can tell (:meth:`AdmissionInputs.changed`: its
 watches of VirtualSlices, of gang and driver pods and of Nodes report every event,
 and a deleted slice is forgotten), and never once it is ``MAX_AGE_S`` old, which
 bounds how late a pass sees what no watch reports: a pod of another workload.
+A driver placed on its own (``AdmissionQueue.driver_node``) reads the same.
 
 What a stale read can do is bounded. Placements a pass made are counted from the
 admission ledger (kept in memory, never read from here) until the pass's read lists

@@ -328,8 +328,9 @@ class AdmissionQueue:
         A driver admitted with its group goes where admission put it, while that Node
         still takes it; any other (a program without a group, one admitted before the
         operator restarted, or one whose promised Node went NotReady or was tainted
-        meanwhile, as a dead machine's is) is placed now on the Nodes as they are, and
-        promised there until its pod exists.
+        meanwhile, as a dead machine's is) is placed now on the Nodes as admission's last
+        read of the cluster has them (`admission_inputs`: a Node's change is one the
+        operator's watch reports, and ends that read), and promised there until its pod exists.
         """
         with self._lock:
             held = self._drivers.get(group)
@@ -340,9 +341,9 @@ class AdmissionQueue:
                 log.info("%s: Node %s, promised to its driver, takes it no more; placing it again",
                          request.program, held.node)
                 del self._drivers[group]
-            all_pods = [PodView.from_manifest(p) for p in self._api.list_pods(None)]
-            used = inventory.in_use(all_pods, self.ledger.all(), self._drivers.values())
-            room = NodeRoom(inventory.nodes(self._api.list_nodes(), used))
+            cluster = self.inputs.read()
+            used = inventory.in_use(cluster.pods, self.ledger.all(), self._drivers.values())
+            room = NodeRoom(inventory.nodes(cluster.nodes, used))
             where = room.place(request)
             if isinstance(where, str):
                 log.info("%s: %s; its pod is left to the Kubernetes scheduler", request.program, where)
