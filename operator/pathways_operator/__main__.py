@@ -50,7 +50,7 @@ from pathways_operator.core.program_look import DEFAULT_SUSPEND_GRACE_S
 from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
 from pathways_operator.k8s.host_policy import OperatorPods
-from pathways_operator.k8s.leader_lease import DEFAULT_LEASE_S, LeaderLease
+from pathways_operator.k8s.leader_lease import DEFAULT_LEASE_S, LeaderLease, lease_length_problem
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.slice_reconciler import SliceReconciler
 
@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                      "--driver-runtime pods (or give 0, off)")
     if args.leader_election == "on" and not args.operator_namespace:
         parser.error("--leader-election=on: give --operator-namespace (POD_NAMESPACE), where the Lease is kept")
-    if args.leader_election_lease_seconds < 1:
-        parser.error(f"--leader-election-lease-seconds {args.leader_election_lease_seconds}: at least 1")
+    lease_problem = lease_length_problem(args.leader_election_lease_seconds)
+    if lease_problem:
+        parser.error(f"--leader-election-lease-seconds {args.leader_election_lease_seconds:g}: {lease_problem}")
     log_context.configure(os.environ.get("PATHWAYS_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
     namespace: str | None = args.namespace

@@ -96,7 +96,8 @@ def test_leader_election_is_off_by_default_and_needs_the_namespace_of_its_lease(
     with pytest.raises(SystemExit) as stopped:
         main(["--leader-election", "on", "--operator-namespace", "kp", "--leader-election-lease-seconds", "0.5"])
     assert stopped.value.code == 2
-    assert "--leader-election-lease-seconds 0.5: at least 1" in capsys.readouterr().err
+    assert "--leader-election-lease-seconds 0.5: a Lease of 0.5 s is too short to renew (at least 1 s)" in (
+        capsys.readouterr().err)
     monkeypatch.setenv("PATHWAYS_LEADER_ELECTION", "on")
     monkeypatch.setenv("PATHWAYS_LEADER_ELECTION_LEASE", "kp-kube-pathways")
     monkeypatch.setenv("PATHWAYS_LEADER_ELECTION_LEASE_SECONDS", "30")

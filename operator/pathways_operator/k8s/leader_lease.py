@@ -35,6 +35,16 @@ log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 15.0
 """How long a Lease holds without renewal (client-go's default); the renew deadline is
 two thirds of it and the retry period a seventh and a half, as there (10 s, 2 s)."""
+MIN_LEASE_S = 1.0
+"""The shortest Lease: below it a renewal's round trip to the API server takes a good
+part of the renew deadline."""
+
+
+def lease_length_problem(duration_s: float) -> str:
+    """Why a Lease of ``duration_s`` cannot be kept ("" if it can)."""
+    if duration_s < MIN_LEASE_S:
+        return f"a Lease of {duration_s:g} s is too short to renew (at least {MIN_LEASE_S:g} s)"
+    return ""
 
 
 def _micro_time(at: float) -> str:
@@ -77,8 +87,9 @@ class LeaderLease:
     ) -> None:
         if not namespace:
             raise ValueError("the operator's Lease needs a namespace")
-        if duration_s < 1:
-            raise ValueError(f"a Lease of {duration_s} s is too short to renew (at least 1 s)")
+        problem = lease_length_problem(duration_s)
+        if problem:
+            raise ValueError(problem)
         self._api = kclient.CoordinationV1Api(api_client)
         self.namespace, self.name = namespace, name
         self._leadership = Leadership(identity)
