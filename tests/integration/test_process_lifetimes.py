@@ -25,6 +25,7 @@ import pathways as pw
 from pathways_wire import process_tree
 from pathways_wire.process_tree import pid_alive
 from pathways_operator.k8s.drivers import DriverLaunch, DriverState, DriverSupervisor
+from tests.integration.host_pids import process_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -144,15 +145,6 @@ _BLOCKED_CLIENT = textwrap.dedent(
 )
 
 
-def _process_state(pid: int) -> str:
-    """The state letter of /proc/<pid>/stat (T: stopped, Z: exited, not yet reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
 def _hosts_report(state_dir: Path) -> str:
     """The local cluster's hosts as a failure message shows them: each process's state,
     then the end of each log, the controller's included."""
@@ -163,7 +155,7 @@ def _hosts_report(state_dir: Path) -> str:
         except (OSError, ValueError) as err:
             lines.append(f"{pid_file.relative_to(state_dir)}: unreadable ({err})")
             continue
-        lines.append(f"{pid_file.relative_to(state_dir)}: pid {pid}, state {_process_state(pid)}")
+        lines.append(f"{pid_file.relative_to(state_dir)}: pid {pid}, state {process_state(pid)}")
     for log_path in [state_dir / "controller.log", *sorted(state_dir.glob("hosts/*/*.log"))]:
         lines.append(f"--- {log_path.relative_to(state_dir)} ends:\n{process_tree.log_tail(log_path)}")
     return "\n".join(lines)
@@ -208,7 +200,7 @@ def test_sigint_during_a_blocked_call_ends_the_client_and_its_cluster(tmp_path: 
         stopped = [int(sidecars[0].read_text())]
         os.kill(stopped[0], signal.SIGSTOP)
         try:
-            _eventually(lambda: _process_state(stopped[0]) == "T", 10, f"sidecar {stopped[0]} stopped")
+            _eventually(lambda: process_state(stopped[0]) == "T", 10, f"sidecar {stopped[0]} stopped")
             client.stdin.write("go\n")
             client.stdin.flush()
             expect("BLOCKED")
