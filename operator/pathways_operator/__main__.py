@@ -50,7 +50,7 @@ from pathways_operator.core.program_look import DEFAULT_SUSPEND_GRACE_S
 from pathways_operator.k8s.program_reconciler import DEFAULT_ALLOWED_ENTRYPOINTS, ProgramReconciler
 from pathways_operator.k8s.gang_pods import WorkerDefaults, check_resources
 from pathways_operator.k8s.host_policy import OperatorPods
-from pathways_operator.k8s.leader_lease import DEFAULT_LEASE_S, LeaderLease, lease_length_problem
+from pathways_operator.k8s.leader_lease import DEFAULT_LEASE_S, MIN_LEASE_S, LeaderLease, lease_length_problem
 from pathways_operator.k8s.metrics import OperatorMetrics
 from pathways_operator.k8s.slice_reconciler import SliceReconciler
 
@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     env_option(parser, "--leader-election-lease-seconds", variable="PATHWAYS_LEADER_ELECTION_LEASE_SECONDS",
                env=os.environ, type=_positive_seconds, default=DEFAULT_LEASE_S,
                help="how long the Lease holds unrenewed; a leader that cannot renew it for two thirds of "
-               "that stops (PATHWAYS_LEADER_ELECTION_LEASE_SECONDS; at least 1)")
+               f"that stops (PATHWAYS_LEADER_ELECTION_LEASE_SECONDS; at least {MIN_LEASE_S:g})")
     parser.add_argument("--allow-system-priority-classes", action="store_true",
                         default=_env_flag("PATHWAYS_ALLOW_SYSTEM_PRIORITY_CLASSES"),
                         help="let VirtualSlices use the system-node-critical and system-cluster-critical "
