@@ -223,14 +223,14 @@ class OperatorProcess:
             self._liveness = reserve_port()
         if self._controller is None:  # driver pods keep the address they were given across restarts
             self._controller = reserve_port()
-        if self._calls is None:  # and the calls port they learned from it
+        if self._calls is None and driver_runtime(self.extra_args) == "pods":  # and the calls port they learned
             self._calls = reserve_port()
         self.liveness_port = self._liveness.port
         self.metrics_port = 0
         argv = [
             sys.executable, "-m", "pathways_operator", "--all-namespaces",
             "--controller-listen", f"127.0.0.1:{self._controller.port}",
-            "--controller-calls-port", str(self._calls.port),
+            *(["--controller-calls-port", str(self._calls.port)] if self._calls is not None else []),
             "--state-dir", str(self.state_dir),
             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--metrics-port", "any",
@@ -307,6 +307,18 @@ class OperatorProcess:
 
     def log_tail(self, max_bytes: int = 6000) -> str:
         return processes.log_tail(self.log_path, max_bytes)
+
+
+def driver_runtime(operator_args: Sequence[str]) -> str:
+    """The ``--driver-runtime`` that `operator_args` ask for (the operator's default: pods).
+    Only an operator with driver pods serves a calls port: one of child-process drivers
+    refuses the flag."""
+    for i, arg in enumerate(operator_args):
+        if arg.startswith("--driver-runtime="):
+            return arg.partition("=")[2]
+        if arg == "--driver-runtime" and i + 1 < len(operator_args):
+            return operator_args[i + 1]
+    return "pods"
 
 
 def _base_env() -> dict[str, str]:
