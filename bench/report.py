@@ -54,6 +54,15 @@ def _num(v: float | None) -> str:
     return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
 
 
+def _cell(text: str) -> str:
+    """`text` as one table cell: its first line (a failed experiment's error runs to many, its
+    whole text kept in the run's JSON), with the table's own separator escaped."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    more = " … (the whole text is in the run's JSON)" if len(lines) > 1 else ""
+    return (first + more).replace("|", "\\|")
+
+
 def markdown(figures: list[Figure], info: dict[str, str], mode: str, title: str, run: str = "") -> str:
     """One run's section of RESULTS.md: where it came from, then a row per figure with its verdict."""
     source = f"From run `{run}` (`{mode}`), {info['date']}" if run else f"`{mode}` run, {info['date']}"
@@ -63,8 +72,8 @@ def markdown(figures: list[Figure], info: dict[str, str], mode: str, title: str,
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for f in figures:
         ratio = f"{f.ratio:.3g}× {f.baseline}" if f.ratio is not None else f.baseline
-        value = _num(f.median) or f.note
-        note = f" ({f.note})" if f.note and value != f.note else ""
+        value = _num(f.median) or _cell(f.note)
+        note = f" ({_cell(f.note)})" if f.note and value != _cell(f.note) else ""
         said = verdict(f)
         said = f"**{said}**" if said == "missed" or said.startswith("invalid") else said
         lines.append(

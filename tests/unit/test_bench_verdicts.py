@@ -127,6 +127,18 @@ def test_rows_state_n_and_verdict() -> None:
     assert "| x | one | 0.6 | s |  | 1 |  |  |  |" in table
 
 
+def test_a_failed_experiments_many_lined_error_is_one_row_of_the_table() -> None:
+    failed = Figure("9 driver pods", "failed", "", float("nan"), float("nan"), float("nan"), 0,
+                    note="AssertionError: the operator exited with 2 while starting:\n\nusage: a | b\nerror: x")
+    table = markdown([failed], {"date": "2026-11-24T08:00:00", "cores": "2"}, "quick", "run")
+    row = table.splitlines()[-1]
+    assert row == ("| 9 driver pods | failed | AssertionError: the operator exited with 2 while starting: … "
+                   "(the whole text is in the run's JSON) |  |  | 0 |  |  |  |")
+    one_line = dataclasses.replace(failed, note="TimeoutError: a | b")
+    table = markdown([one_line], {"date": "2026-11-24T08:00:00", "cores": "2"}, "quick", "run")
+    assert table.splitlines()[-1] == "| 9 driver pods | failed | TimeoutError: a \\| b |  |  | 0 |  |  |  |"
+
+
 def test_a_recorded_run_reads_back_as_the_figures_written(tmp_path: Path) -> None:
     f = judged([2.0] * 5, limit=1.0)
     path = tmp_path / "run.json"
