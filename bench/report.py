@@ -72,8 +72,9 @@ def markdown(figures: list[Figure], info: dict[str, str], mode: str, title: str,
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for f in figures:
         ratio = f"{f.ratio:.3g}× {f.baseline}" if f.ratio is not None else f.baseline
-        value = _num(f.median) or _cell(f.note)
-        note = f" ({_cell(f.note)})" if f.note and value != _cell(f.note) else ""
+        note_cell = _cell(f.note)
+        value = _num(f.median) or note_cell
+        note = f" ({note_cell})" if f.note and value != note_cell else ""
         said = verdict(f)
         said = f"**{said}**" if said == "missed" or said.startswith("invalid") else said
         lines.append(
